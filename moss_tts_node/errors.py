@@ -1,0 +1,33 @@
+"""Exceptions raised by moss_tts_node.
+
+Every error says what is wrong and how to fix it; adapters (CLI, ROS node) show
+``str(error)`` to people as it is.
+"""
+
+
+class MossTTSError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class ConfigError(MossTTSError):
+    """A configuration file or value is invalid (unknown key, wrong type, bad range)."""
+
+
+class WeightsError(MossTTSError):
+    """A weight file is missing, unreadable, or has the wrong shape or dtype."""
+
+
+class BridgeError(MossTTSError):
+    """The llama.cpp bridge failed to build, load a model, or decode."""
+
+
+class CodecError(MossTTSError):
+    """The audio codec failed to load, or was given audio or codes it cannot use."""
+
+
+class RequestError(MossTTSError):
+    """A synthesis request is invalid (empty text, prompt too long, bad reference)."""
+
+
+class Cancelled(MossTTSError):
+    """Raised by ``Synthesizer.synthesize`` when its cancel flag was set."""
