@@ -1,0 +1,93 @@
+/*
+ * moss_bridge: a Qwen3 backbone in llama.cpp, driven by input *embeddings* instead of token ids.
+ *
+ * MOSS-TTS-Delay sums 33 embeddings per position (text + 32 audio codebooks), so llama.cpp's own
+ * token lookup cannot be used. This bridge feeds those summed rows to llama.cpp and reads back the
+ * final-normed hidden state (for the audio heads, computed outside) and the text logits.
+ *
+ * Style follows llama.cpp's C API: an opaque handle, a params struct with defaults, explicit free.
+ * Every function that can fail returns an int32_t status (MOSS_BRIDGE_OK = 0); a failing call stores a
+ * detailed message readable with moss_bridge_last_error(). A handle is not thread-safe.
+ */
+#ifndef MOSS_BRIDGE_H
+#define MOSS_BRIDGE_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum moss_bridge_status {
+    MOSS_BRIDGE_OK                   = 0,
+    MOSS_BRIDGE_ERR_INVALID_ARGUMENT = 1, /* NULL pointer, bad size or out-of-range parameter */
+    MOSS_BRIDGE_ERR_MODEL_LOAD       = 2, /* the GGUF file is missing, unreadable or not a usable model */
+    MOSS_BRIDGE_ERR_CONTEXT_CREATE   = 3, /* llama.cpp refused the context (memory, KV type, flash-attn) */
+    MOSS_BRIDGE_ERR_CONTEXT_FULL     = 4, /* the rows would not fit in n_ctx; nothing was decoded */
+    MOSS_BRIDGE_ERR_DECODE           = 5, /* llama_decode failed; the KV cache may hold part of the rows */
+    MOSS_BRIDGE_ERR_NO_OUTPUT        = 6, /* no hidden state / logits: nothing decoded since the last clear */
+    MOSS_BRIDGE_ERR_ALLOC            = 7, /* out of host memory */
+};
+
+struct moss_bridge;
+
+struct moss_bridge_params {
+    const char * model_path; /* GGUF file of the backbone (arch qwen3) */
+    int32_t n_ctx;           /* KV cache rows; llama.cpp rounds it up to a multiple of 256 */
+    int32_t n_batch;         /* rows per llama_decode call during a prefill (capped at n_ctx) */
+    int32_t n_threads;       /* CPU threads; <= 0 means all online cores */
+    int32_t n_gpu_layers;    /* layers offloaded to the GPU; -1 = all, 0 = CPU only */
+    int32_t type_k;          /* enum ggml_type of the K cache (GGML_TYPE_F16 = 1, F32 = 0, Q8_0 = 8...) */
+    int32_t type_v;          /* enum ggml_type of the V cache; quantized V needs flash_attn = 1 */
+    int32_t flash_attn;      /* -1 auto, 0 off, 1 on */
+};
+
+/* n_ctx 4096, n_batch 512, all cores, all layers on the GPU, F16 KV cache, flash-attn auto. */
+struct moss_bridge_params moss_bridge_default_params(void);
+
+/* Loads the model and creates its context. On success *out owns both; free it with moss_bridge_free.
+ * On failure *out is NULL and the reason is readable with moss_bridge_last_error(NULL) on this thread. */
+int32_t moss_bridge_create(const struct moss_bridge_params * params, struct moss_bridge ** out);
+
+/* Frees the handle, its context and model. NULL is accepted. */
+void moss_bridge_free(struct moss_bridge * h);
+
+int32_t moss_bridge_n_embd(const struct moss_bridge * h, int32_t * out);  /* width of an input row */
+int32_t moss_bridge_n_vocab(const struct moss_bridge * h, int32_t * out); /* text logits per row */
+int32_t moss_bridge_n_ctx(const struct moss_bridge * h, int32_t * out);   /* actual (rounded) n_ctx */
+int32_t moss_bridge_n_pos(const struct moss_bridge * h, int32_t * out);   /* rows now in the KV cache */
+
+/* Appends n_rows rows (row-major, n_rows x n_embd floats) to the KV cache. Only the last row produces an
+ * output (hidden state and text logits): the others run with outputs off, so a long prompt does not pay
+ * the final norm and the text head at every position. Refuses with ERR_CONTEXT_FULL, decoding nothing,
+ * when n_pos + n_rows > n_ctx. */
+int32_t moss_bridge_prefill(struct moss_bridge * h, const float * embd, int32_t n_rows);
+
+/* Appends one row (n_embd floats); same as moss_bridge_prefill(h, embd, 1). */
+int32_t moss_bridge_decode(struct moss_bridge * h, const float * embd);
+
+/* Copies the hidden state of the last decoded row, after the final RMSNorm (n_embd floats). */
+int32_t moss_bridge_get_hidden(struct moss_bridge * h, float * out);
+
+/* Copies the text logits of the last decoded row (n_vocab floats). */
+int32_t moss_bridge_get_text_logits(struct moss_bridge * h, float * out);
+
+/* Empties the KV cache: the next prefill starts at position 0. */
+int32_t moss_bridge_clear(struct moss_bridge * h);
+
+/* A short constant name for a status code ("MOSS_BRIDGE_ERR_CONTEXT_FULL"...). Never NULL. */
+const char * moss_bridge_status_string(int32_t status);
+
+/* The detailed message of the handle's last failed call ("" if none). With h == NULL: the message of the
+ * last failed moss_bridge_create on the calling thread. Valid until the next call on the same handle. */
+const char * moss_bridge_last_error(const struct moss_bridge * h);
+
+/* Process-wide: 0 (default) keeps llama.cpp's log quiet (its errors still reach last_error); 1 forwards
+ * all of llama.cpp's log to stderr. */
+int32_t moss_bridge_set_verbose(int32_t verbose);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MOSS_BRIDGE_H */

@@ -1,0 +1,64 @@
+"""An independent float64 NumPy Qwen3 forward, the yardstick for llama.cpp's numbers in the tests.
+
+Written from the Qwen3 definition (HF ``modeling_qwen3``), not from llama.cpp: RMSNorm, per-head q/k
+RMSNorm, NEOX rope (rotate the two halves of each head), grouped-query causal attention, SwiGLU, final
+norm. It takes input *embeddings* as MOSS-TTS does and recomputes the whole sequence on each call, which
+is all a reference needs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from moss_tts_node.qwen3_gguf import Qwen3Shape
+
+
+def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
+
+
+def _rope_neox(x: np.ndarray, theta: float) -> np.ndarray:
+    """Rotate (S, heads, head_dim) by position; pairs are (i, i + head_dim/2), as NEOX/HF do."""
+    seq, _, dim = x.shape
+    half = dim // 2
+    inv_freq = theta ** (-np.arange(half, dtype=np.float64) * 2.0 / dim)
+    angle = np.arange(seq, dtype=np.float64)[:, None] * inv_freq[None, :]
+    cos, sin = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]
+    first, second = x[..., :half], x[..., half:]
+    return np.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+
+
+def qwen3_forward(
+    tensors: dict[str, np.ndarray], shape: Qwen3Shape, embeddings: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Run (S, hidden) input embeddings from position 0.
+
+    Returns the hidden states after the final RMSNorm, (S, hidden), and the text logits, (S, vocab),
+    both float64.
+    """
+    w = {name: np.asarray(t, dtype=np.float64) for name, t in tensors.items()}
+    eps, hd = shape.rms_eps, shape.head_dim
+    seq = embeddings.shape[0]
+    group = shape.heads // shape.kv_heads
+    causal = np.triu(np.full((seq, seq), -np.inf), k=1)
+    x = np.asarray(embeddings, dtype=np.float64)
+    for i in range(shape.layers):
+        p = f"layers.{i}."
+        h = _rms_norm(x, w[p + "input_layernorm.weight"], eps)
+        q = (h @ w[p + "self_attn.q_proj.weight"].T).reshape(seq, shape.heads, hd)
+        k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(seq, shape.kv_heads, hd)
+        v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(seq, shape.kv_heads, hd)
+        q = _rope_neox(_rms_norm(q, w[p + "self_attn.q_norm.weight"], eps), shape.rope_theta)
+        k = _rope_neox(_rms_norm(k, w[p + "self_attn.k_norm.weight"], eps), shape.rope_theta)
+        k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # query head j reads kv head j // group
+        scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(hd) + causal
+        scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        probs = scores / scores.sum(axis=-1, keepdims=True)
+        attn = np.einsum("hqk,khd->qhd", probs, v).reshape(seq, shape.heads * hd)
+        x = x + attn @ w[p + "self_attn.o_proj.weight"].T
+        h = _rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
+        gate = h @ w[p + "mlp.gate_proj.weight"].T
+        up = h @ w[p + "mlp.up_proj.weight"].T
+        x = x + (gate / (1.0 + np.exp(-gate)) * up) @ w[p + "mlp.down_proj.weight"].T
+    hidden = _rms_norm(x, w["norm.weight"], eps)
+    return hidden, hidden @ w["lm_head.weight"].T

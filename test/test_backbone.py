@@ -1,0 +1,259 @@
+"""The llama.cpp backbone through the C bridge, checked against an independent float64 NumPy Qwen3."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from qwen3_reference import qwen3_forward
+
+from moss_tts_node.backbone import KV_CACHE_TYPES, Backbone, BackboneParams
+from moss_tts_node.errors import BridgeError, ConfigError, WeightsError
+from moss_tts_node.qwen3_gguf import (
+    Qwen3Shape,
+    gguf_tensor_name,
+    qwen3_tensor_shapes,
+    random_qwen3_tensors,
+    write_qwen3_gguf,
+)
+
+SHAPE = Qwen3Shape(hidden=128, layers=2, heads=4, kv_heads=2, head_dim=32, ffn=128, vocab=300)
+N_BATCH = 8  # small, so that a 20-row prefill spans several llama_decode chunks
+PREFILL, STEPS = 20, 6
+HIDDEN_ATOL = 1e-4  # F32 weights + F32 KV + no flash-attn measure ~1e-6
+
+
+@pytest.fixture(scope="module")
+def tensors() -> dict[str, np.ndarray]:
+    return random_qwen3_tensors(SHAPE, seed=7)
+
+
+@pytest.fixture(scope="module")
+def gguf_path(tmp_path_factory: pytest.TempPathFactory, tensors: dict[str, np.ndarray]) -> Path:
+    path = tmp_path_factory.mktemp("backbone") / "tiny.gguf"
+    write_qwen3_gguf(path, SHAPE, tensors.items())
+    return path
+
+
+def _params(path: Path, **overrides: object) -> BackboneParams:
+    settings: dict[str, object] = {
+        "n_ctx": 64,
+        "n_batch": N_BATCH,
+        "n_threads": 2,
+        "n_gpu_layers": 0,
+        "kv_cache_type_k": "f32",
+        "kv_cache_type_v": "f32",
+        "flash_attn": "off",
+    }
+    settings.update(overrides)
+    return BackboneParams(gguf_path=path, **settings)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def backbone(gguf_path: Path) -> Iterator[Backbone]:
+    with Backbone(_params(gguf_path)) as model:
+        yield model
+
+
+@pytest.fixture(scope="module")
+def rows() -> np.ndarray:
+    return np.random.default_rng(1).standard_normal((PREFILL + STEPS, SHAPE.hidden)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def reference(tensors: dict[str, np.ndarray], rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return qwen3_forward(tensors, SHAPE, rows)
+
+
+def _assert_logits_close(actual: np.ndarray, expected: np.ndarray) -> None:
+    # logits are a 128-term dot product of the hidden state: allow its error scaled by their magnitude
+    np.testing.assert_allclose(actual, expected, rtol=0, atol=HIDDEN_ATOL * max(1.0, float(np.abs(expected).max())))
+
+
+def test_sizes(backbone: Backbone) -> None:
+    assert (backbone.n_embd, backbone.n_vocab) == (SHAPE.hidden, SHAPE.vocab)
+    assert backbone.n_ctx >= 64  # llama.cpp rounds n_ctx up to a multiple of 256
+
+
+def test_prefill_then_decode_matches_reference(
+    backbone: Backbone, rows: np.ndarray, reference: tuple[np.ndarray, np.ndarray]
+) -> None:
+    hidden_ref, logits_ref = reference
+    backbone.clear()
+    backbone.prefill(rows[:PREFILL])
+    assert backbone.position == PREFILL
+    np.testing.assert_allclose(backbone.hidden(), hidden_ref[PREFILL - 1], rtol=0, atol=HIDDEN_ATOL)
+    _assert_logits_close(backbone.text_logits(), logits_ref[PREFILL - 1])
+    for step in range(PREFILL, PREFILL + STEPS):
+        backbone.decode(rows[step])
+        assert backbone.position == step + 1
+        np.testing.assert_allclose(backbone.hidden(), hidden_ref[step], rtol=0, atol=HIDDEN_ATOL)
+        _assert_logits_close(backbone.text_logits(), logits_ref[step])
+
+
+@pytest.mark.parametrize("length", [1, 2, N_BATCH, N_BATCH + 1, 2 * N_BATCH + 1])
+def test_split_prefill_is_exact_at_chunk_boundaries(
+    backbone: Backbone, rows: np.ndarray, reference: tuple[np.ndarray, np.ndarray], length: int
+) -> None:
+    # rows 0..S-2 run without outputs in N_BATCH chunks, the last row alone with outputs on
+    backbone.clear()
+    backbone.prefill(rows[:length])
+    np.testing.assert_allclose(backbone.hidden(), reference[0][length - 1], rtol=0, atol=HIDDEN_ATOL)
+
+
+def test_prefill_in_pieces_continues_positions(
+    backbone: Backbone, rows: np.ndarray, reference: tuple[np.ndarray, np.ndarray]
+) -> None:
+    backbone.clear()
+    backbone.prefill(rows[:5])
+    backbone.prefill(rows[5:PREFILL])
+    assert backbone.position == PREFILL
+    np.testing.assert_allclose(backbone.hidden(), reference[0][PREFILL - 1], rtol=0, atol=HIDDEN_ATOL)
+
+
+def test_clear_and_replay_is_bit_identical(backbone: Backbone, rows: np.ndarray) -> None:
+    def run() -> tuple[np.ndarray, np.ndarray]:
+        backbone.clear()
+        assert backbone.position == 0
+        backbone.prefill(rows[:PREFILL])
+        for step in range(PREFILL, PREFILL + 2):
+            backbone.decode(rows[step])
+        return backbone.hidden().copy(), backbone.text_logits().copy()
+
+    first, second = run(), run()
+    assert np.array_equal(first[0], second[0])
+    assert np.array_equal(first[1], second[1])
+
+
+def test_outputs_are_reused_buffers(backbone: Backbone, rows: np.ndarray) -> None:
+    backbone.clear()
+    backbone.prefill(rows[:3])
+    hidden, logits = backbone.hidden(), backbone.text_logits()
+    assert backbone.hidden() is hidden
+    assert backbone.text_logits() is logits
+    assert hidden.dtype == logits.dtype == np.float32
+
+
+def test_no_output_after_clear(backbone: Backbone) -> None:
+    backbone.clear()
+    with pytest.raises(BridgeError, match="NO_OUTPUT"):
+        backbone.hidden()
+
+
+def test_overflowing_n_ctx_is_refused_without_decoding(backbone: Backbone, rows: np.ndarray) -> None:
+    backbone.clear()
+    backbone.prefill(rows[:4])
+    too_many = np.zeros((backbone.n_ctx - 3, SHAPE.hidden), dtype=np.float32)
+    with pytest.raises(BridgeError, match=f"n_ctx is {backbone.n_ctx}"):
+        backbone.prefill(too_many)
+    assert backbone.position == 4
+    backbone.prefill(too_many[:-1])  # exactly full is fine
+    assert backbone.position == backbone.n_ctx
+    with pytest.raises(BridgeError, match="CONTEXT_FULL"):
+        backbone.decode(rows[0])
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        np.zeros((3, SHAPE.hidden + 1), dtype=np.float32),
+        np.zeros((0, SHAPE.hidden), dtype=np.float32),
+        np.zeros(SHAPE.hidden, dtype=np.float32),
+    ],
+    ids=["wrong-width", "no-rows", "one-dim"],
+)
+def test_prefill_rejects_bad_shapes(backbone: Backbone, bad: np.ndarray) -> None:
+    with pytest.raises(ValueError, match=r"prefill expects embeddings of shape \(S >= 1, 128\)"):
+        backbone.prefill(bad)
+
+
+def test_decode_rejects_bad_shape(backbone: Backbone) -> None:
+    with pytest.raises(ValueError, match=r"decode expects an embedding of shape \(128,\)"):
+        backbone.decode(np.zeros((1, SHAPE.hidden), dtype=np.float32))
+
+
+def test_missing_gguf(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere.gguf"
+    with pytest.raises(WeightsError, match=r"nowhere\.gguf"):
+        Backbone(_params(missing))
+
+
+def test_random_bytes_are_not_a_gguf(tmp_path: Path) -> None:
+    path = tmp_path / "noise.gguf"
+    path.write_bytes(np.random.default_rng(0).bytes(4096))
+    with pytest.raises(WeightsError, match=r"noise\.gguf"):
+        Backbone(_params(path))
+
+
+def test_truncated_gguf_is_reported_by_llama_cpp(tmp_path: Path, gguf_path: Path) -> None:
+    # passes the magic check, so this exercises the bridge's own MODEL_LOAD path
+    path = tmp_path / "truncated.gguf"
+    path.write_bytes(gguf_path.read_bytes()[: gguf_path.stat().st_size // 2])
+    with pytest.raises(WeightsError, match=r"truncated\.gguf.*llama\.cpp"):
+        Backbone(_params(path))
+
+
+def test_closed_backbone_refuses_calls(gguf_path: Path) -> None:
+    model = Backbone(_params(gguf_path))
+    model.close()
+    model.close()
+    with pytest.raises(BridgeError, match="closed"):
+        model.clear()
+
+
+def test_f16_weights_and_cache_stay_close(
+    tmp_path: Path, tensors: dict[str, np.ndarray], rows: np.ndarray, reference: tuple[np.ndarray, np.ndarray]
+) -> None:
+    path = tmp_path / "tiny-f16.gguf"
+    write_qwen3_gguf(path, SHAPE, tensors.items(), dtype="f16")
+    with Backbone(_params(path, kv_cache_type_k="f16", kv_cache_type_v="f16")) as model:
+        model.prefill(rows[:PREFILL])
+        np.testing.assert_allclose(model.hidden(), reference[0][PREFILL - 1], rtol=0, atol=2e-2)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"n_ctx": 0},
+        {"n_batch": -1},
+        {"kv_cache_type_k": "q3_k"},
+        {"flash_attn": "yes"},
+        {"kv_cache_type_v": "q8_0", "flash_attn": "off"},
+    ],
+)
+def test_params_are_validated(overrides: dict[str, object]) -> None:
+    with pytest.raises(ConfigError):
+        _params(Path("x.gguf"), **overrides)
+
+
+def test_kv_cache_type_names() -> None:
+    assert set(KV_CACHE_TYPES) == {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"}
+
+
+def test_gguf_tensor_names() -> None:
+    assert gguf_tensor_name("embed_tokens.weight") == "token_embd.weight"
+    assert gguf_tensor_name("layers.11.self_attn.o_proj.weight") == "blk.11.attn_output.weight"
+    assert gguf_tensor_name("layers.0.post_attention_layernorm.weight") == "blk.0.ffn_norm.weight"
+    assert gguf_tensor_name("lm_head.weight") == "output.weight"
+    with pytest.raises(ValueError, match=r"layers\.0\.mlp\.fc1\.weight"):
+        gguf_tensor_name("layers.0.mlp.fc1.weight")
+
+
+def test_writer_streams_out_of_order_and_checks_completeness(
+    tmp_path: Path, tensors: dict[str, np.ndarray], rows: np.ndarray, reference: tuple[np.ndarray, np.ndarray]
+) -> None:
+    path = tmp_path / "reversed.gguf"
+    write_qwen3_gguf(path, SHAPE, reversed(list(tensors.items())))
+    with Backbone(_params(path)) as model:
+        model.prefill(rows[:3])
+        np.testing.assert_allclose(model.hidden(), reference[0][2], rtol=0, atol=HIDDEN_ATOL)
+
+    incomplete = tmp_path / "incomplete.gguf"
+    partial = [(n, t) for n, t in tensors.items() if n != "lm_head.weight"]
+    with pytest.raises(ValueError, match=r"missing tensors: lm_head\.weight"):
+        write_qwen3_gguf(incomplete, SHAPE, partial)
+    assert not incomplete.exists()
+    assert list(tmp_path.glob(".*partial")) == []
+    assert len(qwen3_tensor_shapes(SHAPE)) == 3 + 11 * SHAPE.layers
