@@ -1,0 +1,301 @@
+"""Codec interface, ONNX Runtime backend, demo codec and audio file helpers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import soundfile as sf
+from onnx import TensorProto, helper
+
+from moss_tts_node.audio_io import float_to_pcm16, load_reference_audio, resample, write_wav
+from moss_tts_node.codec import ONNX_SOURCE, AudioCodec, OnnxCodec
+from moss_tts_node.demo_codec import write_demo_codec
+from moss_tts_node.errors import CodecError, RequestError, WeightsError
+
+FRAME = AudioCodec.samples_per_frame
+RATE = AudioCodec.sample_rate
+
+
+@pytest.fixture(scope="module")
+def demo_paths(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return write_demo_codec(tmp_path_factory.mktemp("demo_codec"))
+
+
+@pytest.fixture(scope="module")
+def codec(demo_paths: tuple[Path, Path]) -> OnnxCodec:
+    encoder, decoder = demo_paths
+    return OnnxCodec(decoder, encoder, provider="cpu", threads=1)
+
+
+@pytest.fixture(scope="module")
+def codes() -> np.ndarray:
+    return np.random.default_rng(3).integers(0, 1024, size=(6, 32), dtype=np.int64)
+
+
+def noise(n_frames: int, seed: int = 0) -> np.ndarray:
+    return (0.1 * np.random.default_rng(seed).standard_normal(n_frames * FRAME)).astype(np.float32)
+
+
+def sine(freq: float, rate: int, seconds: float, amplitude: float) -> np.ndarray:
+    t = np.arange(round(rate * seconds)) / rate
+    return (amplitude * np.sin(2 * np.pi * freq * t)).astype(np.float32)
+
+
+def rms_db(samples: np.ndarray) -> float:
+    return float(20 * np.log10(np.sqrt(np.mean(np.square(samples, dtype=np.float64)))))
+
+
+# --- demo codec files and the ONNX backend ---------------------------------------------
+
+
+def test_demo_files_are_small_and_reproducible(demo_paths: tuple[Path, Path], tmp_path: Path) -> None:
+    again = write_demo_codec(tmp_path)
+    for first, second in zip(demo_paths, again, strict=True):
+        assert first.stat().st_size < 2_000_000
+        assert first.read_bytes() == second.read_bytes()
+
+
+def test_encode_shape_dtype_and_range(codec: OnnxCodec) -> None:
+    codes = codec.encode(noise(5))
+    assert codes.shape == (5, 32)
+    assert codes.dtype == np.int64
+    assert codes.min() >= 0 and codes.max() <= 1023
+    assert len(np.unique(codes)) > 50  # the demo spreads codes over the range
+
+
+def test_encoder_is_deterministic_and_depends_on_audio(codec: OnnxCodec) -> None:
+    np.testing.assert_array_equal(codec.encode(noise(3)), codec.encode(noise(3)))
+    assert not np.array_equal(codec.encode(noise(3)), codec.encode(noise(3, seed=1)))
+
+
+def test_decode_gives_one_frame_of_samples_per_code_frame(codec: OnnxCodec, codes: np.ndarray) -> None:
+    for n_frames in (1, 6):
+        audio = codec.decode(codes[:n_frames])
+        assert audio.shape == (n_frames * FRAME,)
+        assert audio.dtype == np.float32
+        assert np.abs(audio).max() <= 1.0
+
+
+def test_decode_accepts_any_integer_dtype(codec: OnnxCodec, codes: np.ndarray) -> None:
+    np.testing.assert_array_equal(codec.decode(codes.astype(np.int32)), codec.decode(codes))
+
+
+def test_decoder_is_causal_prefix(codec: OnnxCodec, codes: np.ndarray) -> None:
+    full = codec.decode(codes)
+    for t in range(1, len(codes)):
+        np.testing.assert_allclose(codec.decode(codes[:t]), full[: t * FRAME], atol=1e-5)
+
+
+def test_decoder_is_causal_future_change(codec: OnnxCodec, codes: np.ndarray) -> None:
+    t = 2
+    changed = codes.copy()
+    changed[t + 1] = (changed[t + 1] + 512) % 1024
+    before, after = codec.decode(codes), codec.decode(changed)
+    np.testing.assert_allclose(after[: (t + 1) * FRAME], before[: (t + 1) * FRAME], atol=1e-5)
+    assert not np.allclose(after[(t + 1) * FRAME : (t + 2) * FRAME], before[(t + 1) * FRAME : (t + 2) * FRAME])
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (np.full((2, 32), 1024), r"\[0, 1023\].*1024"),
+        (np.full((2, 32), -1), r"\[0, 1023\]"),
+        (np.zeros((32,), np.int64), r"shape \(frames, 32\)"),
+        (np.zeros((2, 31), np.int64), r"shape \(frames, 32\)"),
+        (np.zeros((0, 32), np.int64), "at least one frame"),
+        (np.zeros((2, 32), np.float32), "integer codes"),
+    ],
+)
+def test_decode_rejects_bad_codes(codec: OnnxCodec, bad: np.ndarray, message: str) -> None:
+    with pytest.raises(CodecError, match=message):
+        codec.decode(bad)
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (np.zeros(FRAME + 1, np.float32), "multiple of 1920"),
+        (np.zeros(0, np.float32), "multiple of 1920"),
+        (np.zeros((2, FRAME), np.float32), "mono"),
+        (np.zeros(FRAME, np.int16), "float samples"),
+        (np.full(FRAME, np.nan, np.float32), "NaN"),
+    ],
+)
+def test_encode_rejects_bad_audio(codec: OnnxCodec, bad: np.ndarray, message: str) -> None:
+    with pytest.raises(CodecError, match=message):
+        codec.encode(bad)
+
+
+def test_without_encoder_decode_works_and_encode_says_why(demo_paths: tuple[Path, Path]) -> None:
+    codec = OnnxCodec(demo_paths[1], provider="cpu")
+    assert codec.decode(np.zeros((1, 32), np.int64)).shape == (FRAME,)
+    with pytest.raises(CodecError, match=r"no encoder.*encoder_path"):
+        codec.encode(noise(1))
+
+
+def test_encoder_loads_lazily(demo_paths: tuple[Path, Path], tmp_path: Path) -> None:
+    broken = tmp_path / "encoder.onnx"
+    broken.write_bytes(b"not a model")
+    codec = OnnxCodec(demo_paths[1], broken, provider="cpu")  # does not touch the encoder yet
+    with pytest.raises(CodecError, match=r"encoder\.onnx"):
+        codec.encode(noise(1))
+
+
+def test_missing_file_names_it_and_the_source(demo_paths: tuple[Path, Path], tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere" / "decoder.onnx"
+    with pytest.raises(WeightsError, match=ONNX_SOURCE) as info:
+        OnnxCodec(missing)
+    assert str(missing) in str(info.value)
+    with pytest.raises(WeightsError, match="encoder"):
+        OnnxCodec(demo_paths[1], tmp_path / "encoder.onnx")
+
+
+def _passthrough_model(path: Path, inputs: list[tuple[str, int, list]]) -> Path:
+    """An ONNX file whose outputs copy its inputs: right file format, wrong contract."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", [name], [f"{name}_out"]) for name, _, _ in inputs],
+        "impostor",
+        [helper.make_tensor_value_info(name, dtype, shape) for name, dtype, shape in inputs],
+        [helper.make_tensor_value_info(f"{name}_out", dtype, shape) for name, dtype, shape in inputs],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        ([("codes", TensorProto.INT64, [32, "b", "t"]), ("n_quantizers", TensorProto.INT64, [])], "audio_codes"),
+        ([("audio_codes", TensorProto.FLOAT, [32, "b", "t"]), ("n_quantizers", TensorProto.INT64, [])], "type"),
+        ([("audio_codes", TensorProto.INT64, ["b", "t"]), ("n_quantizers", TensorProto.INT64, [])], "rank"),
+        ([("audio_codes", TensorProto.INT64, [16, "b", "t"]), ("n_quantizers", TensorProto.INT64, [])], "axis 0"),
+    ],
+)
+def test_wrong_graph_is_rejected_at_load(tmp_path: Path, inputs: list, message: str) -> None:
+    path = _passthrough_model(tmp_path / "decoder.onnx", inputs)
+    with pytest.raises(CodecError, match=message) as info:
+        OnnxCodec(path, provider="cpu")
+    assert str(path) in str(info.value)
+
+
+def test_encoder_file_given_as_decoder_is_rejected(demo_paths: tuple[Path, Path]) -> None:
+    with pytest.raises(CodecError, match="input_values"):
+        OnnxCodec(demo_paths[0], provider="cpu")
+
+
+@pytest.mark.skipif("CUDAExecutionProvider" in ort.get_available_providers(), reason="CUDA present")
+def test_cuda_provider_without_cuda_names_the_available_ones(demo_paths: tuple[Path, Path]) -> None:
+    with pytest.raises(CodecError, match=r"CPUExecutionProvider.*onnxruntime-gpu"):
+        OnnxCodec(demo_paths[1], provider="cuda")
+
+
+def test_unknown_provider(demo_paths: tuple[Path, Path]) -> None:
+    with pytest.raises(CodecError, match="'auto', 'cpu' or 'cuda'"):
+        OnnxCodec(demo_paths[1], provider="tpu")
+
+
+def test_closed_codec_refuses_work(demo_paths: tuple[Path, Path]) -> None:
+    with OnnxCodec(demo_paths[1], provider="cpu") as codec:
+        assert codec.providers == ["CPUExecutionProvider"]
+    with pytest.raises(CodecError, match="closed"):
+        codec.decode(np.zeros((1, 32), np.int64))
+
+
+# --- audio files ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rate", [48000, 44100, 22050, 16000, 8000])
+def test_resample_keeps_frequency_and_amplitude(rate: int) -> None:
+    out = resample(sine(1000, rate, 0.5, 0.5), rate, RATE)
+    assert len(out) == -(-round(rate * 0.5) * RATE // rate)
+    body = out[RATE // 20 : -RATE // 20]  # skip the filter's edge transients
+    spectrum = np.abs(np.fft.rfft(body * np.hanning(len(body))))
+    assert abs(np.fft.rfftfreq(len(body), 1 / RATE)[spectrum.argmax()] - 1000) < 3
+    assert np.sqrt(2 * np.mean(body.astype(np.float64) ** 2)) == pytest.approx(0.5, rel=1e-3)
+
+
+def test_resample_removes_what_would_alias() -> None:
+    out = resample(sine(15000, 48000, 0.5, 0.5), 48000, RATE)  # above the 12 kHz output Nyquist
+    assert rms_db(out[RATE // 20 : -RATE // 20]) < -80
+
+
+def _write(path: Path, samples: np.ndarray, rate: int = RATE) -> Path:
+    sf.write(str(path), samples, rate, subtype="FLOAT" if path.suffix == ".wav" else "PCM_24")
+    return path
+
+
+@pytest.mark.parametrize(("level_db", "expected_db"), [(-30, -27), (-21.5, -20), (-18.2, -20), (-12, -15)])
+def test_loudness_normalized_toward_minus_20_with_3_db_clamp(
+    tmp_path: Path, level_db: float, expected_db: float
+) -> None:
+    tone = sine(440, RATE, 1.6, 10 ** (level_db / 20) * np.sqrt(2))  # 1.6 s: 20 whole frames, no padding
+    audio = load_reference_audio(_write(tmp_path / "tone.wav", tone))
+    assert rms_db(audio) == pytest.approx(expected_db, abs=0.05)
+
+
+def test_reference_padded_to_whole_frames(tmp_path: Path) -> None:
+    audio = load_reference_audio(_write(tmp_path / "one_second.wav", sine(440, RATE, 1.0, 0.1)))
+    assert audio.dtype == np.float32
+    assert len(audio) == 13 * FRAME
+    assert not audio[24000:].any() and audio[23990:24000].any()
+
+
+def test_reference_stereo_mixed_to_mono_and_resampled(tmp_path: Path) -> None:
+    tone = sine(440, 48000, 0.8, 0.1)
+    mono = load_reference_audio(_write(tmp_path / "mono.flac", tone, 48000))
+    stereo = load_reference_audio(_write(tmp_path / "stereo.wav", np.stack([tone, tone], axis=1), 48000))
+    assert mono.shape == stereo.shape == (10 * FRAME,)
+    np.testing.assert_allclose(stereo, mono, atol=1e-4)
+
+
+def test_reference_feeds_the_encoder(tmp_path: Path, codec: OnnxCodec) -> None:
+    audio = load_reference_audio(_write(tmp_path / "voice.wav", sine(220, 16000, 0.5, 0.2), 16000))
+    assert codec.encode(audio).shape == (len(audio) // FRAME, 32)
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("missing", "not found"),
+        ("text", "not a readable audio file"),
+        ("empty", "empty"),
+        ("silent", "silent"),
+        ("cancelling", "silent"),
+    ],
+)
+def test_bad_reference_audio(tmp_path: Path, case: str, message: str) -> None:
+    path = tmp_path / f"{case}.wav"
+    if case == "text":
+        path.write_text("this is not audio\n")
+    elif case == "empty":
+        _write(path, np.zeros(0, np.float32))
+    elif case == "silent":
+        _write(path, np.zeros(RATE, np.float32))
+    elif case == "cancelling":  # opposite channels cancel in the mono mix
+        tone = sine(440, RATE, 0.5, 0.3)
+        _write(path, np.stack([tone, -tone], axis=1))
+    with pytest.raises(RequestError, match=message) as info:
+        load_reference_audio(path)
+    assert str(path) in str(info.value)
+
+
+def test_write_wav_round_trip(tmp_path: Path) -> None:
+    samples = np.concatenate([sine(440, RATE, 0.2, 0.5), [1.5, -1.5]]).astype(np.float32)
+    path = tmp_path / "out.wav"
+    write_wav(path, samples, RATE)
+    info = sf.info(str(path))
+    assert (info.samplerate, info.channels, info.subtype, info.format) == (RATE, 1, "PCM_16", "WAV")
+    back, _ = sf.read(str(path), dtype="int16")
+    np.testing.assert_array_equal(back[-2:], [32767, -32767])  # clipped, not wrapped
+    np.testing.assert_allclose(back[:-2] / 32767, samples[:-2], atol=1 / 32767)
+
+
+def test_float_to_pcm16_is_little_endian_s16() -> None:
+    raw = float_to_pcm16(np.array([0.0, 0.5, -1.0, 2.0], np.float32))
+    assert raw == np.array([0, 16384, -32767, 32767], "<i2").tobytes()
