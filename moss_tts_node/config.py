@@ -1,0 +1,306 @@
+"""Configuration: one schema for the CLI, the Python API and the ROS node.
+
+Config files are ROS 2 parameter files::
+
+    moss_tts_node:
+      ros__parameters:
+        model:
+          weights_dir: /models/MOSS-TTS-GGUF
+        llama:
+          n_gpu_layers: -1
+
+so the same file serves ``python -m moss_tts_node synth --config``, ``Synthesizer.from_config_file``
+and ``ros2 run moss_tts_node moss_tts_node --ros-args --params-file``. Nested keys become dotted
+names (``llama.n_gpu_layers``). Every key is declared once, below, with its type, default, range
+and description; the ROS node declares its parameters from this same list.
+
+Everything is validated when the file is loaded: unknown keys, wrong types, values out of range
+and missing files fail before any model is touched, naming the key and the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError
+
+NODE_NAME = "moss_tts_node"
+KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
+
+
+def _option(
+    default: Any,
+    doc: str,
+    *,
+    min: float | None = None,
+    max: float | None = None,
+    choices: tuple[str, ...] | None = None,
+    path: bool = False,
+) -> Any:
+    """A config field with the metadata the validator and the ROS node need."""
+    meta = {"doc": doc, "min": min, "max": max, "choices": choices, "path": path}
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    weights_dir: str = _option(
+        "",
+        "Directory of MOSS-TTS-GGUF: the GGUF, embeddings/, lm_heads/, tokenizer/ and config.json.",
+        path=True,
+    )
+    backbone_gguf: str = _option(
+        "MOSS_TTS_Q4_K_M.gguf",
+        "Backbone GGUF file: a name inside weights_dir, or a path.",
+    )
+    codec_dir: str = _option(
+        "",
+        "Directory of MOSS-Audio-Tokenizer-ONNX: decoder.onnx (and encoder.onnx for voice cloning).",
+        path=True,
+    )
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    n_ctx: int = _option(4096, "Context length in rows: prompt plus generated steps.", min=64, max=131072)
+    n_batch: int = _option(512, "Rows per llama.cpp batch during prefill (capped at n_ctx).", min=1, max=131072)
+    n_threads: int = _option(0, "llama.cpp CPU threads; 0 uses every core.", min=0, max=1024)
+    n_gpu_layers: int = _option(-1, "Layers offloaded to the GPU: -1 all, 0 CPU only.", min=-1, max=100000)
+    kv_cache_type_k: str = _option("f16", "KV cache type of keys.", choices=KV_CACHE_TYPES)
+    kv_cache_type_v: str = _option(
+        "f16", "KV cache type of values (quantized needs flash_attn).", choices=KV_CACHE_TYPES
+    )
+    flash_attn: str = _option("auto", "Flash attention: auto, on or off.", choices=("auto", "on", "off"))
+
+
+@dataclass(frozen=True)
+class AudioConfig:
+    backend: str = _option("onnx", "Codec backend.", choices=("onnx",))
+    onnx_provider: str = _option(
+        "auto",
+        "ONNX Runtime device: auto (CUDA when available), cpu or cuda.",
+        choices=("auto", "cpu", "cuda"),
+    )
+    codec_threads: int = _option(0, "ONNX Runtime intra-op threads; 0 lets it choose.", min=0, max=1024)
+    chunk_frames: int = _option(
+        5,
+        "Frames (80 ms each) decoded per streamed chunk: smaller starts sooner, costs more decodes.",
+        min=1,
+        max=500,
+    )
+    left_context_frames: int = _option(
+        25,
+        "Frames of already-played codes re-decoded before each chunk so it joins smoothly.",
+        min=0,
+        max=500,
+    )
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    text_temperature: float = _option(1.5, "Text channel temperature; <= 0 is greedy.", min=0.0, max=100.0)
+    text_top_k: int = _option(50, "Text channel top-k; 0 disables.", min=0, max=1000000)
+    text_top_p: float = _option(1.0, "Text channel top-p.", min=0.0, max=1.0)
+    audio_temperature: float = _option(1.7, "Audio channels temperature; <= 0 is greedy.", min=0.0, max=100.0)
+    audio_top_k: int = _option(25, "Audio channels top-k; 0 disables.", min=0, max=1025)
+    audio_top_p: float = _option(0.8, "Audio channels top-p.", min=0.0, max=1.0)
+    audio_repetition_penalty: float = _option(1.0, "Audio repetition penalty; 1.0 disables.", min=0.01, max=100.0)
+    seed: int = _option(-1, "Random seed of each request; -1 draws a fresh one.", min=-1, max=2**63 - 1)
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    max_new_tokens: int = _option(
+        1500, "Most generation steps (80 ms of audio each); clamped to what n_ctx leaves.", min=1, max=1000000
+    )
+    normalize_text: bool = _option(True, "Clean markdown and punctuation from the text before speaking.")
+    language: str = _option("", "Default language tag (en, zh, ...); empty prints None in the prompt.")
+    instruction: str = _option("", "Default style instruction; empty prints None.")
+    quality: str = _option("", "Default quality field of the prompt; empty prints None.")
+    reference_audio: str = _option(
+        "", "Default voice: a WAV/FLAC clip or a .npy of codes from encode-voice; empty for none.", path=True
+    )
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    llama: LlamaConfig = field(default_factory=LlamaConfig)
+    audio: AudioConfig = field(default_factory=AudioConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+
+    def with_overrides(self, overrides: Mapping[str, Any], base_dir: Path | None = None) -> Config:
+        """A copy with dotted keys replaced (CLI flags, ROS parameters), validated like a file."""
+        values = dict(flatten(self))
+        values.update(_checked_items(overrides, "override"))
+        return from_flat(values, base_dir or Path.cwd(), source="override")
+
+    def to_flat(self) -> dict[str, Any]:
+        return dict(flatten(self))
+
+
+@dataclass(frozen=True)
+class Option:
+    """One config key as the ROS node declares it."""
+
+    key: str
+    type: type
+    default: Any
+    doc: str
+    min: float | None
+    max: float | None
+    choices: tuple[str, ...] | None
+    path: bool
+
+
+_GROUP_TYPES = {
+    "model": ModelConfig,
+    "llama": LlamaConfig,
+    "audio": AudioConfig,
+    "sampling": SamplingConfig,
+    "generation": GenerationConfig,
+}
+# Field annotations are strings here (postponed evaluation); these are the only types in use.
+_FIELD_TYPES = {"str": str, "int": int, "float": float, "bool": bool}
+
+
+def options() -> Iterator[Option]:
+    """Every config key, in file order."""
+    for group_name, group_type in _GROUP_TYPES.items():
+        for f in dataclasses.fields(group_type):
+            yield Option(key=f"{group_name}.{f.name}", type=_FIELD_TYPES[f.type], default=f.default, **f.metadata)
+
+
+OPTIONS: dict[str, Option] = {o.key: o for o in options()}
+
+
+def flatten(config: Config) -> Iterator[tuple[str, Any]]:
+    for group_name in _GROUP_TYPES:
+        group = getattr(config, group_name)
+        for f in dataclasses.fields(group):
+            yield f"{group_name}.{f.name}", getattr(group, f.name)
+
+
+def load_config(path: str | os.PathLike[str], overrides: Mapping[str, Any] | None = None) -> Config:
+    """Read a ROS 2 params file, apply dotted overrides, and validate all of it."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path} (see config/default.yaml for an example)")
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    params = _ros_parameters(document, path)
+    values = dict(_checked_items(dict(_flatten_mapping(params, path)), str(path)))
+    if overrides:
+        values.update(_checked_items(overrides, "override"))
+    return from_flat(values, path.parent, source=str(path))
+
+
+def from_flat(values: Mapping[str, Any], base_dir: Path, source: str) -> Config:
+    """Build a Config from dotted keys; relative paths are taken from base_dir."""
+    groups: dict[str, dict[str, Any]] = {name: {} for name in _GROUP_TYPES}
+    for key, value in values.items():
+        option = OPTIONS[key]
+        if option.path and value:
+            value = str((base_dir / Path(value).expanduser()).resolve())
+        group, name = key.split(".", 1)
+        groups[group][name] = value
+    config = Config(**{name: _GROUP_TYPES[name](**kw) for name, kw in groups.items()})
+    _check_files(config, source)
+    return config
+
+
+def _ros_parameters(document: Any, path: Path) -> Mapping[str, Any]:
+    hint = f"expected '{NODE_NAME}:' then 'ros__parameters:' at the top (see config/default.yaml)"
+    if not isinstance(document, dict):
+        raise ConfigError(f"{path}: {hint}")
+    for node_key in (NODE_NAME, f"/{NODE_NAME}", "/**"):
+        section = document.get(node_key)
+        if isinstance(section, dict) and "ros__parameters" in section:
+            params = section["ros__parameters"]
+            if not isinstance(params, dict):
+                raise ConfigError(f"{path}: 'ros__parameters' must be a mapping")
+            return params
+    raise ConfigError(f"{path}: {hint}; found top-level keys {sorted(map(str, document))}")
+
+
+def _flatten_mapping(params: Mapping[str, Any], path: Path, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for key, value in params.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            yield from _flatten_mapping(value, path, prefix=f"{dotted}.")
+        else:
+            yield dotted, value
+
+
+def _checked_items(values: Mapping[str, Any], source: str) -> Iterator[tuple[str, Any]]:
+    for key, value in values.items():
+        option = OPTIONS.get(key)
+        if option is None:
+            raise ConfigError(f"{source}: unknown config key '{key}'{_suggestion(key)}")
+        yield key, check_value(option, value, source)
+
+
+def check_value(option: Option, value: Any, source: str) -> Any:
+    """Validate one value against its option; returns it (ints widened to float where a float is due)."""
+    where = f"{source}: '{option.key}'"
+    if option.type is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if option.type is str and value is None:
+        value = ""
+    if option.type is str and isinstance(value, bool):
+        raise ConfigError(
+            f"{where} must be a string, got {value!r}: YAML reads bare on/off/yes/no as booleans, so quote it"
+        )
+    if type(value) is not option.type:
+        raise ConfigError(f"{where} must be {option.type.__name__}, got {type(value).__name__} {value!r}")
+    if option.choices is not None and value not in option.choices:
+        raise ConfigError(f"{where} must be one of {', '.join(option.choices)}, got {value!r}")
+    if option.min is not None and value < option.min:
+        raise ConfigError(f"{where} must be >= {option.min}, got {value!r}")
+    if option.max is not None and value > option.max:
+        raise ConfigError(f"{where} must be <= {option.max}, got {value!r}")
+    return value
+
+
+def _suggestion(key: str) -> str:
+    near = difflib.get_close_matches(key, OPTIONS, n=1, cutoff=0.6)
+    if not near:
+        leaf = key.rsplit(".", 1)[-1]
+        near = [k for k in OPTIONS if k.rsplit(".", 1)[-1] == leaf]
+    if near:
+        return f"; did you mean '{near[0]}'?"
+    return f"; known keys: {', '.join(OPTIONS)}"
+
+
+def _check_files(config: Config, source: str) -> None:
+    model = config.model
+    if not model.weights_dir:
+        raise ConfigError(f"{source}: 'model.weights_dir' is not set (the MOSS-TTS-GGUF directory)")
+    if not Path(model.weights_dir).is_dir():
+        raise ConfigError(f"{source}: 'model.weights_dir' directory not found: {model.weights_dir}")
+    gguf = backbone_path(config)
+    if not gguf.is_file():
+        raise ConfigError(f"{source}: 'model.backbone_gguf' file not found: {gguf}")
+    if not model.codec_dir:
+        raise ConfigError(f"{source}: 'model.codec_dir' is not set (the MOSS-Audio-Tokenizer-ONNX directory)")
+    decoder = Path(model.codec_dir) / "decoder.onnx"
+    if not decoder.is_file():
+        raise ConfigError(f"{source}: 'model.codec_dir' has no decoder.onnx: {decoder}")
+    reference = config.generation.reference_audio
+    if reference and not Path(reference).is_file():
+        raise ConfigError(f"{source}: 'generation.reference_audio' file not found: {reference}")
+
+
+def backbone_path(config: Config) -> Path:
+    return Path(config.model.weights_dir) / config.model.backbone_gguf

@@ -1,0 +1,128 @@
+"""A complete tiny MOSS-TTS-Delay model with random weights, in the published file formats.
+
+``python -m moss_tts_node demo-weights DIR`` writes what MOSS-TTS-GGUF and
+MOSS-Audio-Tokenizer-ONNX hold, at toy size: a qwen3 GGUF with its text head, float16
+``embeddings/`` and ``lm_heads/``, a byte-level BPE ``tokenizer/`` carrying the special tokens,
+``config.json`` with their ids, ``codec/{encoder,decoder}.onnx``, and a ``config.yaml`` that
+points at all of it. Tests and ``make demo`` run the real code paths on it.
+
+The weights are random, so the audio is noise, not speech. They are nudged so that generation
+behaves like a trained model's in shape: every text embedding shares one direction, which the
+residual stream carries to the last layer, and the text head reads that direction to favour
+``gen_slot`` over ``delay_slot`` (a few seconds of audio, then the flush) and ``im_end`` after
+the audio ends. Without that a random model ends its audio after a frame or two and then
+rambles text until max_new_tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from .demo_codec import write_demo_codec
+from .model_spec import ModelSpec
+from .qwen3_gguf import Qwen3Shape, random_qwen3_tensors, write_qwen3_gguf
+
+GGUF_NAME = "MOSS_TTS_F16.gguf"
+SPECIAL_TOKENS = {  # token text -> ModelSpec field, in vocabulary order
+    "<|endoftext|>": "pad_token_id",
+    "<|im_start|>": "im_start_token_id",
+    "<|im_end|>": "im_end_token_id",
+    "<|audio_start|>": "audio_start_token_id",
+    "<|audio_end|>": "audio_end_token_id",
+    "<|audio_user_slot|>": "audio_user_slot_token_id",
+    "<|audio_assistant_gen_slot|>": "audio_assistant_gen_slot_token_id",
+    "<|audio_assistant_delay_slot|>": "audio_assistant_delay_slot_token_id",
+}
+_CORPUS = [
+    "<user_inst>\n- Reference(s):\nNone\n- Instruction:\nNone\n- Tokens:\nNone\n- Quality:\nNone\n"
+    "- Sound Event:\nNone\n- Ambient Sound:\nNone\n- Language:\nen\n- Text:\n</user_inst>",
+    "user\nassistant\n[S1]:\n",
+    "Hello, robot. The quick brown fox jumps over the lazy dog. Speech synthesis on a small computer.",
+    "你好，机器人。今天天气很好。",
+]
+# Logits the text head gives these tokens along the shared direction (others are ~N(0, 1)).
+_TEXT_BIAS = {
+    "audio_assistant_gen_slot_token_id": 8.0,
+    "audio_assistant_delay_slot_token_id": 2.0,
+    "im_end_token_id": 14.0,
+}
+_SHARED_SCALE = 3.0  # per-element size of the shared direction, against ~1 for everything else
+_DEMO_CONFIG = """\
+# Demo model: random weights, noise not speech. Made by `python -m moss_tts_node demo-weights`.
+moss_tts_node:
+  ros__parameters:
+    model:
+      weights_dir: .
+      backbone_gguf: {gguf}
+      codec_dir: codec
+    llama:
+      n_ctx: 2048
+      n_gpu_layers: 0
+      flash_attn: "off"
+    audio:
+      onnx_provider: cpu
+    generation:
+      max_new_tokens: 600
+"""
+
+
+def train_tokenizer(vocab_size: int = 400) -> Tokenizer:
+    """A byte-level BPE like Qwen's, trained on a few lines, with MOSS's special tokens added last."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tokenizer.train_from_iterator(_CORPUS, trainer=trainer)
+    tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
+    return tokenizer
+
+
+def write_demo_weights(out_dir: Path, seed: int = 0, hidden: int = 256, layers: int = 2) -> Path:
+    """Write the demo model into ``out_dir``; returns the path of its config.yaml."""
+    out_dir = Path(out_dir)
+    for sub in ("embeddings", "lm_heads", "tokenizer", "codec"):
+        (out_dir / sub).mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+
+    tokenizer = train_tokenizer()
+    tokenizer.save(str(out_dir / "tokenizer" / "tokenizer.json"))
+    ids = {field: tokenizer.token_to_id(text) for text, field in SPECIAL_TOKENS.items()}
+    spec = ModelSpec(**ids)
+    (out_dir / "config.json").write_text(
+        json.dumps({"model_type": "moss_tts_delay", **spec.to_json()}, indent=2) + "\n", encoding="utf-8"
+    )
+
+    shape = Qwen3Shape(
+        hidden=hidden,
+        layers=layers,
+        heads=4,
+        kv_heads=2,
+        head_dim=64,
+        ffn=2 * hidden,
+        vocab=tokenizer.get_vocab_size(with_added_tokens=True),
+    )
+    tensors = random_qwen3_tensors(shape, seed)
+    direction = rng.choice([-1.0, 1.0], size=hidden).astype(np.float32)
+    tensors["embed_tokens.weight"] = 0.3 * tensors["embed_tokens.weight"] + _SHARED_SCALE * direction
+    for field, logit in _TEXT_BIAS.items():
+        tensors["lm_head.weight"][getattr(spec, field)] = logit * direction / hidden
+    write_qwen3_gguf(out_dir / GGUF_NAME, shape, tensors.items(), dtype="f16")
+
+    np.save(out_dir / "embeddings" / "embed_tokens.npy", tensors["embed_tokens.weight"].astype(np.float16))
+    np.save(out_dir / "lm_heads" / "lm_head_text.npy", tensors["lm_head.weight"].astype(np.float16))
+    for k in range(spec.n_vq):
+        table = 0.05 * rng.standard_normal((spec.audio_rows, hidden))
+        head = rng.standard_normal((spec.audio_rows, hidden)) / np.sqrt(hidden)
+        np.save(out_dir / "embeddings" / f"emb_ext_{k:02d}.npy", table.astype(np.float16))
+        np.save(out_dir / "lm_heads" / f"lm_head_audio_{k:02d}.npy", head.astype(np.float16))
+
+    write_demo_codec(out_dir / "codec", seed=seed)
+    config_path = out_dir / "config.yaml"
+    config_path.write_text(_DEMO_CONFIG.format(gguf=GGUF_NAME), encoding="utf-8")
+    return config_path

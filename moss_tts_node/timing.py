@@ -1,0 +1,112 @@
+"""Where a synthesis spends its time, in the figures a robot integrator asks for."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+
+
+class StageClock:
+    """Accumulates wall time per named stage of the step loop."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.first_audio: float | None = None
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - start
+
+    def mark_first_audio(self) -> None:
+        if self.first_audio is None:
+            self.first_audio = time.perf_counter() - self.started
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+
+@dataclass(frozen=True)
+class TimingReport:
+    """One request's figures. real_time_factor = wall time / audio time (below 1 is faster than real time)."""
+
+    seed: int
+    prompt_rows: int
+    max_new_tokens: int
+    steps: int
+    frames: int
+    audio_seconds: float
+    prefill_ms: float
+    backbone_ms_per_step: float
+    heads_ms_per_step: float
+    sampling_ms_per_step: float
+    codec_ms: float
+    steps_per_second: float
+    time_to_first_audio_s: float | None
+    wall_s: float
+    real_time_factor: float | None
+    stop_reason: str  # "end" (im_end), "max_new_tokens" or "cancelled"
+
+    @classmethod
+    def from_clock(
+        cls,
+        clock: StageClock,
+        *,
+        seed: int,
+        prompt_rows: int,
+        max_new_tokens: int,
+        steps: int,
+        frames: int,
+        audio_seconds: float,
+        stop_reason: str,
+    ) -> TimingReport:
+        wall = clock.elapsed()
+        per_step = 1000.0 / max(steps, 1)
+        loop_s = sum(clock.seconds[s] for s in ("backbone", "heads", "sampling"))
+        return cls(
+            seed=seed,
+            prompt_rows=prompt_rows,
+            max_new_tokens=max_new_tokens,
+            steps=steps,
+            frames=frames,
+            audio_seconds=audio_seconds,
+            prefill_ms=clock.seconds["prefill"] * 1000.0,
+            backbone_ms_per_step=clock.seconds["backbone"] * per_step,
+            heads_ms_per_step=clock.seconds["heads"] * per_step,
+            sampling_ms_per_step=clock.seconds["sampling"] * per_step,
+            codec_ms=clock.seconds["codec"] * 1000.0,
+            steps_per_second=steps / loop_s if loop_s > 0 else 0.0,
+            time_to_first_audio_s=clock.first_audio,
+            wall_s=wall,
+            real_time_factor=wall / audio_seconds if audio_seconds > 0 else None,
+            stop_reason=stop_reason,
+        )
+
+    def to_dict(self) -> dict[str, float | int | str | None]:
+        return asdict(self)
+
+    def format(self) -> str:
+        ttfa = "-" if self.time_to_first_audio_s is None else f"{self.time_to_first_audio_s * 1000:.0f} ms"
+        rtf = "-" if self.real_time_factor is None else f"{self.real_time_factor:.2f}"
+        return "\n".join(
+            [
+                f"prompt rows        {self.prompt_rows}",
+                f"steps              {self.steps} of {self.max_new_tokens} (stop: {self.stop_reason})",
+                f"audio              {self.frames} frames, {self.audio_seconds:.2f} s",
+                f"prefill            {self.prefill_ms:.1f} ms",
+                f"steps/s            {self.steps_per_second:.2f}",
+                f"ms per step        backbone {self.backbone_ms_per_step:.2f} | heads {self.heads_ms_per_step:.2f}"
+                f" | sampling {self.sampling_ms_per_step:.2f}",
+                f"codec              {self.codec_ms:.1f} ms",
+                f"time to 1st audio  {ttfa}",
+                f"wall               {self.wall_s:.2f} s (real-time factor {rtf})",
+                f"seed               {self.seed}",
+            ]
+        )

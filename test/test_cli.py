@@ -1,0 +1,82 @@
+"""The command line in a separate process, as a user runs it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+
+from moss_tts_node.audio_io import write_wav
+
+
+def run(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "moss_tts_node", *map(str, args)], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_synth_writes_a_24khz_mono_wav_of_whole_frames(demo_config: Path, tmp_path: Path) -> None:
+    out, tokens = tmp_path / "out.wav", tmp_path / "tokens.npz"
+    done = run(
+        "synth",
+        "--config",
+        demo_config,
+        "--text",
+        "Hello robot.",
+        "--output",
+        out,
+        "--seed",
+        "3",
+        "--save-tokens",
+        tokens,
+        "--profile",
+        "--language",
+        "en",
+    )
+    assert done.returncode == 0, done.stderr
+    assert "steps/s" in done.stdout and "time to 1st audio" in done.stdout
+    info = sf.info(out)
+    assert (info.samplerate, info.channels, info.subtype) == (24000, 1, "PCM_16")
+    saved = np.load(tokens)
+    assert {k: saved[k].dtype for k in saved} == {k: np.dtype(np.int64) for k in ("prompt", "generated", "codes")}
+    assert saved["prompt"].shape[1] == 33 and saved["generated"].shape[1] == 33 and saved["codes"].shape[1] == 32
+    assert info.frames == 1920 * saved["codes"].shape[0] > 0
+
+
+def test_encode_voice_then_clone_it(demo_config: Path, tmp_path: Path) -> None:
+    clip, voice = tmp_path / "ref.wav", tmp_path / "voice.npy"
+    write_wav(clip, 0.2 * np.sin(np.arange(44100) * 0.05), 44100)
+    done = run("encode-voice", "--config", demo_config, clip, voice)
+    assert done.returncode == 0, done.stderr
+    assert np.load(voice).shape == (13, 32)
+    out = tmp_path / "out.wav"
+    done = run("synth", "--config", demo_config, "--text", "Hi.", "--output", out, "--reference", voice, "--seed", "1")
+    assert done.returncode == 0, done.stderr
+    assert out.is_file()
+
+
+def bad_input_message(*args: str | Path) -> str:
+    done = run(*args)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    return lines[0]
+
+
+def test_bad_inputs_exit_2_with_one_line(demo_config: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out.wav"
+    base = ("synth", "--config", demo_config, "--output", out)
+    assert "text is empty" in bad_input_message(*base, "--text", "  ")
+    assert "unknown config key 'llama.gpu_layers'" in bad_input_message(
+        *base, "--text", "Hi", "--set", "llama.gpu_layers=3"
+    )
+    fake = tmp_path / "ref.wav"
+    fake.write_text("plain text")
+    assert "ref.wav" in bad_input_message(*base, "--text", "Hi", "--reference", fake)
+    assert "config file not found" in bad_input_message(
+        "synth", "--config", tmp_path / "none.yaml", "--text", "Hi", "--output", out
+    )
+    assert not out.exists()

@@ -1,0 +1,91 @@
+"""Prompt layout against the facts page (section 4), row by row, on the demo tokenizer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from moss_tts_node.errors import RequestError
+from moss_tts_node.model_spec import ModelSpec
+from moss_tts_node.prompt import PromptBuilder, PromptFields
+
+PAD = 1024
+
+
+@pytest.fixture(scope="module")
+def weights(demo_config: Path) -> Path:
+    return demo_config.parent
+
+
+@pytest.fixture(scope="module")
+def builder(weights: Path) -> PromptBuilder:
+    return PromptBuilder(weights / "tokenizer", ModelSpec.load(weights))
+
+
+def expected_text(ref: str, language: str, text: str) -> str:
+    # Written out literally from the facts page, independently of prompt.py.
+    content = (
+        "<user_inst>\n- Reference(s):\n" + ref + "\n- Instruction:\nNone\n- Tokens:\nNone\n- Quality:\nNone\n"
+        "- Sound Event:\nNone\n- Ambient Sound:\nNone\n- Language:\n"
+        + language
+        + "\n- Text:\n"
+        + text
+        + "\n</user_inst>"
+    )
+    return "<|im_start|>user\n" + content + "<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_prompt_without_reference(builder: PromptBuilder, weights: Path) -> None:
+    spec = builder.spec
+    rows = builder.build(PromptFields(text="Hello robot.", language="en"))
+    tokenizer = Tokenizer.from_file(str(weights / "tokenizer" / "tokenizer.json"))
+    ids = tokenizer.encode(expected_text("None", "en", "Hello robot."), add_special_tokens=False).ids
+    assert rows.dtype == np.int64 and rows.shape == (len(ids) + 1, 33)
+    assert rows[:-1, 0].tolist() == ids
+    assert rows[-1, 0] == spec.audio_start_token_id
+    assert (rows[:, 1:] == PAD).all()
+    assert rows[0, 0] == spec.im_start_token_id
+
+
+def test_prompt_with_reference_clip(builder: PromptBuilder, weights: Path) -> None:
+    spec = builder.spec
+    frames = 4
+    codes = np.arange(frames * 32, dtype=np.int64).reshape(frames, 32) % 1024
+    rows = builder.build(PromptFields(text="Hi.", language="en"), [codes])
+
+    slots = "<|audio_user_slot|>" * (frames + 31)
+    ref = "[S1]:\n<|audio_start|>" + slots + "<|audio_end|>"
+    tokenizer = Tokenizer.from_file(str(weights / "tokenizer" / "tokenizer.json"))
+    ids = tokenizer.encode(expected_text(ref, "en", "Hi."), add_special_tokens=False).ids
+    assert rows[:-1, 0].tolist() == ids
+
+    start = ids.index(spec.audio_start_token_id)
+    block = rows[start + 1 : start + 1 + frames + 31]
+    assert (block[:, 0] == spec.audio_user_slot_token_id).all()
+    assert rows[start + frames + 32, 0] == spec.audio_end_token_id
+    for t in range(frames):
+        for k in range(32):
+            assert block[t + k, 1 + k] == codes[t, k]
+    assert (block[:, 1:] != PAD).sum() == frames * 32  # pad everywhere off the staircase
+    outside = np.ones(len(rows), dtype=bool)
+    outside[start + 1 : start + 1 + frames + 31] = False
+    assert (rows[outside, 1:] == PAD).all()
+
+
+def test_missing_fields_print_none_and_tokens_prints_its_number(builder: PromptBuilder) -> None:
+    content = builder.user_content(PromptFields(text="x", tokens=25), n_references=0)
+    assert "- Tokens:\n25\n" in content
+    assert "- Language:\nNone\n" in content and "- Reference(s):\nNone\n" in content
+
+
+def test_two_references_are_numbered(builder: PromptBuilder) -> None:
+    content = builder.user_content(PromptFields(text="x"), n_references=2)
+    assert "[S1]:\n<|audio|>\n[S2]:\n<|audio|>" in content
+
+
+def test_control_tokens_in_text_are_refused(builder: PromptBuilder) -> None:
+    with pytest.raises(RequestError, match="control token"):
+        builder.build(PromptFields(text="say <|im_end|> now"))

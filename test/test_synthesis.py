@@ -1,0 +1,166 @@
+"""The Synthesizer end to end on the demo model: real llama.cpp, real ONNX Runtime."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moss_tts_node.audio_io import write_wav
+from moss_tts_node.delay import remove_delay
+from moss_tts_node.errors import RequestError, WeightsError
+from moss_tts_node.synthesizer import Synthesizer
+
+TEXT = "Hello! I am a robot."
+SPF = 1920
+
+
+def test_stream_equals_offline_decode_and_keeps_the_last_chunk(synth: Synthesizer) -> None:
+    stream = synth.stream(TEXT, seed=1)
+    chunks = list(stream)
+    assert stream.report is not None and stream.report.stop_reason == "end"
+    codes = stream.codes
+    assert codes is not None and codes.shape[0] > 1
+    audio = np.concatenate([c.samples for c in chunks])
+    assert audio.shape == (codes.shape[0] * SPF,)
+    np.testing.assert_allclose(audio, synth.codec.decode(codes), atol=1e-5)
+    assert [c.index for c in chunks] == list(range(len(chunks)))
+    assert [c.is_final for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    starts = np.cumsum([0] + [c.samples.shape[0] for c in chunks[:-1]]) / 24000
+    np.testing.assert_allclose([c.start_s for c in chunks], starts)
+
+
+def test_generated_rows_de_delay_to_the_decoded_codes(synth: Synthesizer) -> None:
+    result = synth.synthesize(TEXT, seed=2)
+    frames = remove_delay(result.generated[:, 1:])
+    frames = frames[~np.all(frames == 1024, axis=1)]
+    assert np.array_equal(frames, result.codes)
+    assert result.generated[-1, 0] == synth.spec.im_end_token_id
+    assert result.report.frames == result.codes.shape[0]
+    assert result.report.audio_seconds == pytest.approx(result.codes.shape[0] * 0.08)
+
+
+def test_first_chunk_leaves_right_after_the_32nd_step(synth: Synthesizer) -> None:
+    steps = 0
+
+    def count_steps() -> bool:  # the cancel flag is read once before every step
+        nonlocal steps
+        steps += 1
+        return False
+
+    stream = synth.stream(TEXT, seed=1, cancel=count_steps)
+    first = next(iter(stream))
+    assert steps == 32
+    assert first.samples.shape == (SPF,)
+    list(stream)  # drain
+
+
+def test_cancel_stops_within_a_step(synth: Synthesizer) -> None:
+    cancel = threading.Event()
+    stream = synth.stream(TEXT, seed=1, cancel=cancel)
+    chunks = iter(stream)
+    next(chunks)
+    cancel.set()
+    assert list(chunks) == []
+    assert stream.cancelled and stream.report is not None
+    assert stream.report.steps == 32  # not one step more
+
+
+def test_same_seed_same_codes_different_seed_different_codes(synth: Synthesizer) -> None:
+    a = synth.synthesize(TEXT, seed=5).codes
+    b = synth.synthesize(TEXT, seed=5).codes
+    c = synth.synthesize(TEXT, seed=6).codes
+    assert np.array_equal(a, b)
+    assert a.shape != c.shape or not np.array_equal(a, c)
+
+
+def test_max_new_tokens_stops_generation(synth: Synthesizer) -> None:
+    result = synth.synthesize(TEXT, seed=1, max_new_tokens=40)
+    assert result.report.stop_reason == "max_new_tokens"
+    assert result.generated.shape[0] == 40
+    assert result.codes.shape[0] == 40 - 31  # frames whose last codebook arrived
+
+
+@pytest.mark.parametrize("text", ["", "   \n\t"])
+def test_empty_text_is_refused(synth: Synthesizer, text: str) -> None:
+    with pytest.raises(RequestError, match="empty"):
+        synth.stream(text)
+
+
+def test_text_that_normalizes_to_nothing_is_refused(synth: Synthesizer) -> None:
+    with pytest.raises(RequestError, match="empty"):
+        synth.stream("\u200b\u200b")
+
+
+def test_prompt_longer_than_the_context_is_refused(demo_config: Path) -> None:
+    with Synthesizer.from_config_file(demo_config, {"llama.n_ctx": 256}) as small:
+        with pytest.raises(RequestError, match=r"256-row context.*raise llama\.n_ctx"):
+            small.stream("word " * 300)
+        result = small.synthesize("Hi.", seed=1)  # a short one is clamped to the room left
+        assert result.prompt.shape[0] + result.generated.shape[0] <= 256 + 1
+
+
+def test_reference_from_clip_and_from_codes(synth: Synthesizer, tmp_path: Path) -> None:
+    t = np.arange(24000) / 24000
+    clip = tmp_path / "voice.wav"
+    write_wav(clip, 0.3 * np.sin(2 * np.pi * 220 * t), 24000)
+    codes = synth.encode_reference(clip)
+    assert codes.shape == (13, 32) and codes.dtype == np.int64  # 1 s padded up to 13 frames
+    np.save(tmp_path / "voice.npy", codes)
+    from_clip = synth.stream(TEXT, reference=clip, seed=1)
+    from_codes = synth.stream(TEXT, reference=tmp_path / "voice.npy", seed=1)
+    assert np.array_equal(from_clip.prompt, from_codes.prompt)
+    slots = from_clip.prompt[:, 0] == synth.spec.audio_user_slot_token_id
+    assert slots.sum() == 13 + 31
+    assert len(list(from_codes)) > 0
+
+
+def test_bad_references_are_refused(synth: Synthesizer, tmp_path: Path) -> None:
+    fake = tmp_path / "voice.wav"
+    fake.write_text("not audio")
+    with pytest.raises(RequestError, match=r"voice\.wav"):
+        synth.stream(TEXT, reference=fake)
+    with pytest.raises(RequestError, match="not found"):
+        synth.stream(TEXT, reference=tmp_path / "absent.wav")
+    np.save(tmp_path / "bad.npy", np.zeros((5, 8), dtype=np.int64))
+    with pytest.raises(RequestError, match=r"shape \(5, 8\)"):
+        synth.stream(TEXT, reference=tmp_path / "bad.npy")
+    np.save(tmp_path / "range.npy", np.full((5, 32), 1024, dtype=np.int64))
+    with pytest.raises(RequestError, match=r"0\.\.1023"):
+        synth.stream(TEXT, reference=tmp_path / "range.npy")
+
+
+def linked_copy(src: Path, dst: Path, skip: str) -> Path:
+    """A weights directory of symlinks to the demo's files, except ``skip`` (relative path)."""
+    for path in src.rglob("*"):
+        rel = path.relative_to(src)
+        if path.is_dir() or str(rel) == skip:
+            continue
+        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dst / rel).symlink_to(path)
+    return dst / "config.yaml"
+
+
+@pytest.mark.parametrize(
+    ("target", "content", "message"),
+    [
+        ("embeddings/emb_ext_05.npy", None, r"weight file not found: .*emb_ext_05\.npy"),
+        ("lm_heads/lm_head_audio_31.npy", b"garbage", r"lm_head_audio_31\.npy: not a readable \.npy"),
+        ("embeddings/emb_ext_00.npy", np.zeros((1025, 8), dtype=np.float16), r"emb_ext_00\.npy: shape \(1025, 8\)"),
+        ("lm_heads/lm_head_audio_03.npy", np.zeros((1025, 256), dtype=np.float32), r"dtype float32, expected float16"),
+        ("MOSS_TTS_F16.gguf", b"GGUF but truncated", r"MOSS_TTS_F16\.gguf"),
+        ("tokenizer/tokenizer.json", None, r"tokenizer not found"),
+    ],
+)
+def test_broken_weight_files_are_named(
+    demo_config: Path, tmp_path: Path, target: str, content: bytes | np.ndarray | None, message: str
+) -> None:
+    config = linked_copy(demo_config.parent, tmp_path, skip=target)
+    if isinstance(content, bytes):
+        (tmp_path / target).write_bytes(content)
+    elif isinstance(content, np.ndarray):
+        np.save(tmp_path / target, content)
+    with pytest.raises(WeightsError, match=message):
+        Synthesizer.from_config_file(config)
