@@ -1,0 +1,40 @@
+# Two commands do all the set-up on a fresh Debian/Ubuntu machine:
+#   make demo   - virtualenv, demo weights, demo.wav, timings
+#   make test   - virtualenv, lint, the whole test suite
+# llama-cpp-python compiles llama.cpp from source (about 10 minutes on 2 cores, once; pip caches the wheel).
+# For CUDA (desktop GPU or Jetson Orin):  make demo LLAMA_CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=87"
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
+DEMO_DIR := demo_weights
+DEMO_TEXT ?= Hello! I am a robot, and this is my voice.
+
+.PHONY: demo test lint venv clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $@
+
+$(DEMO_DIR)/config.yaml: $(VENV)/.installed
+	$(PY) -m moss_tts_node demo-weights $(DEMO_DIR)
+
+demo: $(DEMO_DIR)/config.yaml
+	$(PY) -m moss_tts_node synth --config $(DEMO_DIR)/config.yaml --text "$(DEMO_TEXT)" \
+		--output demo.wav --seed 1 --profile
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: lint
+	$(PY) -m pytest -q test
+
+clean:
+	rm -rf $(DEMO_DIR) demo.wav
