@@ -96,3 +96,9 @@ def test_overrides_are_validated_like_the_file(demo_config: Path) -> None:
     assert config.llama.n_threads == 1
     with pytest.raises(ConfigError, match=r"unknown config key 'llama\.threads'"):
         config.with_overrides({"llama.threads": 1})
+
+
+def test_readme_documents_every_key() -> None:
+    text = (REPO / "README.md").read_text()
+    for key in OPTIONS:
+        assert f"| `{key}` |" in text, f"README.md's configuration table lacks {key}"
