@@ -5,7 +5,7 @@
 # Usage, on a machine with an NVIDIA GPU, nvcc and cmake, from the repository root:
 #   bash scripts/llama_gpu_check.sh LLAMA_SRC.tar.gz [WHEEL_DIR] [OUT_DIR]
 # LLAMA_SRC.tar.gz: vendor/llama.cpp of the llama-cpp-python sdist (CMakeLists.txt, cmake, ggml, src,
-# include, common, vendor). WHEEL_DIR: extra Python wheels to install first (optional).
+# include, common, vendor, app). WHEEL_DIR: extra Python wheels to install first (optional).
 # CUDA_ARCH (default 90: H100/H200; 87: Jetson Orin; 86: RTX 30xx) selects the GPU architecture.
 set -euo pipefail
 src_tgz=$1
@@ -29,7 +29,7 @@ rm -rf "$build" && mkdir -p "$build/src"
 tar xzf "$src_tgz" -C "$build/src"
 cmake -S "$build/src" -B "$build/out" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" \
   -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
-  -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_COMMON=OFF -DLLAMA_CURL=OFF >"$out/cmake.log" 2>&1
+  -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF >"$out/cmake.log" 2>&1
 start=$(date +%s)
 cmake --build "$build/out" -j"$(nproc)" --target llama >"$out/build.log" 2>&1
 echo "llama.cpp CUDA build: $(( $(date +%s) - start )) s"
