@@ -22,7 +22,7 @@ sys.path[:0] = [str(REPO), str(REPO / "test")]
 
 from qwen3_reference import qwen3_forward  # noqa: E402
 
-from moss_tts_node.backbone import Backbone, BackboneParams  # noqa: E402
+from moss_tts_node.backbone import Backbone, BackboneParams, set_llama_verbose  # noqa: E402
 from moss_tts_node.demo_weights import write_demo_weights  # noqa: E402
 from moss_tts_node.qwen3_gguf import Qwen3Shape, random_qwen3_tensors, write_qwen3_gguf  # noqa: E402
 from moss_tts_node.synthesizer import Synthesizer  # noqa: E402
@@ -68,6 +68,7 @@ def step_timing(gguf: Path, n_gpu_layers: int, hidden: int, steps: int = 64) -> 
 
 
 def main() -> int:
+    set_llama_verbose(bool(os.environ.get("LLAMA_VERBOSE")))
     work = Path(tempfile.mkdtemp())
     report: dict[str, object] = {}
     ok = True

@@ -29,7 +29,8 @@ rm -rf "$build" && mkdir -p "$build/src"
 tar xzf "$src_tgz" -C "$build/src"
 cmake -S "$build/src" -B "$build/out" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" \
   -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
-  -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF >"$out/cmake.log" 2>&1
+  -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF \
+  -DGGML_CUDA_NO_VMM=ON >"$out/cmake.log" 2>&1
 start=$(date +%s)
 cmake --build "$build/out" -j"$(nproc)" --target llama >"$out/build.log" 2>&1
 echo "llama.cpp CUDA build: $(( $(date +%s) - start )) s"
@@ -37,4 +38,12 @@ echo "llama.cpp CUDA build: $(( $(date +%s) - start )) s"
 lib=$(dirname "$(find "$build/out" -name 'libllama.so' | head -n1)")
 cc -O2 -shared -fPIC bridge/moss_bridge.c -I"$build/src/include" -I"$build/src/ggml/include" \
   -L"$lib" -lllama -Wl,-rpath,"$lib" -o "$build/libmoss_bridge.so"
-MOSS_TTS_BRIDGE_LIB="$build/libmoss_bridge.so" "$python" scripts/llama_gpu_check.py | tee "$out/report.json"
+ldd "$lib/libggml-cuda.so" | grep -E "cublas|cudart|nccl" || true
+export MOSS_TTS_BRIDGE_LIB="$build/libmoss_bridge.so"
+if command -v cuda-gdb >/dev/null && [ -n "${DEBUG_CRASH:-}" ]; then
+  # A crash inside llama.cpp/CUDA then leaves a native backtrace instead of "Segmentation fault".
+  cuda-gdb -q -batch -ex "set pagination off" -ex run -ex bt --args "$python" scripts/llama_gpu_check.py 2>&1 |
+    tee "$out/report.txt"
+else
+  "$python" scripts/llama_gpu_check.py | tee "$out/report.json"
+fi
