@@ -24,6 +24,10 @@
 
 #define MOSS_ERROR_LEN 1024
 #define MOSS_LOG_LEN 512
+/* Bytes of tensor rows llama_model_quantize converts at once. Its default (8 GiB) would widen a whole
+ * 155,648 x 4096 embedding table to float32 in one go (~4 GB next to it); slabs of whole rows give the
+ * same result with a bounded buffer. */
+#define MOSS_QUANTIZE_BUF_SIZE ((size_t) 256 * 1024 * 1024)
 
 struct moss_bridge {
     struct llama_model * model;
@@ -35,8 +39,27 @@ struct moss_bridge {
     llama_pos * pos;  /* n_batch positions, reused by every llama_decode call */
     int8_t * output;  /* n_batch output flags, likewise */
     int has_output;   /* the last llama_decode succeeded and produced the last row's outputs */
+    int text_logits;  /* decodes compute the text head (moss_bridge_set_text_logits); default 1 */
+    int has_logits;   /* has_output, and the text head ran for it */
     char last_error[MOSS_ERROR_LEN];
 };
+
+/* The graph-evaluation callback that skips the text head. With the text logits switched off it asks to see
+ * the final-normed hidden state (llama.cpp names it result_norm, renamed result_embd_pooled when pooling is
+ * NONE) and, once that node is computed, returns false: ggml's scheduler then stops computing the rest of
+ * that split, i.e. the text head, the graph's only node after it. The hidden state is complete and
+ * llama.cpp reads it as usual; the logits buffer keeps stale values, which get_text_logits refuses to
+ * hand out. With the text logits on, no node is asked for and the graph runs as one piece. */
+static bool moss_eval_callback(struct ggml_tensor * t, bool ask, void * user_data) {
+    const struct moss_bridge * h = user_data;
+    if (h->text_logits) {
+        return !ask;
+    }
+    if (ask) {
+        return strcmp(t->name, "result_norm") == 0 || strcmp(t->name, "result_embd_pooled") == 0;
+    }
+    return false;
+}
 
 /* ---- llama.cpp log capture ------------------------------------------------------------------------- */
 
@@ -122,6 +145,7 @@ const char * moss_bridge_status_string(int32_t status) {
         case MOSS_BRIDGE_ERR_DECODE: return "MOSS_BRIDGE_ERR_DECODE";
         case MOSS_BRIDGE_ERR_NO_OUTPUT: return "MOSS_BRIDGE_ERR_NO_OUTPUT";
         case MOSS_BRIDGE_ERR_ALLOC: return "MOSS_BRIDGE_ERR_ALLOC";
+        case MOSS_BRIDGE_ERR_QUANTIZE: return "MOSS_BRIDGE_ERR_QUANTIZE";
         default: return "MOSS_BRIDGE_ERR_UNKNOWN";
     }
 }
@@ -222,6 +246,12 @@ int32_t moss_bridge_create(const struct moss_bridge_params * params, struct moss
 
     struct llama_model_params mparams = llama_model_default_params();
     mparams.n_gpu_layers = params->n_gpu_layers;
+    /* All on the CPU: read the weights instead of mapping them. llama.cpp repacks most quantized CPU weights
+     * into a faster layout in memory of its own and keeps the file pages it read them from mapped, so a
+     * mapping holds the GGUF in RAM twice (8B Q4_K_M: 4.8 GB mapped + 3.2 GB repacked; read: 5.0 GB). */
+    if (params->n_gpu_layers == 0 || !llama_supports_gpu_offload()) {
+        mparams.load_mode = LLAMA_LOAD_MODE_NONE;
+    }
     h->model = llama_model_load_from_file(params->model_path, mparams);
     if (h->model == NULL) {
         status = fail_create(MOSS_BRIDGE_ERR_MODEL_LOAD, "llama.cpp could not load model file '%s'",
@@ -244,6 +274,9 @@ int32_t moss_bridge_create(const struct moss_bridge_params * params, struct moss
     cparams.type_k = (enum ggml_type) params->type_k;
     cparams.type_v = (enum ggml_type) params->type_v;
     cparams.no_perf = true;
+    cparams.cb_eval = moss_eval_callback;
+    cparams.cb_eval_user_data = h;
+    h->text_logits = 1;
     log_reset(); /* drop the loader's warnings: only the context's own complaints explain a failure here */
     h->ctx = llama_init_from_model(h->model, cparams);
     if (h->ctx == NULL) {
@@ -358,6 +391,7 @@ int32_t moss_bridge_prefill(struct moss_bridge * h, const float * embd, int32_t 
         return status;
     }
     h->has_output = 1;
+    h->has_logits = h->text_logits;
     return MOSS_BRIDGE_OK;
 }
 
@@ -393,7 +427,19 @@ int32_t moss_bridge_get_hidden(struct moss_bridge * h, float * out) {
 }
 
 int32_t moss_bridge_get_text_logits(struct moss_bridge * h, float * out) {
+    if (h != NULL && h->has_output && !h->has_logits) {
+        return fail(h, MOSS_BRIDGE_ERR_NO_OUTPUT,
+                    "no text logits: the text head was switched off for the last decode (moss_bridge_set_text_logits)");
+    }
     return copy_output(h, out, llama_get_logits_ith, h ? h->n_vocab : 0, "text logits");
+}
+
+int32_t moss_bridge_set_text_logits(struct moss_bridge * h, int32_t enabled) {
+    if (h == NULL) {
+        return MOSS_BRIDGE_ERR_INVALID_ARGUMENT;
+    }
+    h->text_logits = enabled != 0;
+    return MOSS_BRIDGE_OK;
 }
 
 int32_t moss_bridge_clear(struct moss_bridge * h) {
@@ -403,5 +449,35 @@ int32_t moss_bridge_clear(struct moss_bridge * h) {
     h->last_error[0] = '\0';
     llama_memory_clear(llama_get_memory(h->ctx), true);
     h->has_output = 0;
+    return MOSS_BRIDGE_OK;
+}
+
+/* ---- quantization ---------------------------------------------------------------------------------- */
+
+int32_t moss_bridge_quantize(const char * input_path, const char * output_path, int32_t ftype, int32_t n_threads) {
+    pthread_once(&g_init_once, moss_init_once);
+    log_reset();
+    g_create_error[0] = '\0';
+    if (input_path == NULL || output_path == NULL || input_path[0] == '\0' || output_path[0] == '\0') {
+        return fail_create(MOSS_BRIDGE_ERR_INVALID_ARGUMENT, "input_path and output_path must not be empty");
+    }
+    if (ftype < 0) {
+        return fail_create(MOSS_BRIDGE_ERR_INVALID_ARGUMENT, "ftype must be an enum llama_ftype value, got %d", ftype);
+    }
+    /* llama.cpp reports a missing file only in its log; say it plainly. */
+    FILE * f = fopen(input_path, "rb");
+    if (f == NULL) {
+        return fail_create(MOSS_BRIDGE_ERR_MODEL_LOAD, "cannot open model file '%s': %s", input_path, strerror(errno));
+    }
+    fclose(f);
+
+    struct llama_model_quantize_params qparams = llama_model_quantize_default_params();
+    qparams.nthread = n_threads > 0 ? n_threads : all_cores();
+    qparams.ftype = (enum llama_ftype) ftype;
+    qparams.max_buf_size = MOSS_QUANTIZE_BUF_SIZE;
+    if (llama_model_quantize(input_path, output_path, &qparams) != 0) {
+        return fail_create(MOSS_BRIDGE_ERR_QUANTIZE, "llama.cpp could not quantize '%s' to ftype %d", input_path,
+                           ftype);
+    }
     return MOSS_BRIDGE_OK;
 }

@@ -27,6 +27,7 @@ enum moss_bridge_status {
     MOSS_BRIDGE_ERR_DECODE           = 5, /* llama_decode failed; the KV cache may hold part of the rows */
     MOSS_BRIDGE_ERR_NO_OUTPUT        = 6, /* no hidden state / logits: nothing decoded since the last clear */
     MOSS_BRIDGE_ERR_ALLOC            = 7, /* out of host memory */
+    MOSS_BRIDGE_ERR_QUANTIZE         = 8, /* llama_model_quantize failed (unusable input, bad ftype, write error) */
 };
 
 struct moss_bridge;
@@ -72,6 +73,12 @@ int32_t moss_bridge_get_hidden(struct moss_bridge * h, float * out);
 /* Copies the text logits of the last decoded row (n_vocab floats). */
 int32_t moss_bridge_get_text_logits(struct moss_bridge * h, float * out);
 
+/* Whether the following decodes compute the text head (default 1). With 0 the graph stops after the final
+ * norm: the hidden state is produced as usual but the text logits are not (get_text_logits then fails with
+ * ERR_NO_OUTPUT), which saves the (n_vocab x n_embd) text head on every step that needs no text logits,
+ * e.g. the audio phase, whose two allowed text logits the caller computes from the hidden state. */
+int32_t moss_bridge_set_text_logits(struct moss_bridge * h, int32_t enabled);
+
 /* Empties the KV cache: the next prefill starts at position 0. */
 int32_t moss_bridge_clear(struct moss_bridge * h);
 
@@ -79,8 +86,17 @@ int32_t moss_bridge_clear(struct moss_bridge * h);
 const char * moss_bridge_status_string(int32_t status);
 
 /* The detailed message of the handle's last failed call ("" if none). With h == NULL: the message of the
- * last failed moss_bridge_create on the calling thread. Valid until the next call on the same handle. */
+ * last failed moss_bridge_create or moss_bridge_quantize on the calling thread. Valid until the next call on
+ * the same handle. */
 const char * moss_bridge_last_error(const struct moss_bridge * h);
+
+/* Quantizes the GGUF at input_path (F32/F16/BF16 weights) into output_path, as llama.cpp's llama-quantize
+ * tool does. ftype is an enum llama_ftype value (LLAMA_FTYPE_MOSTLY_Q8_0 = 7, Q4_K_M = 15, Q5_K_M = 17,
+ * Q6_K = 18...); n_threads <= 0 means all online cores. Runs for minutes on a large model and logs one line
+ * per tensor (visible with moss_bridge_set_verbose(1)). output_path is written in place: after a failure it
+ * may hold a partial file, which the caller removes. Needs no handle; on failure the reason is readable with
+ * moss_bridge_last_error(NULL) on this thread. */
+int32_t moss_bridge_quantize(const char * input_path, const char * output_path, int32_t ftype, int32_t n_threads);
 
 /* Process-wide: 0 (default) keeps llama.cpp's log quiet (its errors still reach last_error); 1 forwards
  * all of llama.cpp's log to stderr. */

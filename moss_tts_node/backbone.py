@@ -105,6 +105,7 @@ class Backbone:
         self._n_ctx = self._query(self._lib.moss_bridge_n_ctx)
         self._hidden = np.empty(self._n_embd, dtype=np.float32)
         self._logits = np.empty(self._n_vocab, dtype=np.float32)
+        self._text_head = True  # what the bridge was last told (moss_bridge_set_text_logits)
 
     # ---- sizes ---------------------------------------------------------------------------------------
 
@@ -130,23 +131,32 @@ class Backbone:
 
     # ---- decoding ------------------------------------------------------------------------------------
 
-    def prefill(self, embeddings: np.ndarray) -> None:
+    def prefill(self, embeddings: np.ndarray, text_logits: bool = True) -> None:
         """Append (S, n_embd) rows; afterwards ``hidden``/``text_logits`` describe the last row.
 
         Only the last row computes outputs, so a long prompt costs no text head per row. Float32
         C-contiguous input is passed to C without a copy; anything else is converted first.
+        ``text_logits=False`` skips the text head for the last row too: ``hidden`` works, ``text_logits``
+        raises.
         """
         rows = np.ascontiguousarray(embeddings, dtype=np.float32)
         if rows.ndim != 2 or rows.shape[0] == 0 or rows.shape[1] != self._n_embd:
             raise ValueError(f"prefill expects embeddings of shape (S >= 1, {self._n_embd}), got {rows.shape}")
+        self._set_text_head(text_logits)
         self._call(self._lib.moss_bridge_prefill, _floats(rows), rows.shape[0])
 
-    def decode(self, embedding: np.ndarray) -> None:
-        """Append one (n_embd,) row: one generation step."""
+    def decode(self, embedding: np.ndarray, text_logits: bool = True) -> None:
+        """Append one (n_embd,) row: one generation step (``text_logits`` as for ``prefill``)."""
         row = np.ascontiguousarray(embedding, dtype=np.float32)
         if row.shape != (self._n_embd,):
             raise ValueError(f"decode expects an embedding of shape ({self._n_embd},), got {row.shape}")
+        self._set_text_head(text_logits)
         self._call(self._lib.moss_bridge_decode, _floats(row))
+
+    def _set_text_head(self, enabled: bool) -> None:
+        if enabled != self._text_head:
+            self._call(self._lib.moss_bridge_set_text_logits, int(enabled))
+            self._text_head = enabled
 
     def hidden(self) -> np.ndarray:
         """Final-normed hidden state of the last row, (n_embd,) float32.

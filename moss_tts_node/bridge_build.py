@@ -162,9 +162,11 @@ def _declare(lib: ctypes.CDLL) -> None:
         "moss_bridge_get_hidden": (status, [handle, floats]),
         "moss_bridge_get_text_logits": (status, [handle, floats]),
         "moss_bridge_clear": (status, [handle]),
+        "moss_bridge_set_text_logits": (status, [handle, ctypes.c_int32]),
         "moss_bridge_status_string": (ctypes.c_char_p, [status]),
         "moss_bridge_last_error": (ctypes.c_char_p, [handle]),
         "moss_bridge_set_verbose": (status, [ctypes.c_int32]),
+        "moss_bridge_quantize": (status, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int32, ctypes.c_int32]),
     }
     for name, (restype, argtypes) in signatures.items():
         try:
@@ -185,6 +187,11 @@ def load_bridge_library() -> ctypes.CDLL:
             raise BridgeError(f"{BRIDGE_LIB_ENV} names {path}, which does not exist")
     else:
         path = build_bridge_library()
+    # llama.cpp's CPU threads are OpenMP threads (libgomp, loaded with the bridge), which by default spin
+    # ~300k rounds after each decode and take a core from the audio heads that run next (measured: heads
+    # 2.0 -> 3.5 ms a step). 10k rounds still bridge the waits between a decode's ops (0 would not: its
+    # barriers would sleep, 29 -> 44 ms a decode). Read by libgomp when it loads; a user's value wins.
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
     try:
         lib = ctypes.CDLL(str(path))
     except OSError as error:
