@@ -6,6 +6,12 @@ MOSS-Audio-Tokenizer-ONNX hold, at toy size: a qwen3 GGUF with its text head, fl
 ``config.json`` with their ids, ``codec/{encoder,decoder}.onnx``, and a ``config.yaml`` that
 points at all of it. Tests and ``make demo`` run the real code paths on it.
 
+It gets there the way a real model does: it first writes an original-format checkpoint into
+``hf_checkpoint/`` (config.json with ``language_config`` and ``rope_parameters``, bfloat16
+safetensors in two shards with their index, tokenizer.json) and then runs ``convert`` on it, so
+every test that loads the demo exercises the converter too. The backbone stays F16 (hidden 256,
+so the K-quants also apply to it in tests).
+
 The weights are random, so the audio is noise, not speech. They are nudged so that generation
 behaves like a trained model's in shape: every text embedding shares one direction, which the
 residual stream carries to the last layer, and the text head reads that direction to favour
@@ -17,16 +23,22 @@ rambles text until max_new_tokens.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from .convert import MODEL_TYPE, checkpoint_tensor_name, convert_checkpoint, gguf_file_name
 from .demo_codec import write_demo_codec
 from .model_spec import ModelSpec
-from .qwen3_gguf import Qwen3Shape, random_qwen3_tensors, write_qwen3_gguf
+from .qwen3_gguf import Qwen3Shape, random_qwen3_tensors
+from .safetensors_io import write_sharded_checkpoint
 
-GGUF_NAME = "MOSS_TTS_F16.gguf"
+GGUF_TYPE = "F16"  # unquantized: the demo backbone equals its checkpoint up to float16 rounding
+GGUF_NAME = gguf_file_name(GGUF_TYPE)
+CHECKPOINT_DIR = "hf_checkpoint"  # the original-format checkpoint the demo weights are converted from
 SPECIAL_TOKENS = {  # token text -> ModelSpec field, in vocabulary order
     "<|endoftext|>": "pad_token_id",
     "<|im_start|>": "im_start_token_id",
@@ -83,21 +95,21 @@ def train_tokenizer(vocab_size: int = 400) -> Tokenizer:
     return tokenizer
 
 
-def write_demo_weights(out_dir: Path, seed: int = 0, hidden: int = 256, layers: int = 2) -> Path:
-    """Write the demo model into ``out_dir``; returns the path of its config.yaml."""
-    out_dir = Path(out_dir)
-    for sub in ("embeddings", "lm_heads", "tokenizer", "codec"):
-        (out_dir / sub).mkdir(parents=True, exist_ok=True)
+@dataclass(frozen=True)
+class DemoCheckpoint:
+    """An original-format checkpoint in memory: config.json content, float32 tensors under the
+    checkpoint's own names (``language_model.*``, ``emb_ext.K``, ``lm_heads.K``), and its tokenizer."""
+
+    config: dict[str, Any]
+    tensors: dict[str, np.ndarray]
+    tokenizer: Tokenizer
+
+
+def demo_checkpoint(seed: int = 0, hidden: int = 256, layers: int = 2) -> DemoCheckpoint:
+    """The demo model's weights, tokenizer and config, before anything is written."""
     rng = np.random.default_rng(seed)
-
     tokenizer = train_tokenizer()
-    tokenizer.save(str(out_dir / "tokenizer" / "tokenizer.json"))
-    ids = {field: tokenizer.token_to_id(text) for text, field in SPECIAL_TOKENS.items()}
-    spec = ModelSpec(**ids)
-    (out_dir / "config.json").write_text(
-        json.dumps({"model_type": "moss_tts_delay", **spec.to_json()}, indent=2) + "\n", encoding="utf-8"
-    )
-
+    spec = ModelSpec(**{field: tokenizer.token_to_id(text) for text, field in SPECIAL_TOKENS.items()})
     shape = Qwen3Shape(
         hidden=hidden,
         layers=layers,
@@ -107,21 +119,56 @@ def write_demo_weights(out_dir: Path, seed: int = 0, hidden: int = 256, layers: 
         ffn=2 * hidden,
         vocab=tokenizer.get_vocab_size(with_added_tokens=True),
     )
-    tensors = random_qwen3_tensors(shape, seed)
+    backbone = random_qwen3_tensors(shape, seed)
     direction = rng.choice([-1.0, 1.0], size=hidden).astype(np.float32)
-    tensors["embed_tokens.weight"] = 0.3 * tensors["embed_tokens.weight"] + _SHARED_SCALE * direction
+    backbone["embed_tokens.weight"] = 0.3 * backbone["embed_tokens.weight"] + _SHARED_SCALE * direction
     for field, logit in _TEXT_BIAS.items():
-        tensors["lm_head.weight"][getattr(spec, field)] = logit * direction / hidden
-    write_qwen3_gguf(out_dir / GGUF_NAME, shape, tensors.items(), dtype="f16")
-
-    np.save(out_dir / "embeddings" / "embed_tokens.npy", tensors["embed_tokens.weight"].astype(np.float16))
-    np.save(out_dir / "lm_heads" / "lm_head_text.npy", tensors["lm_head.weight"].astype(np.float16))
+        backbone["lm_head.weight"][getattr(spec, field)] = logit * direction / hidden
+    tensors = {checkpoint_tensor_name(name): array for name, array in backbone.items()}
     for k in range(spec.n_vq):
-        table = 0.05 * rng.standard_normal((spec.audio_rows, hidden))
+        tensors[f"emb_ext.{k}.weight"] = (0.05 * rng.standard_normal((spec.audio_rows, hidden))).astype(np.float32)
         head = rng.standard_normal((spec.audio_rows, hidden)) / np.sqrt(hidden)
-        np.save(out_dir / "embeddings" / f"emb_ext_{k:02d}.npy", table.astype(np.float16))
-        np.save(out_dir / "lm_heads" / f"lm_head_audio_{k:02d}.npy", head.astype(np.float16))
+        tensors[f"lm_heads.{k + 1}.weight"] = head.astype(np.float32)  # lm_heads.0 is the text head
 
+    language_config = {
+        "model_type": "qwen3",
+        "hidden_size": shape.hidden,
+        "num_hidden_layers": shape.layers,
+        "num_attention_heads": shape.heads,
+        "num_key_value_heads": shape.kv_heads,
+        "head_dim": shape.head_dim,
+        "intermediate_size": shape.ffn,
+        "vocab_size": shape.vocab,
+        "max_position_embeddings": shape.context_length,
+        "rms_norm_eps": shape.rms_eps,
+        "rope_parameters": {"rope_type": "default", "rope_theta": shape.rope_theta},
+        "hidden_act": "silu",
+        "attention_bias": False,
+    }
+    config = {
+        "architectures": ["MossTTSDelayModel"],
+        "model_type": MODEL_TYPE,
+        "language_config": language_config,
+        **spec.to_json(),
+    }
+    return DemoCheckpoint(config=config, tensors=dict(sorted(tensors.items())), tokenizer=tokenizer)
+
+
+def write_checkpoint(directory: Path, checkpoint: DemoCheckpoint, dtype: str = "BF16", shards: int = 2) -> Path:
+    """Write ``checkpoint`` as Hugging Face saves it (tensors stored as ``dtype``); returns ``directory``."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(checkpoint.config, indent=2) + "\n", encoding="utf-8")
+    checkpoint.tokenizer.save(str(directory / "tokenizer.json"))
+    write_sharded_checkpoint(directory, checkpoint.tensors, dtype, shards)
+    return directory
+
+
+def write_demo_weights(out_dir: Path, seed: int = 0, hidden: int = 256, layers: int = 2) -> Path:
+    """Write the demo model into ``out_dir`` (overwriting a previous one); returns the path of its config.yaml."""
+    out_dir = Path(out_dir)
+    source = write_checkpoint(out_dir / CHECKPOINT_DIR, demo_checkpoint(seed, hidden, layers))
+    convert_checkpoint(source, out_dir, GGUF_TYPE, force=True)
     write_demo_codec(out_dir / "codec", seed=seed)
     config_path = out_dir / "config.yaml"
     config_path.write_text(_DEMO_CONFIG.format(gguf=GGUF_NAME), encoding="utf-8")
