@@ -7,6 +7,8 @@ kept); softmax; multinomial draw. Temperature <= 0 is greedy: argmax after the p
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from .config import SamplingConfig
@@ -18,10 +20,15 @@ def sample_rows(scaled: np.ndarray, top_k: int, top_p: float, rng: np.random.Gen
     """Draw one index per row of already-scaled, already-masked logits (C, V)."""
     n_rows, vocab = scaled.shape
     if 0 < top_k < vocab:
-        candidates = np.argpartition(-scaled, top_k - 1, axis=1)[:, :top_k]
+        candidates = np.argpartition(scaled, vocab - top_k, axis=1)[:, vocab - top_k :]
     else:
         candidates = np.broadcast_to(np.arange(vocab), (n_rows, vocab))
-    values = np.take_along_axis(scaled, candidates, axis=1)
+    return sample_candidates(candidates, np.take_along_axis(scaled, candidates, axis=1), top_p, rng)
+
+
+def sample_candidates(candidates: np.ndarray, values: np.ndarray, top_p: float, rng: np.random.Generator) -> np.ndarray:
+    """Draw one of each row's top-k ``candidates`` (C, k) by their scaled float64 logits ``values``."""
+    n_rows = candidates.shape[0]
     order = np.argsort(-values, axis=1, kind="stable")
     candidates = np.take_along_axis(candidates, order, axis=1)
     values = np.take_along_axis(values, order, axis=1)
@@ -61,15 +68,20 @@ class Sampler:
         self._seen_first[audio_rows[:, 0]] = True
         self._seen_rest[audio_rows[:, 1:].ravel()] = True
 
-    def sample_text(self, logits: np.ndarray, rule: TextRule) -> int:
+    def sample_text(self, logits: np.ndarray | None, rule: TextRule, logit_ids: Sequence[int] | None = None) -> int:
+        """The text token. ``logits`` is indexed by token id, or, with ``logit_ids``, holds the logits of
+        those ids only (enough when ``rule`` allows a few ids, as in the audio phase); unused when forced."""
         if rule.forced is not None:
             return rule.forced
+        assert logits is not None
         config = self.config
         if rule.allowed is not None:
             # Only a few ids may be sampled (the audio phase): work on those alone.
             ids = np.array([i for i in rule.allowed if i not in rule.banned], dtype=np.int64)
-            scaled = logits[ids].astype(np.float64)[None, :]
+            where = ids if logit_ids is None else [list(logit_ids).index(i) for i in ids]
+            scaled = logits[where].astype(np.float64)[None, :]
         else:
+            assert logit_ids is None, "sampling the whole vocabulary needs all the text logits"
             ids = None
             scaled = logits.astype(np.float64)[None, :]
             scaled[0, list(rule.banned)] = -np.inf
@@ -90,10 +102,20 @@ class Sampler:
         index = np.flatnonzero(channels)
         if index.size == 0:
             return codes
-        scaled = logits[index].astype(np.float64)
+        rows = logits[index] if index.size < spec.n_vq else np.array(logits, dtype=np.float32)
+        rows[:, spec.audio_pad_code] = -np.inf
+        top_k, vocab = config.audio_top_k, rows.shape[1]
+        if config.audio_repetition_penalty == 1.0 and config.audio_temperature > 0 and 0 < top_k < vocab:
+            # The common case, made cheap: dividing by the temperature keeps the order, so the top-k is
+            # selected on the float32 logits and only the k candidates are widened and scaled.
+            candidates = np.argpartition(rows, vocab - top_k, axis=1)[:, vocab - top_k :]
+            values = np.take_along_axis(rows, candidates, axis=1).astype(np.float64)
+            values /= config.audio_temperature
+            codes[index] = sample_candidates(candidates, values, config.audio_top_p, self.rng)
+            return codes
+        scaled = rows.astype(np.float64)
         if config.audio_temperature > 0:
             scaled /= config.audio_temperature
-        scaled[:, spec.audio_pad_code] = -np.inf
         if config.audio_repetition_penalty != 1.0:
             first = index == 0
             seen = np.where(first[:, None], self._seen_first, self._seen_rest)
@@ -101,5 +123,5 @@ class Sampler:
         if config.audio_temperature <= 0:
             codes[index] = np.argmax(scaled, axis=1)
         else:
-            codes[index] = sample_rows(scaled, config.audio_top_k, config.audio_top_p, self.rng)
+            codes[index] = sample_rows(scaled, top_k, config.audio_top_p, self.rng)
         return codes

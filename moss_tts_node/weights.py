@@ -1,20 +1,52 @@
-"""The NumPy side of the model: the 33 input embedding tables and the 32 audio heads.
+"""The NumPy side of the model: the 33 input embedding tables, and the 32 audio heads.
 
 File layout (as published in MOSS-TTS-GGUF): ``embeddings/embed_tokens.npy`` (vocab, H),
 ``embeddings/emb_ext_KK.npy`` and ``lm_heads/lm_head_audio_KK.npy`` (1025, H), all float16.
-The embedding tables stay memory-mapped float16: a step reads 33 rows of them. The audio heads
-are widened to one float32 block at load time, because BLAS has no float16 GEMV and the heads
-are read in full at every step.
+The embedding tables stay memory-mapped float16: a step reads 33 rows of them, a prompt S x 33.
+
+The audio heads (32 x 1025 x H: 0.27 GB as float16 at the real shape, read in full every step) run on
+one of three backends, ``heads_backend``:
+
+- ``gguf``: inside llama.cpp's graph. The GGUF's output matrix carries the 32 heads after the text
+  vocabulary (``append_audio_heads_to_gguf`` makes such a file; the metadata key ``moss_tts.audio_heads``
+  marks it), so they are quantized with the model, computed by llama.cpp's threads, and on the GPU when
+  the layers are. The text head runs every step.
+- ``onnx``: one 8-bit block-quantized GEMV (ONNX Runtime ``MatMulNBits``, blocks of 32, 0.14 GB),
+  quantized at load from the float16 files; about 4x faster than float32 BLAS on a CPU.
+- ``numpy``: the exact path: float32 BLAS GEMV over the widened heads (0.54 GB at the real shape) laid
+  out (H, rows), the orientation OpenBLAS streams fastest; only the channels sampled are computed.
+
+``auto`` picks ``gguf`` when the GGUF carries the heads and llama.cpp offloads layers to a GPU, else
+``onnx``: on a CPU, skipping the text head (below) and running 8-bit heads beats computing both in
+llama.cpp (measured with ``python -m moss_tts_node bench``).
+
+Outside llama.cpp the text head is skipped on the steps that need no text logits, or only the two the
+audio phase can sample (``gen_slot``/``delay_slot``): those two are computed here from the hidden state,
+with the GGUF's own (dequantized) text-head rows. That saves the 155,648-row text head, ~12% of a Q4_K_M
+8B step and ~25% of a 1.7B-shaped one, on every step of the audio phase.
 """
 
 from __future__ import annotations
 
+import os
+import struct
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from .delay import TextRule
 from .errors import WeightsError
 from .model_spec import ModelSpec
+
+if TYPE_CHECKING:
+    from .backbone import Backbone
+
+HEADS_BACKENDS = ("auto", "gguf", "onnx", "numpy")
+GGUF_AUDIO_HEADS_KEY = "moss_tts.audio_heads"  # number of audio heads appended to output.weight
+GGUF_TEXT_VOCAB_KEY = "moss_tts.text_vocab"  # rows of output.weight before them
+ONNX_HEADS_BLOCK = 32  # quantization block along H (MatMulNBits block_size)
 
 
 def load_matrix(path: Path, rows: int | None, hidden: int | None, mmap: bool = True) -> np.ndarray:
@@ -38,7 +70,10 @@ def load_matrix(path: Path, rows: int | None, hidden: int | None, mmap: bool = T
 
 
 class EmbeddingTables:
-    """Input embedding of a row: ``embed_tokens[text] + sum_k emb_ext[k][code_k]``."""
+    """Input embedding of a row: ``embed_tokens[text] + sum_k emb_ext[k][code_k]``.
+
+    The tables stay memory-mapped float16; only the rows looked up are widened.
+    """
 
     def __init__(self, embeddings_dir: Path, spec: ModelSpec, hidden: int, text_vocab: int) -> None:
         embeddings_dir = Path(embeddings_dir)
@@ -53,35 +88,551 @@ class EmbeddingTables:
             load_matrix(embeddings_dir / f"emb_ext_{k:02d}.npy", spec.audio_rows, hidden) for k in range(spec.n_vq)
         ]
         self.hidden = hidden
+        # Plain ndarray views of the maps (indexing a np.memmap costs a subclass round trip per call).
+        self._text = self.text.view(np.ndarray)
+        self._audio = [table.view(np.ndarray) for table in self.audio]
+        self._gather = np.empty((1 + spec.n_vq, hidden), dtype=np.float16)
 
     def embed(self, rows: np.ndarray) -> np.ndarray:
         """(S, 1 + n_vq) int64 rows -> (S, H) float32 embeddings."""
-        out = self.text[rows[:, 0]].astype(np.float32)
-        for k, table in enumerate(self.audio):
+        if rows.shape[0] == 1:  # a generation step: gather the 33 rows, one float32 sum
+            gather, row = self._gather, rows[0].tolist()
+            gather[0] = self._text[row[0]]
+            for k, table in enumerate(self._audio):
+                gather[k + 1] = table[row[k + 1]]
+            return np.sum(gather, axis=0, dtype=np.float32, keepdims=True)
+        out = self._text[rows[:, 0]].astype(np.float32)
+        for k, table in enumerate(self._audio):
             out += table[rows[:, k + 1]]
         return out
 
 
-class AudioHeads:
-    """The 32 audio LM heads as one (n_vq, 1025, H) float32 block; the pad column is left to the sampler."""
+# ---- the GGUF's side ----------------------------------------------------------------------------------
 
-    def __init__(self, heads_dir: Path, spec: ModelSpec, hidden: int) -> None:
-        heads_dir = Path(heads_dir)
-        self.weights = np.empty((spec.n_vq, spec.audio_rows, hidden), dtype=np.float32)
-        for k in range(spec.n_vq):
-            self.weights[k] = load_matrix(heads_dir / f"lm_head_audio_{k:02d}.npy", spec.audio_rows, hidden)
-        self._flat = self.weights.reshape(-1, hidden)
+
+class GgufHeadsInfo:
+    """What the backbone GGUF says about the heads: whether it carries the audio heads, and its text rows.
+
+    Reads the GGUF header itself (``gguf.GGUFReader`` takes ~7 s over a 155k-token tokenizer list, this
+    ~0.1 s) and the few text-head rows asked for, nothing else.
+    """
+
+    def __init__(self, gguf_path: Path) -> None:
+        self.path = Path(gguf_path)
+        try:
+            self.fields, self.tensors, self._data_start = scan_gguf(self.path)
+        except (ValueError, OSError, struct.error) as exc:
+            raise WeightsError(f"{gguf_path}: not a readable GGUF file ({exc})") from exc
+        self.audio_heads = _int_or_none(self.fields.get(GGUF_AUDIO_HEADS_KEY))  # None: a plain (published) GGUF
+        self.text_vocab = _int_or_none(self.fields.get(GGUF_TEXT_VOCAB_KEY))
+
+    def text_head_rows(self, ids: Sequence[int]) -> np.ndarray | None:
+        """The text head's rows ``ids`` as float32 (len(ids), H), dequantized from the GGUF's output matrix
+        (the token embeddings when it is tied), so that the logits computed here match llama.cpp's; ``None``
+        when the quantization type cannot be dequantized in NumPy."""
+        import gguf
+
+        info = self.tensors.get("output.weight", self.tensors.get("token_embd.weight"))
+        if info is None:
+            return None
+        dims, type_id, offset = info
+        qtype = gguf.GGMLQuantizationType(type_id)
+        block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+        row_bytes = dims[0] // block * type_size
+        rows = np.empty((len(ids), row_bytes), dtype=np.uint8)
+        with self.path.open("rb") as f:
+            for i, token in enumerate(ids):
+                f.seek(self._data_start + offset + int(token) * row_bytes)
+                rows[i] = np.frombuffer(f.read(row_bytes), dtype=np.uint8)
+        if qtype in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+            return np.ascontiguousarray(rows.view(np.float32 if type_size == 4 else np.float16), dtype=np.float32)
+        try:
+            return np.ascontiguousarray(gguf.quants.dequantize(rows, qtype), dtype=np.float32)
+        except NotImplementedError:
+            return None
+
+    def close(self) -> None:
+        """Nothing is held open (kept for symmetry with the readers it replaced)."""
+
+
+def _int_or_none(value: object) -> int | None:
+    return None if value is None else int(value)  # type: ignore[call-overload]
+
+
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+
+def scan_gguf(path: Path) -> tuple[dict[str, Any], dict[str, tuple[tuple[int, ...], int, int]], int]:
+    """(scalar and string metadata, tensor name -> (dims, ggml type, offset), start of the data section).
+
+    Arrays (the tokenizer's) are skipped, not decoded; a GGUF v2/v3 little-endian file is expected.
+    """
+    import mmap
+
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        if buf[:4] != b"GGUF":
+            raise ValueError("no GGUF magic")
+        version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
+        if version < 2:
+            raise ValueError(f"GGUF version {version} is too old")
+        pos = 24
+
+        def string() -> str:
+            nonlocal pos
+            (length,) = struct.unpack_from("<Q", buf, pos)
+            pos += 8 + length
+            return bytes(buf[pos - length : pos]).decode("utf-8", errors="replace")
+
+        def value(kind: int) -> Any:
+            nonlocal pos
+            if kind == 8:
+                return string()
+            if kind == 9:
+                (element, count) = struct.unpack_from("<IQ", buf, pos)
+                pos += 12
+                if element == 8:
+                    for _ in range(count):
+                        (length,) = struct.unpack_from("<Q", buf, pos)
+                        pos += 8 + length
+                elif element in _GGUF_SCALARS:
+                    pos += count * struct.calcsize(_GGUF_SCALARS[element])
+                else:
+                    for _ in range(count):
+                        value(element)
+                return None
+            fmt = "<" + _GGUF_SCALARS[kind]
+            (result,) = struct.unpack_from(fmt, buf, pos)
+            pos += struct.calcsize(fmt)
+            return result
+
+        fields: dict[str, Any] = {}
+        for _ in range(n_kv):
+            key = string()
+            (kind,) = struct.unpack_from("<I", buf, pos)
+            pos += 4
+            fields[key] = value(kind)
+        tensors: dict[str, tuple[tuple[int, ...], int, int]] = {}
+        for _ in range(n_tensors):
+            name = string()
+            (n_dims,) = struct.unpack_from("<I", buf, pos)
+            dims = struct.unpack_from(f"<{n_dims}Q", buf, pos + 4)
+            type_id, offset = struct.unpack_from("<IQ", buf, pos + 4 + 8 * n_dims)
+            pos += 4 + 8 * n_dims + 12
+            tensors[name] = (tuple(int(d) for d in dims), int(type_id), int(offset))
+        alignment = int(fields.get("general.alignment") or 32)
+        return fields, tensors, -(-pos // alignment) * alignment
+
+
+# ---- audio heads ----------------------------------------------------------------------------------------
+
+
+class StepLogits(NamedTuple):
+    """One step's logits. ``text`` None: the text token is forced. ``text_ids`` None: ``text`` is indexed by
+    token id (the whole text vocabulary); else ``text[i]`` is the logit of ``text_ids[i]``. ``audio`` is
+    (n_vq, audio_rows); rows of channels not sampled this step may be stale and must not be read."""
+
+    text: np.ndarray | None
+    text_ids: tuple[int, ...] | None
+    audio: np.ndarray
+
+
+class AudioHeads:
+    """Audio logits for a step, and (outside llama.cpp) the few text logits the audio phase samples from.
+
+    ``text_rows`` (k, H) float32 are the text head's rows of ``text_ids``; without them every step that
+    samples text runs llama.cpp's text head.
+    """
+
+    name = "base"
+    in_backbone = False  # the logits come from llama.cpp's output matrix
+    text_vocab: int | None = None  # in_backbone: the text logits are the output's first text_vocab
+
+    def __init__(self, spec: ModelSpec, text_ids: Sequence[int] = (), text_rows: np.ndarray | None = None) -> None:
+        self.spec = spec
+        self.text_ids = tuple(text_ids) if text_rows is not None else ()
+        self._text_rows = text_rows
+        self._text_index = {t: i for i, t in enumerate(self.text_ids)}
         self._logits = np.zeros((spec.n_vq, spec.audio_rows), dtype=np.float32)
 
-    def logits(self, hidden: np.ndarray, channels: np.ndarray) -> np.ndarray:
-        """(n_vq, 1025) logits; rows of channels not in ``channels`` are stale and must not be read.
+    def wants_text_head(self, rule: TextRule) -> bool:
+        """Whether the decode that feeds a step sampled with ``rule`` must run llama.cpp's text head."""
+        if self.in_backbone:
+            return True
+        if rule.forced is not None:
+            return False
+        if rule.allowed is None:
+            return True
+        return not all(t in self._text_index for t in rule.allowed if t not in rule.banned)
 
-        One GEMV over all heads when every channel is sampled (the steady state); one per
-        channel during the ramp-up and the flush, when only some are.
-        """
-        if channels.all():
-            np.matmul(self._flat, hidden, out=self._logits.reshape(-1))
-        else:
-            for k in np.flatnonzero(channels):
-                np.matmul(self.weights[k], hidden, out=self._logits[k])
-        return self._logits
+    def step(self, backbone: Backbone, rule: TextRule, channels: np.ndarray) -> StepLogits:
+        """The logits a step sampled with ``rule`` and ``channels`` needs, from the backbone's last decode."""
+        text: np.ndarray | None = None
+        ids: tuple[int, ...] | None = None
+        hidden = backbone.hidden() if channels.any() or rule.forced is None else None
+        if rule.forced is None:
+            if self.wants_text_head(rule):
+                text = backbone.text_logits()
+            else:
+                assert self._text_rows is not None and hidden is not None
+                text, ids = self._text_rows @ hidden, self.text_ids
+        if channels.any():
+            assert hidden is not None
+            self._audio(hidden, channels)
+        return StepLogits(text, ids, self._logits)
+
+    def _audio(self, hidden: np.ndarray, channels: np.ndarray) -> None:
+        """Fill the rows of ``self._logits`` for the channels set in ``channels`` (never empty)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release the backend's memory (sessions, widened weights)."""
+
+
+class GgufAudioHeads(AudioHeads):
+    """The heads inside llama.cpp's output matrix, after ``text_vocab`` text rows."""
+
+    name = "gguf"
+    in_backbone = True
+
+    def __init__(self, spec: ModelSpec, text_vocab: int) -> None:
+        super().__init__(spec)
+        self.text_vocab = text_vocab
+
+    def step(self, backbone: Backbone, rule: TextRule, channels: np.ndarray) -> StepLogits:
+        spec = self.spec
+        text = None
+        if rule.forced is None or channels.any():
+            logits = backbone.text_logits()  # text and audio logits, one copy out of llama.cpp
+            audio = logits[self.text_vocab : self.text_vocab + spec.n_vq * spec.audio_rows]
+            self._logits = audio.reshape(spec.n_vq, spec.audio_rows)
+            if rule.forced is None:
+                text = logits[: self.text_vocab]
+        return StepLogits(text, None, self._logits)
+
+
+class NumpyAudioHeads(AudioHeads):
+    """Exact: the float16 heads widened to one float32 (H, n_vq * 1025) block, BLAS GEMV per step.
+
+    Only the span of channels sampled is computed (a prefix during the ramp-up, a suffix during the
+    flush: one strided GEMV either way).
+    """
+
+    name = "numpy"
+
+    def __init__(
+        self, heads_dir: Path, spec: ModelSpec, hidden: int, text_ids: Sequence[int] = (), text_rows=None
+    ) -> None:
+        super().__init__(spec, text_ids, text_rows)
+        rows = spec.audio_rows
+        self.weights = np.empty((hidden, spec.n_vq * rows), dtype=np.float32)
+        for k, head in enumerate(_read_heads(heads_dir, spec, hidden)):
+            self.weights[:, k * rows : (k + 1) * rows] = head.T
+        self._flat = self._logits.reshape(-1)
+
+    def _audio(self, hidden: np.ndarray, channels: np.ndarray) -> None:
+        index = np.flatnonzero(channels)
+        rows = self.spec.audio_rows
+        lo, hi = int(index[0]) * rows, (int(index[-1]) + 1) * rows
+        np.matmul(hidden, self.weights[:, lo:hi], out=self._flat[lo:hi])
+
+    def close(self) -> None:
+        self.weights = np.empty((0, 0), dtype=np.float32)
+
+
+class OnnxAudioHeads(AudioHeads):
+    """8-bit heads in one ONNX Runtime ``MatMulNBits`` (blocks of 32 along H, int8 activations).
+
+    Threads: ``threads`` intra-op threads that sleep instead of spinning when idle (llama.cpp's threads
+    are idle while the heads run, and need the cores right after). The logits differ from the float16
+    heads' by the 8-bit rounding (about 1% of their spread); ``numpy`` is the exact path.
+    """
+
+    name = "onnx"
+
+    def __init__(
+        self,
+        heads_dir: Path,
+        spec: ModelSpec,
+        hidden: int,
+        text_ids: Sequence[int] = (),
+        text_rows: np.ndarray | None = None,
+        threads: int = 1,
+        providers: Sequence[str] = ("CPUExecutionProvider",),
+    ) -> None:
+        super().__init__(spec, text_ids, text_rows)
+        if hidden % ONNX_HEADS_BLOCK:
+            raise WeightsError(f"the onnx heads need a hidden size divisible by {ONNX_HEADS_BLOCK}, got {hidden}")
+        n = spec.n_vq * spec.audio_rows
+        self._q8 = quantize_heads_q8(_read_heads(heads_dir, spec, hidden), n, hidden)  # ORT reads these in place
+        self._session = _heads_session(self._q8, threads, providers)
+        # Bound once: each step writes the hidden state in place and ORT writes the logits in place.
+        self._input = np.zeros((1, hidden), dtype=np.float32)
+        self._output = np.empty((1, n), dtype=np.float32)
+        self._binding = self._session.io_binding()
+        self._binding.bind_cpu_input("hidden", self._input)
+        self._binding.bind_output("logits", "cpu", 0, np.float32, list(self._output.shape), self._output.ctypes.data)
+        self._logits = self._output.reshape(spec.n_vq, spec.audio_rows)
+
+    def _audio(self, hidden: np.ndarray, channels: np.ndarray) -> None:
+        self._input[0] = hidden
+        self._session.run_with_iobinding(self._binding)
+
+    def close(self) -> None:
+        self._binding = self._session = None
+
+
+def quantize_heads_q8(heads: Iterator[np.ndarray], rows: int, hidden: int) -> tuple[np.ndarray, np.ndarray]:
+    """MatMulNBits 8-bit blocks of ``rows`` stacked head rows: (rows, H / 32, 32) uint8 codes (zero point
+    128, symmetric) and (rows * H / 32,) float32 scales, filled one head at a time."""
+    n_blocks = hidden // ONNX_HEADS_BLOCK
+    codes = np.empty((rows, n_blocks, ONNX_HEADS_BLOCK), dtype=np.uint8)
+    scales = np.empty((rows, n_blocks), dtype=np.float32)
+    start = 0
+    for head in heads:
+        end = start + head.shape[0]
+        blocks = np.asarray(head, dtype=np.float32).reshape(head.shape[0], n_blocks, ONNX_HEADS_BLOCK)
+        scale = np.abs(blocks).max(axis=2) / 127.0
+        scale[scale == 0] = 1.0
+        codes[start:end] = np.rint(blocks / scale[..., None]) + 128
+        scales[start:end] = scale
+        start = end
+    if start != rows:
+        raise WeightsError(f"the heads hold {start} rows, expected {rows}")
+    return codes, scales.reshape(-1)
+
+
+def _heads_session(q8: tuple[np.ndarray, np.ndarray], threads: int, providers: Sequence[str]) -> Any:
+    """One MatMulNBits session over ``q8``, which it reads in place (external initializers): the caller
+    keeps the arrays alive as long as the session. ORT adds its own packed copy (same size)."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    codes, scales = q8
+    n, hidden = codes.shape[0], codes.shape[1] * codes.shape[2]
+    node = helper.make_node(
+        "MatMulNBits",
+        ["hidden", "codes", "scales"],
+        ["logits"],
+        domain="com.microsoft",
+        K=hidden,
+        N=n,
+        bits=8,
+        block_size=ONNX_HEADS_BLOCK,
+        accuracy_level=4,  # int8 activations: the fast kernel (the float one dequantizes every call)
+    )
+    graph = helper.make_graph(
+        [node],
+        "moss_audio_heads",
+        [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, [1, hidden])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, n])],
+        initializer=[
+            _external_stub("codes", codes, TensorProto.UINT8),
+            _external_stub("scales", scales, TensorProto.FLOAT),
+        ],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    )
+    model.ir_version = 8
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = max(threads, 1)
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.log_severity_level = 3
+    # Initializers handed over as OrtValues over our arrays: no copy in the model bytes or in ORT.
+    options.add_external_initializers(
+        ["codes", "scales"], [ort.OrtValue.ortvalue_from_numpy(codes), ort.OrtValue.ortvalue_from_numpy(scales)]
+    )
+    return ort.InferenceSession(model.SerializeToString(), sess_options=options, providers=list(providers))
+
+
+def _external_stub(name: str, array: np.ndarray, data_type: int) -> Any:
+    """An initializer that says "external data": its bytes come from SessionOptions' external initializers."""
+    from onnx import TensorProto
+
+    tensor = TensorProto(name=name, data_type=data_type, dims=array.shape, data_location=TensorProto.EXTERNAL)
+    for key, value in (("location", "moss_tts_heads"), ("offset", "0"), ("length", str(array.nbytes))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+    return tensor
+
+
+def _read_heads(heads_dir: Path, spec: ModelSpec, hidden: int) -> Iterator[np.ndarray]:
+    """The 32 float16 heads, one at a time (memory-mapped)."""
+    heads_dir = Path(heads_dir)
+    for k in range(spec.n_vq):
+        yield load_matrix(heads_dir / f"lm_head_audio_{k:02d}.npy", spec.audio_rows, hidden)
+
+
+def load_audio_heads(
+    backend: str,
+    heads_dir: Path,
+    spec: ModelSpec,
+    hidden: int,
+    gguf_path: Path,
+    threads: int = 0,
+    n_gpu_layers: int = 0,
+    providers: Sequence[str] = ("CPUExecutionProvider",),
+) -> AudioHeads:
+    """The heads for ``backend`` (one of HEADS_BACKENDS) and the backbone GGUF ``gguf_path``.
+
+    ``threads``: the onnx heads' threads, 0 = every core (they run while llama.cpp's threads wait).
+    ``auto`` takes the GGUF's heads only when llama.cpp runs layers on a GPU: on a CPU the text head
+    skip plus the 8-bit onnx heads is faster (measured with ``bench``: 8B shape, 2 cores, ~30% a step),
+    because the GGUF's heads cannot run without the whole text head.
+    ``text_vocab`` of the result is the size of the GGUF's text vocabulary when it carries the heads.
+    """
+    gguf = GgufHeadsInfo(gguf_path)
+    try:
+        if backend == "auto":
+            on_gpu = n_gpu_layers != 0 and llama_supports_gpu_offload()
+            backend = "gguf" if gguf.audio_heads is not None and on_gpu else "onnx"
+        return _load_audio_heads(backend, heads_dir, spec, hidden, gguf, threads or os.cpu_count() or 1, providers)
+    finally:
+        gguf.close()
+
+
+def llama_supports_gpu_offload() -> bool:
+    """Whether the installed llama.cpp was built with a GPU backend (asked of libllama itself)."""
+    import ctypes
+
+    from .bridge_build import llama_cpp_paths
+
+    _, libdir = llama_cpp_paths()
+    lib = ctypes.CDLL(str(libdir / "libllama.so"))
+    lib.llama_supports_gpu_offload.restype = ctypes.c_bool
+    return bool(lib.llama_supports_gpu_offload())
+
+
+def _load_audio_heads(
+    backend: str,
+    heads_dir: Path,
+    spec: ModelSpec,
+    hidden: int,
+    gguf: GgufHeadsInfo,
+    threads: int,
+    providers: Sequence[str],
+) -> AudioHeads:
+    if backend not in HEADS_BACKENDS:
+        raise WeightsError(f"heads_backend {backend!r} is not one of {', '.join(HEADS_BACKENDS)}")
+    carried = gguf.audio_heads is not None
+    if carried and gguf.audio_heads != spec.n_vq:
+        raise WeightsError(f"{gguf.path} carries {gguf.audio_heads} audio heads, the model has {spec.n_vq}")
+    if backend == "gguf":
+        if not carried or gguf.text_vocab is None:
+            raise WeightsError(
+                f"heads_backend 'gguf' needs a GGUF that carries the audio heads, and {gguf.path} does not "
+                f"(no '{GGUF_AUDIO_HEADS_KEY}' key); make one with weights.append_audio_heads_to_gguf, or "
+                "use 'auto', 'onnx' or 'numpy'"
+            )
+        return GgufAudioHeads(spec, gguf.text_vocab)
+    text_ids = (spec.audio_assistant_gen_slot_token_id, spec.audio_assistant_delay_slot_token_id)
+    text_rows = gguf.text_head_rows(text_ids)
+    if text_rows is not None and text_rows.shape[1] != hidden:
+        text_rows = None
+    if backend == "numpy":
+        return NumpyAudioHeads(heads_dir, spec, hidden, text_ids, text_rows)
+    return OnnxAudioHeads(heads_dir, spec, hidden, text_ids, text_rows, threads=threads, providers=providers)
+
+
+# ---- making a GGUF that carries the heads ------------------------------------------------------------
+
+
+def append_audio_heads_to_gguf(source: Path, heads_dir: Path, target: Path, spec: ModelSpec | None = None) -> None:
+    """Copy the backbone GGUF ``source`` to ``target`` with the 32 audio heads appended to its output matrix.
+
+    The heads are quantized to the output matrix's own type with ggml's quantizer; the token embedding
+    table gets as many zero rows (llama.cpp wants both at the vocabulary size), which are never read (the
+    loop feeds embeddings). ``moss_tts.audio_heads`` / ``moss_tts.text_vocab`` mark the file for ``auto``.
+    Written to a temporary name and renamed.
+    """
+    import gguf
+
+    spec = spec or ModelSpec()
+    reader = gguf.GGUFReader(str(source))
+    if GGUF_AUDIO_HEADS_KEY in reader.fields:
+        raise WeightsError(f"{source} already carries the audio heads")
+    arch = str(reader.fields["general.architecture"].contents())
+    tensors = {t.name: t for t in reader.tensors}
+    if "output.weight" not in tensors:
+        raise WeightsError(f"{source} has no output.weight (tied embeddings): the heads have nothing to join")
+    hidden = int(tensors["output.weight"].shape[0])
+    text_vocab = int(tensors["output.weight"].shape[1])
+    extra = spec.n_vq * spec.audio_rows
+
+    writer = gguf.GGUFWriter(None, arch)
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        value = field.contents()
+        sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        if key == f"{arch}.vocab_size":
+            value = text_vocab + extra
+        elif key == "tokenizer.ggml.tokens":
+            value = list(value) + [f"<|moss_audio_{i // spec.audio_rows}_{i % spec.audio_rows}|>" for i in range(extra)]
+        elif key == "tokenizer.ggml.token_type":
+            value = list(value) + [int(gguf.TokenType.UNUSED)] * extra
+        elif key == "tokenizer.ggml.scores":
+            value = list(value) + [0.0] * extra
+        writer.add_key_value(key, value, field.types[0], sub_type=sub_type)
+    writer.add_uint32(GGUF_AUDIO_HEADS_KEY, spec.n_vq)
+    writer.add_uint32(GGUF_TEXT_VOCAB_KEY, text_vocab)
+
+    for tensor in reader.tensors:
+        qtype = gguf.GGMLQuantizationType(tensor.tensor_type)
+        data = np.asarray(tensor.data)
+        if tensor.name in ("output.weight", "token_embd.weight"):
+            if tensor.name == "output.weight":
+                heads = np.concatenate(list(_read_heads(heads_dir, spec, hidden))).astype(np.float32)
+            else:
+                heads = np.zeros((extra, hidden), dtype=np.float32)
+            data = np.concatenate([data, _quantize_rows(heads, qtype)])
+        writer.add_tensor(tensor.name, data, raw_dtype=qtype)
+
+    target = Path(target)
+    partial = target.with_name(f".{target.name}.partial")
+    try:
+        writer.write_header_to_file(partial)
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        partial.replace(target)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _quantize_rows(rows: np.ndarray, qtype: Any) -> np.ndarray:
+    """float32 (n, H) rows in GGML type ``qtype``, as GGUFReader hands such rows out (F32/F16 typed, the
+    quantized types as (n, bytes per row) uint8),
+    quantized by ggml itself (through llama-cpp-python's libggml-base), so the rows are bit-identical to
+    what llama.cpp's quantizer would write."""
+    import ctypes
+
+    import gguf
+
+    from .bridge_build import llama_cpp_paths
+
+    if qtype == gguf.GGMLQuantizationType.F32:  # GGUFReader hands these out typed, not as bytes
+        return rows.astype(np.float32)
+    if qtype == gguf.GGMLQuantizationType.F16:
+        return rows.astype(np.float16)
+    _, libdir = llama_cpp_paths()
+    ggml = ctypes.CDLL(str(libdir / "libggml-base.so"))
+    ggml.ggml_quantize_chunk.restype = ctypes.c_size_t
+    ggml.ggml_quantize_chunk.argtypes = [
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_void_p,
+    ]
+    block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    n, hidden = rows.shape
+    src = np.ascontiguousarray(rows, dtype=np.float32)
+    out = np.empty((n, hidden // block * type_size), dtype=np.uint8)
+    written = ggml.ggml_quantize_chunk(int(qtype), src.ctypes.data, out.ctypes.data, 0, n, hidden, None)
+    if written != out.nbytes:
+        raise WeightsError(f"ggml quantized {written} bytes, expected {out.nbytes}")
+    return out

@@ -1,0 +1,86 @@
+"""The bench command's cheap parts (the measurements themselves are run by hand, not in CI)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from moss_tts_node.bench import format_table, kv_cache_bytes, run_bench
+from moss_tts_node.bench_models import BENCH_SHAPES, TEXT_VOCAB, write_padded_tokenizer
+from moss_tts_node.cli import build_parser
+from moss_tts_node.model_spec import ModelSpec
+from moss_tts_node.prompt import PromptBuilder, PromptFields
+from moss_tts_node.qwen3_gguf import Qwen3Shape, random_qwen3_tensors, write_qwen3_gguf
+
+
+def test_bench_is_a_command() -> None:
+    args = build_parser().parse_args(["bench", "--model", "1.7b", "--heads", "auto,onnx", "--steps", "20"])
+    assert args.run is run_bench and args.model == ["1.7b"] and args.steps == 20
+
+
+def test_bench_shapes_are_the_real_ones() -> None:
+    big, small = BENCH_SHAPES["8b"], BENCH_SHAPES["1.7b"]
+    assert (big.hidden, big.layers, big.ffn, big.vocab) == (4096, 36, 12288, TEXT_VOCAB)
+    assert (small.hidden, small.layers, small.ffn, small.vocab) == (2048, 28, 6144, TEXT_VOCAB)
+
+
+def test_padded_tokenizer_has_the_real_special_ids(tmp_path: Path) -> None:
+    spec = ModelSpec()  # the published ids, 151643..151662
+    write_padded_tokenizer(tmp_path, spec)
+    prompt = PromptBuilder(tmp_path, spec).build(PromptFields(text="Hello, robot.", language="en"))
+    assert prompt[0, 0] == spec.im_start_token_id and prompt[-1, 0] == spec.audio_start_token_id
+    assert spec.im_end_token_id in prompt[:, 0]
+    assert prompt[:, 0].max() < TEXT_VOCAB
+
+
+def test_kv_cache_bytes_follow_the_gguf(tmp_path: Path) -> None:
+    shape = Qwen3Shape(hidden=64, layers=3, heads=4, kv_heads=2, head_dim=16, ffn=64, vocab=50)
+    path = tmp_path / "m.gguf"
+    write_qwen3_gguf(path, shape, random_qwen3_tensors(shape, seed=0).items())
+    assert kv_cache_bytes(path, 256, "f16", "f16") == 256 * 3 * (2 * 16) * 2 * 2
+    # the real model: 144 KiB per token at f16 (facts page)
+    assert 36 * (8 * 128) * 2 * 2 == 144 * 1024
+
+
+def test_table_has_a_column_per_run() -> None:
+    run = {
+        "label": "8b / onnx",
+        "gguf": "x.gguf",
+        "gguf_bytes": 5e9,
+        "prompt_rows": 141,
+        "steps": 100,
+        "frames": 69,
+        "prefill_ms": 9000.0,
+        "prefill_last_row_ms": 9000.0,
+        "prefill_every_row_ms": 12000.0,
+        "steps_per_s": 6.0,
+        "step_ms": 166.0,
+        "decode_ms": 158.0,
+        "heads_ms": 6.0,
+        "sampling_ms": 1.0,
+        "codec_ms": 0.1,
+        "other_ms": 0.9,
+        "limit_ms": 220.0,
+        "limit_no_text_head_ms": 157.0,
+        "limit_median_ms": 219.0,
+        "limit_no_text_head_median_ms": 156.0,
+        "overhead": 0.05,
+        "vs_limit": -0.25,
+        "step_median_ms": 165.0,
+        "decode_median_ms": 157.0,
+        "overhead_median": 0.05,
+        "decode_max_ms": 200.0,
+        "ttfa_ms": 14000.0,
+        "ttfa_bound_ms": 14500.0,
+        "rtf": 3.0,
+        "rtf_steady": 2.1,
+        "peak_rss_bytes": 6e9,
+        "rss_budget_bytes": 7e9,
+        "load_before": [0.1, 0.2, 0.3],
+        "load_after": [2.0, 1.0, 0.5],
+        "foreign_cpu": 0.01,
+        "threads": 2,
+        "codec": "demo codec",
+    }
+    table = format_table([run, {**run, "label": "8b / gguf"}]).splitlines()
+    assert table[0].count("|") == 4 and "8b / gguf" in table[0]
+    assert any(line.startswith("| overhead (step - decode) / decode | 5.0% | 5.0% |") for line in table)

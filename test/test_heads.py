@@ -1,0 +1,239 @@
+"""The audio heads backends and the text-head skip, against plain float64 NumPy references."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moss_tts_node.backbone import Backbone, BackboneParams
+from moss_tts_node.delay import TextRule
+from moss_tts_node.errors import BridgeError, WeightsError
+from moss_tts_node.model_spec import ModelSpec
+from moss_tts_node.qwen3_gguf import Qwen3Shape, random_qwen3_tensors, write_qwen3_gguf
+from moss_tts_node.weights import (
+    GgufHeadsInfo,
+    NumpyAudioHeads,
+    OnnxAudioHeads,
+    append_audio_heads_to_gguf,
+    load_audio_heads,
+)
+
+SHAPE = Qwen3Shape(hidden=128, layers=2, heads=4, kv_heads=2, head_dim=32, ffn=128, vocab=300)
+SPEC = ModelSpec(
+    pad_token_id=290,
+    im_start_token_id=291,
+    im_end_token_id=292,
+    audio_start_token_id=293,
+    audio_end_token_id=294,
+    audio_user_slot_token_id=295,
+    audio_assistant_gen_slot_token_id=296,
+    audio_assistant_delay_slot_token_id=297,
+)
+GEN, DELAY = SPEC.audio_assistant_gen_slot_token_id, SPEC.audio_assistant_delay_slot_token_id
+AUDIO_RULE = TextRule(allowed=(GEN, DELAY), banned=(SPEC.im_end_token_id,))
+ALL = np.ones(SPEC.n_vq, dtype=bool)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """A tiny F32 backbone, its float16 heads, and the same GGUF with the heads appended."""
+    root = tmp_path_factory.mktemp("heads")
+    tensors = random_qwen3_tensors(SHAPE, seed=3)
+    plain = root / "plain.gguf"
+    write_qwen3_gguf(plain, SHAPE, tensors.items())
+    rng = np.random.default_rng(4)
+    (root / "lm_heads").mkdir()
+    heads = rng.standard_normal((SPEC.n_vq, SPEC.audio_rows, SHAPE.hidden)) / np.sqrt(SHAPE.hidden)
+    heads = heads.astype(np.float16)
+    for k in range(SPEC.n_vq):
+        np.save(root / "lm_heads" / f"lm_head_audio_{k:02d}.npy", heads[k])
+    carrying = root / "with_heads.gguf"
+    append_audio_heads_to_gguf(plain, root / "lm_heads", carrying, SPEC)
+    return {"root": root, "plain": plain, "carrying": carrying, "heads": heads, "tensors": tensors}
+
+
+def _backbone(path: Path) -> Backbone:
+    return Backbone(
+        BackboneParams(
+            gguf_path=path,
+            n_ctx=64,
+            n_batch=8,
+            n_threads=2,
+            n_gpu_layers=0,
+            kv_cache_type_k="f32",
+            kv_cache_type_v="f32",
+            flash_attn="off",
+        )
+    )
+
+
+@pytest.fixture(scope="module")
+def plain_backbone(model: dict[str, object]) -> Iterator[Backbone]:
+    with _backbone(model["plain"]) as backbone:  # type: ignore[arg-type]
+        yield backbone
+
+
+def _decode_some(backbone: Backbone, text_logits: bool = True, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    backbone.clear()
+    backbone.prefill(rng.standard_normal((5, SHAPE.hidden)).astype(np.float32))
+    backbone.decode(rng.standard_normal(SHAPE.hidden).astype(np.float32), text_logits=text_logits)
+    return backbone.hidden().copy()
+
+
+def _reference(heads: np.ndarray, hidden: np.ndarray) -> np.ndarray:
+    return np.einsum("crh,h->cr", heads.astype(np.float64), hidden.astype(np.float64))
+
+
+def test_numpy_heads_are_exact_and_compute_only_the_sampled_span(
+    model: dict[str, object], plain_backbone: Backbone
+) -> None:
+    hidden = _decode_some(plain_backbone)
+    reference = _reference(model["heads"], hidden)  # type: ignore[arg-type]
+    heads = NumpyAudioHeads(model["root"] / "lm_heads", SPEC, SHAPE.hidden)  # type: ignore[operator]
+    np.testing.assert_allclose(heads.step(plain_backbone, TextRule(forced=GEN), ALL).audio, reference, atol=1e-5)
+    for channels in (np.arange(SPEC.n_vq) < 3, np.arange(SPEC.n_vq) >= 29):
+        heads._logits[:] = np.nan
+        audio = heads.step(plain_backbone, TextRule(forced=DELAY), channels).audio
+        np.testing.assert_allclose(audio[channels], reference[channels], atol=1e-5)
+        assert np.isnan(audio[~channels]).all()  # the others were not computed
+
+
+def test_onnx_heads_match_within_8_bit_rounding(model: dict[str, object], plain_backbone: Backbone) -> None:
+    hidden = _decode_some(plain_backbone, seed=1)
+    reference = _reference(model["heads"], hidden)  # type: ignore[arg-type]
+    heads = OnnxAudioHeads(model["root"] / "lm_heads", SPEC, SHAPE.hidden, threads=2)  # type: ignore[operator]
+    audio = heads.step(plain_backbone, TextRule(forced=GEN), ALL).audio
+    error = np.abs(audio - reference) / reference.std()  # 8-bit weights and activations, blocks of 32
+    assert error.max() < 0.05 and error.mean() < 0.01
+    top = np.argsort(-reference, axis=1)[:, :5]
+    assert np.mean(np.argmax(audio, axis=1) == top[:, 0]) > 0.9
+
+
+def test_gguf_heads_come_out_of_llama_cpp(model: dict[str, object], plain_backbone: Backbone) -> None:
+    info = GgufHeadsInfo(model["carrying"])  # type: ignore[arg-type]
+    assert (info.audio_heads, info.text_vocab) == (SPEC.n_vq, SHAPE.vocab)
+    info.close()
+    with _backbone(model["carrying"]) as backbone:  # type: ignore[arg-type]
+        assert backbone.n_vocab == SHAPE.vocab + SPEC.n_vq * SPEC.audio_rows
+        hidden = _decode_some(backbone, seed=2)
+        heads = load_audio_heads("gguf", model["root"] / "lm_heads", SPEC, SHAPE.hidden, model["carrying"])  # type: ignore[operator]
+        assert heads.name == "gguf" and heads.text_vocab == SHAPE.vocab
+        assert heads.wants_text_head(AUDIO_RULE)
+        step = heads.step(backbone, TextRule(), ALL)
+        np.testing.assert_allclose(step.audio, _reference(model["heads"], hidden), atol=1e-4)  # type: ignore[arg-type]
+        assert step.text is not None and step.text.shape == (SHAPE.vocab,) and step.text_ids is None
+    # the text logits are the plain model's, bit for bit: the appended rows change nothing before them
+    _decode_some(plain_backbone, seed=2)
+    np.testing.assert_array_equal(step.text, plain_backbone.text_logits())
+
+
+def test_text_head_skip_keeps_the_hidden_state_and_refuses_the_text_logits(plain_backbone: Backbone) -> None:
+    with_head = _decode_some(plain_backbone, text_logits=True, seed=5)
+    without = _decode_some(plain_backbone, text_logits=False, seed=5)
+    np.testing.assert_array_equal(with_head, without)
+    with pytest.raises(BridgeError, match="text head was switched off"):
+        plain_backbone.text_logits()
+    _decode_some(plain_backbone, text_logits=True, seed=5)
+    assert plain_backbone.text_logits().shape == (SHAPE.vocab,)
+
+
+def test_audio_phase_text_logits_from_the_gguf_rows_match_llama_cpp(
+    model: dict[str, object], plain_backbone: Backbone
+) -> None:
+    heads = load_audio_heads("numpy", model["root"] / "lm_heads", SPEC, SHAPE.hidden, model["plain"])  # type: ignore[operator]
+    assert heads.text_ids == (GEN, DELAY)
+    _decode_some(plain_backbone, seed=6)
+    full = plain_backbone.text_logits().copy()
+    step = heads.step(plain_backbone, AUDIO_RULE, ALL)
+    assert step.text_ids == (GEN, DELAY)
+    np.testing.assert_allclose(step.text, full[[GEN, DELAY]], atol=1e-4)
+
+
+def test_which_steps_need_llama_cpps_text_head(model: dict[str, object]) -> None:
+    heads = load_audio_heads("onnx", model["root"] / "lm_heads", SPEC, SHAPE.hidden, model["plain"])  # type: ignore[operator]
+    assert not heads.wants_text_head(TextRule(forced=DELAY))
+    assert not heads.wants_text_head(AUDIO_RULE)
+    assert not heads.wants_text_head(TextRule(allowed=(GEN, DELAY), banned=(DELAY,)))
+    assert heads.wants_text_head(TextRule(banned=(SPEC.pad_token_id,)))  # the whole vocabulary
+    assert heads.wants_text_head(TextRule(allowed=(GEN, SPEC.im_end_token_id)))
+
+
+def test_auto_takes_the_gguf_heads_only_with_layers_on_a_gpu(
+    model: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import moss_tts_node.weights as weights
+
+    def auto(path: Path, gpu_layers: int) -> str:
+        return load_audio_heads(
+            "auto", model["root"] / "lm_heads", SPEC, SHAPE.hidden, path, n_gpu_layers=gpu_layers
+        ).name  # type: ignore[operator]
+
+    assert auto(model["carrying"], -1) == ("gguf" if weights.llama_supports_gpu_offload() else "onnx")  # type: ignore[arg-type]
+    monkeypatch.setattr(weights, "llama_supports_gpu_offload", lambda: True)
+    assert auto(model["carrying"], -1) == "gguf"  # type: ignore[arg-type]
+    assert auto(model["carrying"], 0) == "onnx"  # type: ignore[arg-type]
+    assert auto(model["plain"], -1) == "onnx"  # type: ignore[arg-type]
+
+
+def test_gguf_backend_needs_a_gguf_that_carries_the_heads(model: dict[str, object]) -> None:
+    with pytest.raises(WeightsError, match="does not"):
+        load_audio_heads("gguf", model["root"] / "lm_heads", SPEC, SHAPE.hidden, model["plain"])  # type: ignore[operator]
+    assert load_audio_heads("auto", model["root"] / "lm_heads", SPEC, SHAPE.hidden, model["plain"]).name == "onnx"  # type: ignore[operator]
+    with pytest.raises(WeightsError, match="already carries"):
+        append_audio_heads_to_gguf(model["carrying"], model["root"] / "lm_heads", model["root"] / "x.gguf", SPEC)  # type: ignore[arg-type,operator]
+
+
+def test_one_row_embedding_equals_the_batched_path(synth: object) -> None:
+    embeddings = synth.embeddings  # type: ignore[attr-defined]
+    rng = np.random.default_rng(0)
+    rows = np.concatenate(
+        [rng.integers(0, 200, (3, 1)), rng.integers(0, 1025, (3, embeddings.spec.n_vq))], axis=1
+    ).astype(np.int64)
+    batched = embeddings.embed(rows)
+    for i in range(3):
+        np.testing.assert_allclose(embeddings.embed(rows[i : i + 1])[0], batched[i], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnx", "gguf"])
+def test_synthesis_runs_on_each_heads_backend(demo_config: Path, tmp_path: Path, backend: str) -> None:
+    from moss_tts_node.config import load_config
+    from moss_tts_node.synthesizer import Synthesizer
+
+    overrides: dict[str, object] = {"audio.heads_backend": backend}
+    if backend == "gguf":
+        weights = demo_config.parent
+        source = weights / load_config(demo_config).model.backbone_gguf
+        append_audio_heads_to_gguf(source, weights / "lm_heads", tmp_path / "heads.gguf", ModelSpec.load(weights))
+        overrides["model.backbone_gguf"] = str(tmp_path / "heads.gguf")
+    with Synthesizer.from_config_file(demo_config, overrides) as synth:
+        assert synth.heads.name == backend
+        result = synth.synthesize("Hello! I am a robot.", seed=3, max_new_tokens=60)
+        assert result.codes.shape[0] > 0 and np.isfinite(result.audio).all()
+
+
+def test_fast_audio_sampling_draws_what_the_general_path_draws() -> None:
+    """Top-k on the float32 logits, scaling only the candidates: the same codes as scaling everything."""
+    import dataclasses
+
+    from moss_tts_node.config import SamplingConfig
+    from moss_tts_node.sampling import Sampler, sample_rows
+
+    spec = ModelSpec()
+    prompt = np.full((4, spec.channels), spec.audio_pad_code, dtype=np.int64)
+    config = dataclasses.replace(SamplingConfig(), seed=11)
+    fast = Sampler(config, spec, prompt)
+    general = np.random.default_rng(11)
+    rng = np.random.default_rng(0)
+    for step in range(20):
+        logits = (3 * rng.standard_normal((spec.n_vq, spec.audio_rows))).astype(np.float32)
+        channels = np.arange(spec.n_vq) <= step + 10
+        codes = fast.sample_audio(logits, channels)
+        scaled = logits[channels].astype(np.float64) / config.audio_temperature
+        scaled[:, spec.audio_pad_code] = -np.inf
+        expected = sample_rows(scaled, config.audio_top_k, config.audio_top_p, general)
+        np.testing.assert_array_equal(codes[channels], expected)
+        assert (codes[~channels] == spec.audio_pad_code).all()
