@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Commands that live in their own modules: each has ``register(commands)``, which adds its
 # subparser and sets ``run``, and keeps heavy imports inside ``run`` so `--help` stays fast.
-EXTRA_COMMAND_MODULES: tuple[str, ...] = ()
+EXTRA_COMMAND_MODULES: tuple[str, ...] = ("convert", "bench", "engines", "doctor")
 
 
 def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
@@ -133,14 +133,11 @@ def run_synth(args: argparse.Namespace) -> int:
 
 def run_encode_voice(args: argparse.Namespace) -> int:
     from .audio_io import load_reference_audio
-    from .codec import OnnxCodec
+    from .codec import open_codec
     from .config import load_config
 
     config = load_config(args.config)
-    codec_dir = Path(config.model.codec_dir)
-    with OnnxCodec(
-        codec_dir / "decoder.onnx", codec_dir / "encoder.onnx", provider=config.audio.onnx_provider
-    ) as codec:
+    with open_codec(config, decoder=False) as codec:
         codes = codec.encode(load_reference_audio(args.audio))
     np.save(args.output, codes)
     print(f"wrote {args.output}: {codes.shape[0]} frames ({codes.shape[0] / 12.5:.2f} s) of voice codes")

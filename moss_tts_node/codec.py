@@ -1,9 +1,12 @@
 """The audio codec (MOSS-Audio-Tokenizer): 24 kHz waveforms <-> (T, 32) RVQ codes.
 
 ``AudioCodec`` is the backend-neutral interface the synthesizer talks to; it owns the
-input checks so every backend (ONNX Runtime here, TensorRT later) rejects bad audio and
-codes with the same messages. ``OnnxCodec`` runs the published ONNX graphs
-(``OpenMOSS-Team/MOSS-Audio-Tokenizer-ONNX``).
+input checks so every backend (ONNX Runtime here, TensorRT in ``codec_tensorrt``) rejects
+bad audio and codes with the same messages, and it owns the length limit: a backend states
+the most frames one graph call may take (``max_frames``, or a TensorRT profile's maximum)
+and longer audio is encoded or decoded in windows with left context, never refused.
+``OnnxCodec`` runs the published ONNX graphs (``OpenMOSS-Team/MOSS-Audio-Tokenizer-ONNX``);
+``open_codec`` picks the backend a config asks for.
 
 Codes are always laid out (frames, codebooks) in this package. The graphs want
 (codebooks, batch, frames); the transposition happens in one place, inside the backend,
@@ -14,43 +17,103 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 
 from moss_tts_node.errors import CodecError, WeightsError
 
+if TYPE_CHECKING:
+    from moss_tts_node.config import Config
+
 ONNX_SOURCE = "OpenMOSS-Team/MOSS-Audio-Tokenizer-ONNX"
 CODEBOOK_SIZE = 1024
+FRAMES_PER_SECOND = 12.5
+# The real codec's transformers attend over 10 s per stage: a window that starts this many
+# frames before the audio it keeps sees what a whole-sequence call would have seen.
+WINDOW_CONTEXT_FRAMES = 125
 
 _Codec = TypeVar("_Codec", bound="AudioCodec")
+
+
+def frames_for_seconds(seconds: float) -> int:
+    """Whole codec frames (80 ms each) in ``seconds``, rounded down; at least 1."""
+    return max(1, int(seconds * FRAMES_PER_SECOND + 1e-9))
+
+
+def run_windowed(
+    frames: np.ndarray, limit: int | None, run: Callable[[np.ndarray], np.ndarray], context: int | None = None
+) -> np.ndarray:
+    """Apply a causal per-frame graph ``run`` to ``frames`` (T, ...) in calls of at most ``limit`` frames.
+
+    ``run`` maps (n, ...) inputs to (n, ...) outputs, one output row per frame. Each window
+    starts ``context`` frames (default: the codec's attention span, at most half the limit)
+    before the first frame it contributes, and only its new frames are kept, so for a causal
+    graph whose receptive field fits in the context the result equals one whole call.
+    """
+    total = frames.shape[0]
+    if limit is None or total <= limit:
+        return run(frames)
+    if context is None:
+        context = min(WINDOW_CONTEXT_FRAMES, limit // 2)
+    if not 0 <= context < limit:
+        raise ValueError(f"window context {context} must be in [0, {limit})")
+    pieces = []
+    start = 0
+    while start < total:
+        left = max(0, start - context)
+        end = min(total, left + limit)
+        pieces.append(run(frames[left:end])[start - left :])
+        start = end
+    return np.concatenate(pieces)
 
 
 class AudioCodec(ABC):
     """A causal neural audio codec with a 12.5 Hz frame rate and 32 residual codebooks.
 
-    Subclasses implement ``_encode`` and ``_decode`` on already-validated inputs; the
-    public methods here do the validation so the contract is the same for every backend.
-    Usable as a context manager that calls ``close``.
+    Subclasses implement ``_encode`` and ``_decode`` on already-validated inputs of at most
+    ``_frame_limit`` frames; the public methods here validate and window, so the contract is
+    the same for every backend. Usable as a context manager that calls ``close``.
     """
 
     sample_rate: ClassVar[int] = 24000
     samples_per_frame: ClassVar[int] = 1920
     n_quantizers: ClassVar[int] = 32
+    # Most frames one graph call may take (a configured bound on memory and latency);
+    # None: unbounded. Longer input is processed in windows by encode/decode.
+    max_frames: int | None = None
 
     def encode(self, waveform: np.ndarray) -> np.ndarray:
         """Encode float mono 24 kHz samples (n,), n a positive multiple of 1920.
 
-        Returns codes (n / 1920, 32) int64 in [0, 1023].
+        Returns codes (n / 1920, 32) int64 in [0, 1023]. Audio longer than the backend's
+        limit is encoded in windows with left context.
         """
-        return self._encode(self._checked_waveform(waveform))
+        frames = self._checked_waveform(waveform).reshape(-1, self.samples_per_frame)
+        return run_windowed(frames, self._frame_limit("encoder"), lambda window: self._encode(window.reshape(-1)))
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
-        """Decode codes (T, 32), T >= 1, integers in [0, 1023], to float32 samples (T * 1920,)."""
-        return self._decode(self._checked_codes(codes))
+        """Decode codes (T, 32), T >= 1, integers in [0, 1023], to float32 samples (T * 1920,).
+
+        Codes longer than the backend's limit are decoded in windows with left context.
+        """
+
+        def decode_window(window: np.ndarray) -> np.ndarray:  # one row of samples per frame
+            return self._decode(window).reshape(-1, self.samples_per_frame)
+
+        codes = self._checked_codes(codes)
+        return run_windowed(codes, self._frame_limit("decoder"), decode_window).reshape(-1)
+
+    def _frame_limit(self, graph: str) -> int | None:
+        """Most frames one call of ``graph`` ("encoder" or "decoder") may take.
+
+        Backends whose graphs have their own bound (a TensorRT profile) override this.
+        """
+        return self.max_frames
 
     @abstractmethod
     def close(self) -> None:
@@ -111,6 +174,35 @@ class AudioCodec(ABC):
             )
         return np.ascontiguousarray(codes, dtype=np.int64)
 
+    @staticmethod
+    def _graph_codes(codes: np.ndarray) -> np.ndarray:
+        """(T, 32) codes as the decoder graph's (32, 1, T) input."""
+        return np.ascontiguousarray(codes.T[:, None, :])
+
+    @classmethod
+    def _codes_from_graph(
+        cls, codes: np.ndarray, lengths: np.ndarray, n_frames: int, source: Path | None
+    ) -> np.ndarray:
+        """The encoder graph's (32, 1, T) codes and (1,) lengths as (T, 32) int64, checked against ``n_frames``."""
+        codes = codes[:, 0, : int(lengths[0])]
+        if codes.shape != (cls.n_quantizers, n_frames):
+            raise CodecError(
+                f"{source} returned codes of shape {codes.shape} for {n_frames} frames; "
+                f"expected ({cls.n_quantizers}, {n_frames})"
+            )
+        return np.ascontiguousarray(codes.T, dtype=np.int64)
+
+    @classmethod
+    def _samples_from_graph(
+        cls, audio: np.ndarray, lengths: np.ndarray, n_frames: int, source: Path | None
+    ) -> np.ndarray:
+        """The decoder graph's (1, 1, n) audio and (1,) lengths as (n_frames * 1920,) float32, checked."""
+        expected = n_frames * cls.samples_per_frame
+        samples = audio[0, 0, : int(lengths[0])]
+        if samples.shape[0] != expected:
+            raise CodecError(f"{source} returned {samples.shape[0]} samples for {n_frames} frames; expected {expected}")
+        return np.ascontiguousarray(samples, dtype=np.float32)
+
 
 @dataclass(frozen=True)
 class _TensorSpec:
@@ -146,29 +238,40 @@ class OnnxCodec(AudioCodec):
     mid-sentence. The encoder is about half of the 1.6 B-parameter codec and is only
     needed to clone a voice from raw audio, which most robots do offline, so it is loaded
     on the first ``encode`` (its file's existence is still checked here).
+    ``decoder_path=None`` makes an encoder-only codec (``low_memory`` loads one stage at a time).
 
     ``provider``: ``auto`` (CUDA when this onnxruntime build has it, else CPU), ``cpu`` or
-    ``cuda``. ``threads``: intra-op CPU threads, 0 lets onnxruntime choose.
+    ``cuda``. ``threads``: intra-op CPU threads, 0 lets onnxruntime choose. ``max_frames``:
+    most frames per graph call; longer audio is processed in windows.
     """
 
     def __init__(
-        self, decoder_path: Path, encoder_path: Path | None = None, provider: str = "auto", threads: int = 0
+        self,
+        decoder_path: Path | None,
+        encoder_path: Path | None = None,
+        provider: str = "auto",
+        threads: int = 0,
+        max_frames: int | None = None,
     ) -> None:
         self._providers = _resolve_providers(provider)
         self._require_cuda = provider == "cuda"
         self._threads = threads
-        self._decoder_path = _existing_file(Path(decoder_path), "decoder")
+        self.max_frames = max_frames
+        self._decoder_path = None if decoder_path is None else _existing_file(Path(decoder_path), "decoder")
         self._encoder_path = None if encoder_path is None else _existing_file(Path(encoder_path), "encoder")
-        self._decoder: Any = self._load(self._decoder_path, _DECODER_INPUTS, _DECODER_OUTPUTS)
+        self._decoder: Any = None
+        if self._decoder_path is not None:
+            self._decoder = self._load(self._decoder_path, _DECODER_INPUTS, _DECODER_OUTPUTS)
         self._encoder: Any = None
         self._encoder_lock = threading.Lock()
         self._closed = False
 
     @property
     def providers(self) -> list[str]:
-        """Execution providers the decoder session actually uses (for start-up logs)."""
+        """Execution providers the sessions actually use (for start-up logs)."""
         self._check_open()
-        return list(self._decoder.get_providers())
+        session = self._decoder if self._decoder is not None else self._encoder_session()
+        return list(session.get_providers())
 
     def close(self) -> None:
         """Drop both sessions so their (GPU) memory can be reclaimed."""
@@ -179,27 +282,15 @@ class OnnxCodec(AudioCodec):
     def _encode(self, waveform: np.ndarray) -> np.ndarray:
         session = self._encoder_session()
         codes, lengths = session.run(None, self._feeds("input_values", waveform[None, None, :]))[:2]
-        codes = codes[:, 0, : int(lengths[0])]
         n_frames = waveform.shape[0] // self.samples_per_frame
-        if codes.shape != (self.n_quantizers, n_frames):
-            raise CodecError(
-                f"{self._encoder_path} returned codes of shape {codes.shape} for {n_frames} frames; "
-                f"expected ({self.n_quantizers}, {n_frames})"
-            )
-        return np.ascontiguousarray(codes.T, dtype=np.int64)
+        return self._codes_from_graph(codes, lengths, n_frames, self._encoder_path)
 
     def _decode(self, codes: np.ndarray) -> np.ndarray:
         self._check_open()
-        graph_codes = np.ascontiguousarray(codes.T[:, None, :])
-        audio, lengths = self._decoder.run(None, self._feeds("audio_codes", graph_codes))[:2]
-        expected = codes.shape[0] * self.samples_per_frame
-        samples = audio[0, 0, : int(lengths[0])]
-        if samples.shape[0] != expected:
-            raise CodecError(
-                f"{self._decoder_path} returned {samples.shape[0]} samples for {codes.shape[0]} frames; "
-                f"expected {expected}"
-            )
-        return np.ascontiguousarray(samples, dtype=np.float32)
+        if self._decoder is None:
+            raise CodecError("this codec was opened without its decoder (encoder only); open one with decoder.onnx")
+        audio, lengths = self._decoder.run(None, self._feeds("audio_codes", self._graph_codes(codes)))[:2]
+        return self._samples_from_graph(audio, lengths, codes.shape[0], self._decoder_path)
 
     def _feeds(self, name: str, values: np.ndarray) -> dict[str, np.ndarray]:
         """Graph inputs: the data plus ``n_quantizers`` (always all 32 codebooks)."""
@@ -309,3 +400,28 @@ def _check_tensor(path: Path, label: str, arg: Any, spec: _TensorSpec) -> None:
     for axis, (have, want) in enumerate(zip(shape, spec.dims, strict=True)):
         if want is not None and isinstance(have, int) and have != want:
             raise CodecError(f"{path}: {label} has size {have} on axis {axis}, expected {want}")
+
+
+def open_codec(config: Config, *, encoder: bool = True, decoder: bool = True) -> AudioCodec:
+    """The codec backend ``config.audio.backend`` names, holding the graphs asked for.
+
+    The one place a backend is chosen: the synthesizer and the CLI open their codec here.
+    ``encoder``/``decoder`` let ``low_memory`` hold one stage at a time. With both, a missing
+    encoder (never downloaded or built) only fails when something is encoded, since most
+    robots use voices pre-encoded with encode-voice; opened to encode only, it fails at once.
+    """
+    audio = config.audio
+    max_frames = frames_for_seconds(audio.max_codec_seconds)
+    if audio.backend == "tensorrt":
+        from moss_tts_node.codec_tensorrt import TensorRTCodec  # needs TensorRT: import only when chosen
+
+        return TensorRTCodec(Path(config.model.engine_dir), encoder=encoder, decoder=decoder, max_frames=max_frames)
+    codec_dir = Path(config.model.codec_dir)
+    encoder_path = codec_dir / "encoder.onnx"
+    return OnnxCodec(
+        codec_dir / "decoder.onnx" if decoder else None,
+        encoder_path if encoder and (encoder_path.is_file() or not decoder) else None,
+        provider=audio.onnx_provider,
+        threads=audio.codec_threads,
+        max_frames=max_frames,
+    )

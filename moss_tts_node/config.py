@@ -34,6 +34,7 @@ from .errors import ConfigError
 
 NODE_NAME = "moss_tts_node"
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
+BACKENDS = ("onnx", "tensorrt")
 
 
 def _option(
@@ -66,6 +67,15 @@ class ModelConfig:
         "Directory of MOSS-Audio-Tokenizer-ONNX: decoder.onnx (and encoder.onnx for voice cloning).",
         path=True,
     )
+    engine_dir: str = _option(
+        "",
+        "Directory of TensorRT codec engines made by build-engines (used when audio.backend is tensorrt).",
+        path=True,
+    )
+    low_memory: bool = _option(
+        False,
+        "Load encoder, backbone and decoder one at a time (8 GB boards): no streaming, each request reloads them.",
+    )
 
 
 @dataclass(frozen=True)
@@ -83,7 +93,15 @@ class LlamaConfig:
 
 @dataclass(frozen=True)
 class AudioConfig:
-    backend: str = _option("onnx", "Codec backend.", choices=("onnx",))
+    backend: str = _option(
+        "onnx", "Codec backend: onnx (ONNX Runtime) or tensorrt (engines in model.engine_dir).", choices=BACKENDS
+    )
+    max_codec_seconds: float = _option(
+        40.0,
+        "Longest audio one codec call handles; longer audio is coded in windows (TensorRT: also its engines' limit).",
+        min=0.08,
+        max=3600.0,
+    )
     onnx_provider: str = _option(
         "auto",
         "ONNX Runtime device: auto (CUDA when available), cpu or cuda.",
@@ -92,15 +110,24 @@ class AudioConfig:
     codec_threads: int = _option(0, "ONNX Runtime intra-op threads; 0 lets it choose.", min=0, max=1024)
     chunk_frames: int = _option(
         5,
-        "Frames (80 ms each) decoded per streamed chunk: smaller starts sooner, costs more decodes.",
+        "Frames (80 ms each) per streamed chunk after the first (always one frame, right after step 32): "
+        "smaller arrives more evenly, costs more codec calls.",
         min=1,
         max=500,
     )
     left_context_frames: int = _option(
         25,
-        "Frames of already-played codes re-decoded before each chunk so it joins smoothly.",
+        "Frames of already-played codes re-decoded before each chunk so it joins smoothly (exact at the "
+        "decoder's receptive field); each chunk decodes this many frames more.",
         min=0,
         max=500,
+    )
+    heads_backend: str = _option(
+        "auto",
+        "Audio heads: gguf (inside llama.cpp, needs a GGUF that carries them), onnx (8-bit, ONNX Runtime), "
+        "numpy (exact float32, 0.54 GB), or auto (gguf when the GGUF carries them and layers run on a GPU, "
+        "else onnx).",
+        choices=("auto", "gguf", "onnx", "numpy"),
     )
 
 
@@ -193,17 +220,22 @@ def flatten(config: Config) -> Iterator[tuple[str, Any]]:
 def load_config(path: str | os.PathLike[str], overrides: Mapping[str, Any] | None = None) -> Config:
     """Read a ROS 2 params file, apply dotted overrides, and validate all of it."""
     path = Path(path)
+    values = dict(_checked_items(read_params_file(path), str(path)))
+    if overrides:
+        values.update(_checked_items(overrides, "override"))
+    return from_flat(values, path.parent, source=str(path))
+
+
+def read_params_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The node's parameters in a params file, flat (dotted keys) and as written: not yet validated."""
+    path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path} (see config/default.yaml for an example)")
     try:
         document = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    params = _ros_parameters(document, path)
-    values = dict(_checked_items(dict(_flatten_mapping(params, path)), str(path)))
-    if overrides:
-        values.update(_checked_items(overrides, "override"))
-    return from_flat(values, path.parent, source=str(path))
+    return dict(_flatten_mapping(_ros_parameters(document, path)))
 
 
 def from_flat(values: Mapping[str, Any], base_dir: Path, source: str) -> Config:
@@ -234,11 +266,11 @@ def _ros_parameters(document: Any, path: Path) -> Mapping[str, Any]:
     raise ConfigError(f"{path}: {hint}; found top-level keys {sorted(map(str, document))}")
 
 
-def _flatten_mapping(params: Mapping[str, Any], path: Path, prefix: str = "") -> Iterator[tuple[str, Any]]:
+def _flatten_mapping(params: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
     for key, value in params.items():
         dotted = f"{prefix}{key}"
         if isinstance(value, dict):
-            yield from _flatten_mapping(value, path, prefix=f"{dotted}.")
+            yield from _flatten_mapping(value, prefix=f"{dotted}.")
         else:
             yield dotted, value
 
@@ -292,11 +324,20 @@ def _check_files(config: Config, source: str) -> None:
     gguf = backbone_path(config)
     if not gguf.is_file():
         raise ConfigError(f"{source}: 'model.backbone_gguf' file not found: {gguf}")
-    if not model.codec_dir:
-        raise ConfigError(f"{source}: 'model.codec_dir' is not set (the MOSS-Audio-Tokenizer-ONNX directory)")
-    decoder = Path(model.codec_dir) / "decoder.onnx"
-    if not decoder.is_file():
-        raise ConfigError(f"{source}: 'model.codec_dir' has no decoder.onnx: {decoder}")
+    if config.audio.backend == "tensorrt":
+        # The engines themselves are checked when the codec opens: they are often built on the
+        # robot after its config is written, and only TensorRT can tell whether they fit this GPU.
+        if not model.engine_dir:
+            raise ConfigError(
+                f"{source}: 'model.engine_dir' is not set; audio.backend tensorrt needs the engines "
+                "made by `python -m moss_tts_node build-engines`"
+            )
+    else:
+        if not model.codec_dir:
+            raise ConfigError(f"{source}: 'model.codec_dir' is not set (the MOSS-Audio-Tokenizer-ONNX directory)")
+        decoder = Path(model.codec_dir) / "decoder.onnx"
+        if not decoder.is_file():
+            raise ConfigError(f"{source}: 'model.codec_dir' has no decoder.onnx: {decoder}")
     reference = config.generation.reference_audio
     if reference and not Path(reference).is_file():
         raise ConfigError(f"{source}: 'generation.reference_audio' file not found: {reference}")

@@ -14,7 +14,8 @@ from __future__ import annotations
 import secrets
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ import numpy as np
 
 from .audio_io import load_reference_audio
 from .backbone import Backbone, BackboneParams
-from .codec import AudioCodec, OnnxCodec
+from .codec import AudioCodec, frames_for_seconds, open_codec
 from .config import Config, SamplingConfig, backbone_path, load_config
 from .delay import DelayState
 from .errors import Cancelled, RequestError
@@ -32,11 +33,15 @@ from .normalize import normalize_text
 from .prompt import PromptBuilder, PromptFields
 from .sampling import Sampler
 from .streaming import FrameAssembler, StreamingDecoder
+from .text_split import split_text
 from .timing import StageClock, TimingReport
-from .weights import AudioHeads, EmbeddingTables
+from .weights import AudioHeads, EmbeddingTables, load_audio_heads
 
 CancelFlag = threading.Event | Callable[[], bool] | None
 Reference = str | Path | np.ndarray | None
+# Speech frames (80 ms) per text token, to plan how much of the context a text will need:
+# about 3 in English and Chinese at a normal pace; 4 leaves room for slow speech.
+FRAMES_PER_TEXT_TOKEN = 4
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,11 @@ class Synthesis:
 
 
 class AudioStream:
-    """Iterate for AudioChunks; ``report``, ``generated`` and ``codes`` are set once it ends."""
+    """Iterate for AudioChunks; ``report``, ``generated`` and ``codes`` are set once it ends.
+
+    A text too long for one generation is spoken in pieces, still as one stream: ``prompt`` is
+    then the first piece's, ``generated`` and ``codes`` are the pieces' one after the other.
+    """
 
     def __init__(self, prompt: np.ndarray, produce: Callable[[AudioStream], Iterator[AudioChunk]]) -> None:
         self.prompt = prompt
@@ -80,15 +89,48 @@ class AudioStream:
         return self.report is not None and self.report.stop_reason == "cancelled"
 
 
+@dataclass
+class _Piece:
+    """One part of a request's text: its prompt and step budget, then what generating it produced."""
+
+    prompt: np.ndarray
+    max_steps: int
+    rows: list[np.ndarray] = field(default_factory=list)
+    stop: str = ""  # once generated: "end", "max_new_tokens" or "cancelled"
+
+
 class Synthesizer:
-    """One loaded model; one synthesis at a time (the backbone's KV cache is shared)."""
+    """One loaded model; one synthesis at a time (the backbone's KV cache is shared).
+
+    With ``model.low_memory`` (8 GB boards) the three stages take turns in memory: the codec's
+    encoder (only to encode a reference clip), then the backbone with its embedding tables and
+    heads, then the codec's decoder. Each request reloads them and decodes only once generation
+    is over, so nothing streams; start-up loads each stage once so bad files still fail early.
+    """
 
     def __init__(self, config: Config) -> None:
         self.config = config
         weights = Path(config.model.weights_dir)
-        codec_dir = Path(config.model.codec_dir)
         self.spec = ModelSpec.load(weights)
         self.prompts = PromptBuilder(weights / "tokenizer", self.spec)
+        self.backbone: Backbone | None = None
+        self.embeddings: EmbeddingTables | None = None
+        self.heads: AudioHeads | None = None
+        self.codec: AudioCodec | None = None  # None between requests in low_memory mode
+        self._load_generation()
+        assert self.backbone is not None
+        self.n_ctx = self.backbone.n_ctx  # what llama.cpp made of llama.n_ctx (it rounds up)
+        if config.model.low_memory:
+            self._unload_generation()
+            open_codec(config).close()
+        else:
+            self.codec = open_codec(config)
+        self._default_voice: np.ndarray | None = None
+
+    def _load_generation(self) -> None:
+        """Load the generation stage: the llama.cpp backbone, the embedding tables and the audio heads."""
+        config = self.config
+        weights = Path(config.model.weights_dir)
         llama = config.llama
         self.backbone = Backbone(
             BackboneParams(
@@ -103,24 +145,50 @@ class Synthesizer:
             )
         )
         hidden = self.backbone.n_embd
-        self.embeddings = EmbeddingTables(weights / "embeddings", self.spec, hidden, self.backbone.n_vocab)
-        self.heads = AudioHeads(weights / "lm_heads", self.spec, hidden)
-        encoder = codec_dir / "encoder.onnx"
-        self.codec: AudioCodec = OnnxCodec(
-            codec_dir / "decoder.onnx",
-            encoder if encoder.is_file() else None,
-            provider=config.audio.onnx_provider,
-            threads=config.audio.codec_threads,
+        self.heads = load_audio_heads(
+            config.audio.heads_backend,
+            weights / "lm_heads",
+            self.spec,
+            hidden,
+            backbone_path(config),
+            threads=llama.n_threads,
+            n_gpu_layers=llama.n_gpu_layers,
         )
-        self._default_voice: np.ndarray | None = None
+        text_vocab = self.heads.text_vocab or self.backbone.n_vocab
+        self.embeddings = EmbeddingTables(weights / "embeddings", self.spec, hidden, text_vocab)
+
+    def _unload_generation(self) -> None:
+        """Free the generation stage (llama.cpp's memory now; the NumPy tables once unreferenced)."""
+        if self.backbone is not None:
+            self.backbone.close()
+        self.backbone = self.embeddings = self.heads = None
+
+    @contextmanager
+    def _generation_stage(self) -> Iterator[None]:
+        """The generation stage loaded for the duration only (low_memory mode)."""
+        self._load_generation()
+        try:
+            yield
+        finally:
+            self._unload_generation()
+
+    @contextmanager
+    def _codec_stage(self, *, encoder: bool) -> Iterator[AudioCodec]:
+        """The resident codec; in low_memory mode one holding only the encoder or the decoder, for the duration."""
+        if self.codec is not None:
+            yield self.codec
+            return
+        with open_codec(self.config, encoder=encoder, decoder=not encoder) as codec:
+            yield codec
 
     @classmethod
     def from_config_file(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> Synthesizer:
         return cls(load_config(path, overrides))
 
     def close(self) -> None:
-        self.backbone.close()
-        self.codec.close()
+        self._unload_generation()
+        if self.codec is not None:
+            self.codec.close()
 
     def __enter__(self) -> Synthesizer:
         return self
@@ -143,7 +211,9 @@ class Synthesizer:
             except (ValueError, OSError) as exc:
                 raise RequestError(f"{path}: not a readable .npy of voice codes ({exc})") from exc
             return self._checked_codes(codes, str(path))
-        return self.codec.encode(load_reference_audio(path))
+        samples = load_reference_audio(path)
+        with self._codec_stage(encoder=True) as codec:
+            return codec.encode(samples)
 
     def _checked_codes(self, codes: np.ndarray, what: str) -> np.ndarray:
         spec = self.spec
@@ -186,8 +256,10 @@ class Synthesizer:
         """Validate the request now (errors raise here, not mid-stream), then stream its audio.
 
         ``reference=None`` uses the configured default voice, ``""`` none. Fields left ``None``
-        take the config's generation defaults. ``max_new_tokens`` is clamped to what n_ctx
-        leaves after the prompt; a prompt that leaves no room for one frame is refused.
+        take the config's generation defaults. A text whose speech would not fit the context
+        (or one codec window) is split at sentence boundaries and spoken piece by piece in the
+        same stream. ``max_new_tokens`` applies to each piece and is clamped to what n_ctx
+        leaves after its prompt; a prompt that leaves no room for one frame is refused.
         """
         gen = self.config.generation
         fields = PromptFields(
@@ -197,14 +269,13 @@ class Synthesizer:
             quality=quality if quality is not None else gen.quality or None,
             tokens=tokens,
         )
-        prompt = self.prompts.build(fields, self._voice(reference))
-        steps = self._step_budget(prompt, max_new_tokens or gen.max_new_tokens)
+        pieces = self._pieces(fields, self._voice(reference), max_new_tokens or gen.max_new_tokens)
         sampling = sampling or self.config.sampling
         seed = seed if seed is not None and seed >= 0 else sampling.seed
         if seed < 0:
             seed = secrets.randbits(63)
         sampling = replace(sampling, seed=seed)
-        return AudioStream(prompt, lambda stream: self._chunks(stream, steps, sampling, _flag(cancel)))
+        return AudioStream(pieces[0].prompt, lambda stream: self._chunks(stream, pieces, sampling, _flag(cancel)))
 
     def synthesize(self, text: str, **request: Any) -> Synthesis:
         """The whole utterance at once; raises ``Cancelled`` if the cancel flag was set."""
@@ -232,27 +303,48 @@ class Synthesizer:
                 raise RequestError("the text is empty after normalization (only markup or control characters)")
         return text
 
+    def _pieces(self, fields: PromptFields, voice: list[np.ndarray], max_new_tokens: int) -> list[_Piece]:
+        """The request as one piece, or split at sentence boundaries when its speech would not fit.
+
+        A piece of t text tokens takes t prompt rows and about t * FRAMES_PER_TEXT_TOKEN
+        generated frames (or its share of ``fields.tokens``) plus the 32-step ramp-up, all
+        inside n_ctx; and its audio should fit one codec window (audio.max_codec_seconds).
+        """
+        prompt = self.prompts.build(fields, voice)
+        text_tokens = self._count_tokens(fields.text)
+        per_token = fields.tokens / text_tokens if fields.tokens else FRAMES_PER_TEXT_TOKEN
+        other_rows = prompt.shape[0] - text_tokens
+        codec_frames = frames_for_seconds(self.config.audio.max_codec_seconds)
+        limit = int(min((self.n_ctx - other_rows - self.spec.n_vq) / (1 + per_token), codec_frames / per_token))
+        if text_tokens <= limit or limit < 1:  # fits, or cannot fit even split: _step_budget says why
+            return [_Piece(prompt, self._step_budget(prompt, max_new_tokens))]
+        pieces = []
+        for text in split_text(fields.text, limit, self._count_tokens):
+            share = max(1, round(fields.tokens * self._count_tokens(text) / text_tokens)) if fields.tokens else None
+            piece_prompt = self.prompts.build(replace(fields, text=text, tokens=share), voice)
+            pieces.append(_Piece(piece_prompt, self._step_budget(piece_prompt, max_new_tokens)))
+        return pieces
+
+    def _count_tokens(self, text: str) -> int:
+        return len(self.prompts.tokenizer.encode(text, add_special_tokens=False).ids)
+
     def _step_budget(self, prompt: np.ndarray, requested: int) -> int:
-        room = self.backbone.n_ctx - prompt.shape[0]
+        room = self.n_ctx - prompt.shape[0]
         needed = self.spec.n_vq + 1  # the ramp-up plus one complete frame
         if room < needed:
             raise RequestError(
-                f"the prompt takes {prompt.shape[0]} rows of the {self.backbone.n_ctx}-row context and leaves "
+                f"the prompt takes {prompt.shape[0]} rows of the {self.n_ctx}-row context and leaves "
                 f"{max(room, 0)} steps, fewer than the {needed} needed for one frame: shorten the text or "
                 f"the reference clip, or raise llama.n_ctx"
             )
         return min(requested, room)
 
     def _chunks(
-        self, stream: AudioStream, max_steps: int, sampling: SamplingConfig, cancelled: Callable[[], bool]
+        self, stream: AudioStream, pieces: list[_Piece], sampling: SamplingConfig, cancelled: Callable[[], bool]
     ) -> Iterator[AudioChunk]:
-        spec, audio, prompt = self.spec, self.config.audio, stream.prompt
+        """Generate and decode every piece as one stream: indices and offsets run on, one final chunk."""
+        spec, audio = self.spec, self.config.audio
         clock = StageClock()
-        state = DelayState(spec, prompt)
-        sampler = Sampler(sampling, spec, prompt)
-        frames = FrameAssembler(spec.n_vq, spec.audio_pad_code, capacity=max_steps)
-        decoder = StreamingDecoder(self.codec, audio.chunk_frames, audio.left_context_frames)
-        rows: list[np.ndarray] = []
         emitted = 0  # samples so far
         index = 0
 
@@ -264,34 +356,81 @@ class Synthesizer:
             clock.mark_first_audio()
             return out
 
-        for row in generate_rows(
-            self.backbone, self.embeddings, self.heads, prompt, state, sampler, max_steps, cancelled, clock
-        ):
-            rows.append(row)
-            frame = frames.push(row[1:])
-            if frame is None:
-                continue
-            with clock.stage("codec"):
-                samples = decoder.end_segment() if frames.is_gap(frame) else decoder.push(frame)
-            if samples is not None:
-                yield chunk(samples, final=False)
-        stop = "end" if state.is_stopping else "max_new_tokens" if len(rows) == max_steps else "cancelled"
-        if stop != "cancelled":
-            with clock.stage("codec"):
-                rest = decoder.end_segment()
-            yield chunk(rest if rest is not None else np.empty(0, dtype=np.float32), final=True)
+        # Each piece gets its own seed, derived from the request's, so a request replays exactly.
+        generated: Iterator[Iterator[np.ndarray | None]] = (
+            self._frames(piece, replace(sampling, seed=(sampling.seed + number) % 2**63), cancelled, clock)
+            for number, piece in enumerate(pieces)
+        )
+        chunk_frames = audio.chunk_frames
+        if self.codec is None:  # low_memory: generate every piece, then load the decoder
+            generated = iter(self._generate_staged(generated, pieces))
+            chunk_frames = frames_for_seconds(audio.max_codec_seconds)  # nothing to stream: fewest decodes
+        codes: list[np.ndarray] = []
+        with self._codec_stage(encoder=False) as codec:
+            for piece, frames in zip(pieces, generated, strict=False):
+                decoder = StreamingDecoder(codec, chunk_frames, audio.left_context_frames)
+                for frame in frames:
+                    with clock.stage("codec"):
+                        samples = decoder.end_segment() if frame is None else decoder.push(frame)
+                    if samples is not None:
+                        yield chunk(samples, final=False)
+                codes.append(decoder.codes())
+                if piece.stop == "cancelled":
+                    break
+                with clock.stage("codec"):
+                    rest = decoder.end_segment()
+                if piece is pieces[-1]:
+                    yield chunk(rest if rest is not None else np.empty(0, dtype=np.float32), final=True)
+                elif rest is not None:
+                    yield chunk(rest, final=False)
+        rows = [row for piece in pieces for row in piece.rows]
+        stops = {piece.stop for piece in pieces}
         stream.generated = np.stack(rows) if rows else np.empty((0, spec.channels), dtype=np.int64)
-        stream.codes = decoder.codes()
+        stream.codes = np.concatenate(codes) if codes else np.empty((0, spec.n_vq), dtype=np.int64)
         stream.report = TimingReport.from_clock(
             clock,
             seed=sampling.seed,
-            prompt_rows=prompt.shape[0],
-            max_new_tokens=max_steps,
+            prompt_rows=sum(piece.prompt.shape[0] for piece in pieces),
+            max_new_tokens=sum(piece.max_steps for piece in pieces),
             steps=len(rows),
             frames=stream.codes.shape[0],
             audio_seconds=emitted / spec.sampling_rate,
-            stop_reason=stop,
+            stop_reason=next(stop for stop in ("cancelled", "max_new_tokens", "end") if stop in stops),
         )
+
+    def _frames(
+        self, piece: _Piece, sampling: SamplingConfig, cancelled: Callable[[], bool], clock: StageClock
+    ) -> Iterator[np.ndarray | None]:
+        """Generate ``piece``: each frame as it completes, None for a gap (an all-pad frame).
+
+        Fills ``piece.rows`` as it goes and sets ``piece.stop`` at the end.
+        """
+        assert self.backbone is not None and self.embeddings is not None and self.heads is not None
+        spec = self.spec
+        state = DelayState(spec, piece.prompt)
+        sampler = Sampler(sampling, spec, piece.prompt)
+        frames = FrameAssembler(spec.n_vq, spec.audio_pad_code, capacity=piece.max_steps)
+        for row in generate_rows(
+            self.backbone, self.embeddings, self.heads, piece.prompt, state, sampler, piece.max_steps, cancelled, clock
+        ):
+            piece.rows.append(row)
+            frame = frames.push(row[1:])
+            if frame is not None:
+                yield None if frames.is_gap(frame) else frame
+        full = len(piece.rows) == piece.max_steps
+        piece.stop = "end" if state.is_stopping else "max_new_tokens" if full else "cancelled"
+
+    def _generate_staged(
+        self, generated: Iterator[Iterator[np.ndarray | None]], pieces: list[_Piece]
+    ) -> list[list[np.ndarray | None]]:
+        """Run the pieces' generation with the backbone loaded only meanwhile; their frames, in order."""
+        done: list[list[np.ndarray | None]] = []
+        with self._generation_stage():
+            for piece, frames in zip(pieces, generated, strict=False):
+                done.append(list(frames))
+                if piece.stop == "cancelled":
+                    break
+        return done
 
 
 def _flag(cancel: CancelFlag) -> Callable[[], bool]:

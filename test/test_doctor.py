@@ -1,0 +1,66 @@
+"""``doctor``: reports what is installed and usable, and fails on what a config needs but lacks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from moss_tts_node.config import load_config
+from moss_tts_node.doctor import diagnose
+
+
+def doctor(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "moss_tts_node", "doctor", *map(str, args)], capture_output=True, text=True, timeout=120
+    )
+
+
+def by_name(config: Path | None = None) -> dict[str, tuple[str, str]]:
+    return {check.what: (check.status, check.detail) for check in diagnose(config)}
+
+
+def test_reports_every_component_without_a_config() -> None:
+    checks = by_name()
+    for what in ("python", "numpy", "llama.cpp bridge", "llama.cpp GPU offload", "onnxruntime", "tensorrt"):
+        assert what in checks, what
+    assert checks["llama.cpp bridge"][0] == "ok"
+    assert checks["onnxruntime"][0] == "ok" and "CPUExecutionProvider" in checks["onnxruntime"][1]
+    assert checks["llama.cpp GPU offload"][1].startswith(("yes", "no"))
+    assert "cuda device" in checks  # a device, or the reason there is none
+
+
+def test_a_working_demo_config_passes(demo_config: Path) -> None:
+    done = doctor("--config", demo_config)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "[  ok] config" in done.stdout
+    assert "embeddings" in done.stdout and "33/33" in done.stdout
+    assert "codec (onnx)" in done.stdout and "encoder.onnx" in done.stdout
+
+
+def test_missing_weights_and_engines_fail_with_the_fix(demo_config: Path, tmp_path: Path) -> None:
+    weights = tmp_path / "weights"
+    for path in demo_config.parent.rglob("*"):
+        relative = path.relative_to(demo_config.parent)
+        if path.is_file() and relative != Path("embeddings/emb_ext_05.npy"):
+            (weights / relative).parent.mkdir(parents=True, exist_ok=True)
+            (weights / relative).symlink_to(path)
+    model = {
+        "weights_dir": str(weights),
+        "backbone_gguf": load_config(demo_config).model.backbone_gguf,
+        "engine_dir": str(tmp_path / "engines"),
+    }
+    config = tmp_path / "trt.yaml"
+    params = {"model": model, "llama": {"n_gpu_layers": 0}, "audio": {"backend": "tensorrt"}}
+    config.write_text(yaml.safe_dump({"moss_tts_node": {"ros__parameters": params}}))
+    checks = by_name(config)
+    assert checks["embeddings"] == ("FAIL", f"32/33 files in {weights}")
+    assert checks["codec engines"][0] == "FAIL" and "build-engines" in checks["codec engines"][1]
+    done = doctor("--config", config)
+    assert done.returncode == 1 and "embeddings" in done.stderr and "codec engines" in done.stderr
+
+
+def test_a_broken_config_is_reported_not_raised(tmp_path: Path) -> None:
+    assert by_name(tmp_path / "absent.yaml")["config"][0] == "FAIL"

@@ -1,0 +1,174 @@
+"""Nothing is too long: windowed codec calls, long texts split into pieces, low_memory staging."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moss_tts_node.audio_io import write_wav
+from moss_tts_node.codec import AudioCodec, OnnxCodec, frames_for_seconds, run_windowed
+from moss_tts_node.demo_codec import write_demo_codec
+from moss_tts_node.prompt import PromptFields
+from moss_tts_node.streaming import StreamingDecoder
+from moss_tts_node.synthesizer import Synthesizer
+
+SPF = AudioCodec.samples_per_frame
+LONG_TEXT = (
+    "The robot walks to the door. It opens the door slowly! Then it says hello to everyone in the room. "
+    "Finally, it sits down and waits. Nobody answers, so it tells a story about the sea. The end."
+)
+
+
+def causal_sum(frames: np.ndarray, reach: int = 3) -> np.ndarray:
+    """A causal 'graph': frame t's output is the sum of frames t-reach+1 .. t."""
+    padded = np.concatenate([np.zeros((reach - 1, *frames.shape[1:])), frames])
+    return np.stack([padded[t : t + reach].sum(axis=0) for t in range(frames.shape[0])])
+
+
+def test_frames_for_seconds_rounds_down_to_whole_frames() -> None:
+    assert frames_for_seconds(40) == 500
+    assert frames_for_seconds(2.2) == 27
+    assert frames_for_seconds(0.01) == 1
+
+
+@pytest.mark.parametrize(("total", "limit", "context"), [(50, 10, 4), (50, 10, None), (7, 10, 2), (31, 5, 2)])
+def test_windowed_run_equals_one_call_and_respects_the_limit(total: int, limit: int, context: int | None) -> None:
+    frames = np.random.default_rng(0).standard_normal((total, 3))
+    windows: list[int] = []
+
+    def graph(window: np.ndarray) -> np.ndarray:
+        windows.append(window.shape[0])
+        return causal_sum(window)
+
+    out = run_windowed(frames, limit, graph, context)
+    np.testing.assert_allclose(out, causal_sum(frames))  # context >= receptive field - 1
+    assert max(windows) <= limit and sum(windows) >= total
+    assert windows[0] == min(total, limit)  # the first window is used in full
+
+
+def test_windowed_run_refuses_a_context_that_leaves_no_room() -> None:
+    with pytest.raises(ValueError, match="context"):
+        run_windowed(np.zeros((20, 1)), 4, causal_sum, context=4)
+
+
+class CountingCodec(OnnxCodec):
+    """The ONNX codec, recording how many frames each graph call gets."""
+
+    calls: list[int]
+
+    def _decode(self, codes: np.ndarray) -> np.ndarray:
+        self.calls.append(codes.shape[0])
+        return super()._decode(codes)
+
+    def _encode(self, waveform: np.ndarray) -> np.ndarray:
+        self.calls.append(waveform.shape[0] // SPF)
+        return super()._encode(waveform)
+
+
+@pytest.fixture(scope="module")
+def codec_paths(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return write_demo_codec(tmp_path_factory.mktemp("codec"))
+
+
+def counting_codec(paths: tuple[Path, Path], max_frames: int | None) -> CountingCodec:
+    encoder, decoder = paths
+    codec = CountingCodec(decoder, encoder, provider="cpu", threads=1, max_frames=max_frames)
+    codec.calls = []
+    return codec
+
+
+def test_offline_decode_and_encode_longer_than_the_limit_are_windowed(codec_paths: tuple[Path, Path]) -> None:
+    rng = np.random.default_rng(1)
+    codes = rng.integers(0, 1024, size=(37, 32))
+    audio = (0.1 * rng.standard_normal(23 * SPF)).astype(np.float32)
+    whole, limited = counting_codec(codec_paths, None), counting_codec(codec_paths, 8)
+    np.testing.assert_allclose(limited.decode(codes), whole.decode(codes), atol=1e-6)
+    np.testing.assert_array_equal(limited.encode(audio), whole.encode(audio))
+    assert whole.calls == [37, 23]
+    assert max(limited.calls) == 8 and len(limited.calls) > 2
+
+
+def test_streaming_with_a_left_context_longer_than_the_limit_stays_within_it(codec_paths: tuple[Path, Path]) -> None:
+    codes = np.random.default_rng(2).integers(0, 1024, size=(40, 32))
+    codec = counting_codec(codec_paths, 6)
+    stream = StreamingDecoder(codec, chunk_frames=5, left_context=25)
+    pieces = [stream.push(frame) for frame in codes]
+    pieces.append(stream.end_segment())
+    audio = np.concatenate([piece for piece in pieces if piece is not None])
+    np.testing.assert_allclose(audio, counting_codec(codec_paths, None).decode(codes), atol=1e-6)
+    assert max(codec.calls) <= 6
+
+
+# -- long text -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_context(demo_config: Path) -> Iterator[Synthesizer]:
+    """The demo model with a context that holds about 55 text tokens of speech per piece."""
+    with Synthesizer.from_config_file(demo_config, {"llama.n_ctx": 384}) as synth:
+        yield synth
+
+
+def test_text_too_long_for_the_context_is_spoken_in_pieces_as_one_stream(small_context: Synthesizer) -> None:
+    stream = small_context.stream(LONG_TEXT, seed=3, max_new_tokens=60)
+    chunks = list(stream)
+    report, generated = stream.report, stream.generated
+    assert report is not None and generated is not None and stream.codes is not None
+    pieces = int(np.sum(generated[:, 0] == small_context.spec.im_end_token_id))
+    pieces += report.stop_reason == "max_new_tokens"  # a piece cut by the budget has no im_end
+    assert pieces >= 2
+    assert [chunk.index for chunk in chunks] == list(range(len(chunks)))
+    assert [chunk.is_final for chunk in chunks] == [False] * (len(chunks) - 1) + [True]
+    starts = np.cumsum([0] + [chunk.samples.shape[0] for chunk in chunks[:-1]]) / 24000
+    np.testing.assert_allclose([chunk.start_s for chunk in chunks], starts)
+    audio = np.concatenate([chunk.samples for chunk in chunks])
+    assert audio.shape[0] == stream.codes.shape[0] * SPF
+    assert report.steps == generated.shape[0] and report.frames == stream.codes.shape[0]
+    assert report.prompt_rows > stream.prompt.shape[0]  # every piece's prompt counted
+    assert stream.prompt.shape[0] + 60 <= small_context.n_ctx
+
+
+def test_each_piece_fits_the_context_and_ends_a_sentence(small_context: Synthesizer) -> None:
+    pieces = small_context._pieces(PromptFields(text=LONG_TEXT), [], max_new_tokens=1000)
+    assert len(pieces) >= 2
+    for piece in pieces:
+        assert piece.prompt.shape[0] + piece.max_steps <= small_context.n_ctx
+        text = small_context.prompts.tokenizer.decode(piece.prompt[:, 0].tolist())
+        assert re.search(r"[.!?]\s*</user_inst>", text), text
+    assert len(small_context._pieces(PromptFields(text="Hello."), [], max_new_tokens=1000)) == 1
+
+
+def test_a_cancelled_split_request_stops_at_once(small_context: Synthesizer) -> None:
+    steps = 0
+
+    def cancel_after_40() -> bool:
+        nonlocal steps
+        steps += 1
+        return steps > 40
+
+    stream = small_context.stream(LONG_TEXT, seed=3, max_new_tokens=60, cancel=cancel_after_40)
+    chunks = list(stream)
+    assert stream.cancelled and stream.report is not None and stream.report.steps == 40
+    assert not any(chunk.is_final for chunk in chunks)
+
+
+# -- low_memory ------------------------------------------------------------------------------
+
+
+def test_low_memory_loads_stages_in_turn_and_gives_the_same_speech(
+    demo_config: Path, synth: Synthesizer, tmp_path: Path
+) -> None:
+    with Synthesizer.from_config_file(demo_config, {"model.low_memory": True}) as staged:
+        assert staged.backbone is None and staged.codec is None  # nothing resident between requests
+        expected = synth.synthesize("Hello! I am a robot.", seed=4)
+        got = staged.synthesize("Hello! I am a robot.", seed=4)
+        np.testing.assert_array_equal(got.codes, expected.codes)
+        np.testing.assert_allclose(got.audio, expected.audio, atol=1e-5)
+        assert staged.backbone is None and staged.codec is None
+        clip = tmp_path / "voice.wav"
+        write_wav(clip, 0.3 * np.sin(2 * np.pi * 220 * np.arange(24000) / 24000), 24000)
+        np.testing.assert_array_equal(staged.encode_reference(clip), synth.encode_reference(clip))
