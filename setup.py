@@ -35,11 +35,12 @@ setup(
     extras_require={
         "demo": ["onnx"],
         "tensorrt": ["tensorrt", "pycuda"],
-        "test": ["pytest", "onnx", "ruff"],
+        "test": ["pytest", "onnx", "ruff", "safetensors"],
     },
     entry_points={
         "console_scripts": [
             f"moss_tts = {PACKAGE}.cli:main",
+            f"moss_tts_node = {PACKAGE}.ros_node:main",
         ],
     },
 )

@@ -9,7 +9,12 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-VENV="$(cd "${1:-$ROOT/.venv}" && pwd)"
+VENV="${1:-$ROOT/.venv}"
+if [[ ! -x "$VENV/bin/python" ]]; then
+    echo "error: no virtualenv at $VENV; create it and install requirements-ros.txt first" >&2
+    exit 1
+fi
+VENV="$(cd "$VENV" && pwd)"
 PY="$VENV/bin/python"
 SRC="$ROOT/moss_tts_msgs"
 BUILD="$ROOT/build/moss_tts_msgs"
@@ -21,10 +26,6 @@ fingerprint() {
         | sort -z | xargs -0 sha256sum) | sha256sum | cut -d' ' -f1
 }
 
-if [[ ! -x "$PY" ]]; then
-    echo "error: no Python at $PY; create the virtualenv and install requirements-ros.txt first" >&2
-    exit 1
-fi
 if ! "$PY" -c "import rclpy, rosidl_generator_py" 2>/dev/null; then
     echo "error: the ROS 2 wheels are not in $VENV: $PY -m pip install -r requirements-ros.txt" >&2
     exit 1

@@ -1,0 +1,199 @@
+"""The node's line of requests: one synthesis at a time on the model, the rest wait their turn.
+
+The model has one KV cache, so requests run one after another on a single worker thread. The
+line is bounded (a full line refuses new requests with the reason) and has a policy:
+
+- ``queue``: first in, first out;
+- ``interrupt``: a new request cancels the one being spoken and drops those waiting, so a robot
+  that changes its mind stops talking about the old thing at once.
+
+This module knows nothing of ROS, so the policy is tested without a middleware; the node
+decides what a job is and what running one means.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+POLICIES = ("queue", "interrupt")
+
+Job = TypeVar("Job")
+
+
+class Rejected(Exception):
+    """The line refused a request (full, or the node is shutting down); ``str()`` says why."""
+
+
+class State(enum.IntEnum):
+    """Where a ticket is; the values are those of the Speak feedback's ``STATE_*`` constants."""
+
+    QUEUED = 0
+    GENERATING = 1
+    DONE = 2
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a request ended: ``success``, or why not (bad request, cancelled, interrupted, aborted)."""
+
+    success: bool
+    message: str
+
+
+class Ticket(Generic[Job]):
+    """One request's place in line: its job, cancel flag, state and outcome.
+
+    ``cancel_flag`` is the flag the job checks while it runs (the synthesizer checks it every
+    generation step). ``on_update`` is called, from whichever thread made the change, when the
+    state, the position or the job's progress changes, so an action server can publish feedback
+    as it happens.
+    """
+
+    def __init__(
+        self, job: Job, cancel_flag: threading.Event, on_update: Callable[[Ticket[Job]], None] | None = None
+    ) -> None:
+        self.job = job
+        self.cancel_flag = cancel_flag
+        self.cancel_reason = ""
+        self.state = State.QUEUED
+        self.ahead = 0  # requests before this one, the one being generated included
+        self.outcome: Outcome | None = None
+        self._on_update = on_update
+        self._done = threading.Event()
+
+    def cancel(self, reason: str) -> None:
+        if not self.cancel_flag.is_set():
+            self.cancel_reason = reason
+            self.cancel_flag.set()
+
+    def updated(self) -> None:
+        if self._on_update is not None:
+            self._on_update(self)
+
+    def finish(self, outcome: Outcome) -> None:
+        self.outcome = outcome
+        self.state = State.DONE
+        self.ahead = 0
+        self.updated()  # before waking wait(), so a "done" feedback goes out before the result
+        self._done.set()
+
+    def wait(self, timeout: float | None = None) -> Outcome | None:
+        """The outcome once the request has ended; None if ``timeout`` passed first."""
+        self._done.wait(timeout)
+        return self.outcome
+
+
+class RequestQueue(Generic[Job]):
+    """Runs ``work(ticket)`` for one ticket at a time, in a worker thread, in line order.
+
+    ``work`` streams the job and returns its Outcome; it must check ``ticket.cancel_flag`` often
+    (the synthesizer does, every step). An exception from it ends that ticket as failed and the
+    queue keeps serving.
+    """
+
+    def __init__(self, work: Callable[[Ticket[Job]], Outcome], size: int, policy: str = "queue") -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"queue policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        self.size = size
+        self.policy = policy
+        self._work = work
+        self._waiting: deque[Ticket[Job]] = deque()
+        self._current: Ticket[Job] | None = None
+        self._closed: str | None = None  # the reason, once closed
+        self._lock = threading.Condition()
+        self._worker = threading.Thread(target=self._serve, name="synthesis", daemon=True)
+        self._worker.start()
+
+    @property
+    def depth(self) -> int:
+        """Requests waiting (the one being generated not included)."""
+        with self._lock:
+            return len(self._waiting)
+
+    @property
+    def busy(self) -> bool:
+        with self._lock:
+            return self._current is not None
+
+    def submit(self, ticket: Ticket[Job]) -> None:
+        """Put a ticket in line, or raise Rejected with the reason."""
+        with self._lock:
+            if self._closed is not None:
+                raise Rejected(self._closed)
+            if self.policy == "interrupt":
+                if self._current is not None:
+                    self._current.cancel("interrupted by a newer request (queue_policy interrupt)")
+                self._drop_waiting("dropped from the queue by a newer request (queue_policy interrupt)")
+            elif len(self._waiting) >= self.size:
+                raise Rejected(
+                    f"the queue is full: {len(self._waiting)} requests are waiting behind the one being "
+                    f"spoken (queue_size {self.size}); retry later, raise queue_size, or set queue_policy "
+                    "to interrupt"
+                )
+            self._waiting.append(ticket)
+            ticket.ahead = len(self._waiting) - 1 + (self._current is not None)
+            ticket.updated()
+            self._lock.notify()
+
+    def cancel(self, ticket: Ticket[Job], reason: str) -> None:
+        """Stop a ticket: a waiting one ends now, the one generating within one step."""
+        with self._lock:
+            if ticket in self._waiting:
+                self._waiting.remove(ticket)
+                ticket.finish(Outcome(False, reason))
+                self._renumber()
+            else:
+                ticket.cancel(reason)
+
+    def close(self, reason: str) -> None:
+        """Refuse new requests, end the waiting ones with ``reason``, cancel the current one, and
+        wait for the worker to stop (within one generation step)."""
+        with self._lock:
+            self._closed = reason
+            self._drop_waiting(reason)
+            if self._current is not None:
+                self._current.cancel(reason)
+            self._lock.notify()
+        self._worker.join()
+
+    # Tickets are updated with the lock held, so that each one's updates (and so an action's
+    # feedback) come in the order they happened; ``on_update`` must not wait on another thread.
+
+    def _drop_waiting(self, reason: str) -> None:
+        while self._waiting:
+            self._waiting.popleft().finish(Outcome(False, reason))
+
+    def _renumber(self) -> None:
+        running = self._current is not None
+        for index, ticket in enumerate(self._waiting):
+            if ticket.ahead != index + running:
+                ticket.ahead = index + running
+                ticket.updated()
+
+    def _serve(self) -> None:
+        while True:
+            with self._lock:
+                while not self._waiting and self._closed is None:
+                    self._lock.wait()
+                if self._closed is not None:
+                    return
+                ticket = self._current = self._waiting.popleft()
+                ticket.state = State.GENERATING
+                ticket.ahead = 0
+                ticket.updated()
+                self._renumber()
+            try:
+                outcome = self._work(ticket)
+            except Exception as exc:  # a failed request must not stop the node from serving
+                logging.getLogger(__name__).exception("synthesis failed")
+                outcome = Outcome(False, f"synthesis failed: {exc}")
+            with self._lock:
+                self._current = None
+                ticket.finish(outcome)
+                self._renumber()

@@ -1,0 +1,120 @@
+"""Run ROS processes of a test inside one loopback-only network namespace.
+
+DDS discovery multicasts, so no test process may start a ROS node on the machine's real
+network. A ``LoopbackNamespace`` is a fresh namespace holding only ``lo``, kept open by a
+sleeping process; the node and the client processes join it with ``nsenter`` so they can
+talk to each other and to nothing else. Needs root (``unshare -n``), as on the CI machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HELPERS = Path(__file__).resolve().parent
+CLIENT = HELPERS / "client.py"
+READY_LINE = "ready: model loaded"
+
+
+class LoopbackNamespace:
+    """A loopback-only network namespace with a ROS domain of its own; close() ends it."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self._holder = subprocess.Popen(
+            ["unshare", "-n", "sh", "-c", "ip link set lo up && echo up && exec sleep infinity"],
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        assert self._holder.stdout is not None
+        if self._holder.stdout.readline().strip() != "up":
+            self.close()
+            raise RuntimeError("could not create a loopback-only network namespace (unshare -n needs root)")
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir = log_dir
+        self.env = {
+            **os.environ,
+            "ROS_DOMAIN_ID": str(random.randint(1, 100)),
+            "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST",
+            "ROS_LOG_DIR": str(log_dir / "ros"),
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    def popen(self, argv: list[str], **kwargs: Any) -> subprocess.Popen[str]:
+        """Start a process inside the namespace."""
+        return subprocess.Popen(
+            ["nsenter", "-t", str(self._holder.pid), "-n", *argv], env=self.env, text=True, **kwargs
+        )
+
+    def client(self, command: str, timeout: float = 60.0, **args: Any) -> Any:
+        """Run one client.py command in the namespace and return its JSON answer."""
+        process = self.popen(
+            [sys.executable, str(CLIENT), command, json.dumps(args)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            out, err = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            out, err = process.communicate()
+            raise AssertionError(f"client {command} timed out after {timeout} s\n{err[-3000:]}") from None
+        if process.returncode != 0:
+            raise AssertionError(f"client {command} failed ({process.returncode}):\n{err[-3000:]}")
+        return json.loads(out.strip().splitlines()[-1])
+
+    def close(self) -> None:
+        if self._holder.poll() is None:
+            os.killpg(self._holder.pid, signal.SIGKILL)
+        self._holder.wait()
+
+
+class NodeProcess:
+    """``python -m moss_tts_node.ros_node`` in a namespace, its output kept in a log file."""
+
+    def __init__(self, netns: LoopbackNamespace, ros_args: list[str], name: str = "node", cwd: Path | None = None):
+        self.log = netns.log_dir / f"{name}.log"
+        self._log_file = self.log.open("w")
+        self.process = netns.popen(
+            [sys.executable, "-m", "moss_tts_node.ros_node", "--ros-args", *ros_args],
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            start_new_session=True,
+        )
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while READY_LINE not in self.output():
+            if self.process.poll() is not None:
+                raise AssertionError(f"the node exited with {self.process.returncode}:\n{self.output()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the node was not ready after {timeout} s:\n{self.output()}")
+            time.sleep(0.1)
+
+    def wait(self, timeout: float = 30.0) -> int:
+        try:
+            return self.process.wait(timeout)
+        finally:
+            self._log_file.close()
+
+    def stop(self, signum: int = signal.SIGINT, timeout: float = 30.0) -> int:
+        """Send ``signum`` and return the exit code; kills the process if it hangs."""
+        if self.process.poll() is None:
+            self.process.send_signal(signum)
+        try:
+            return self.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+            raise AssertionError(f"the node did not stop within {timeout} s:\n{self.output()}") from None

@@ -1,0 +1,81 @@
+"""Launch files: what they reference exists; each builds a LaunchDescription where ROS 2 launch is
+installed (it is not on PyPI, so here that part skips); launch_parameters reads params files.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+from ros_helpers import require_ros
+
+ROOT = Path(__file__).resolve().parent.parent
+LAUNCH_FILES = sorted((ROOT / "launch").glob("*.launch.py"))
+
+
+def test_the_launch_files_are_there() -> None:
+    expected = {"moss_tts.launch.py", "cpu_only.launch.py", "jetson_orin_agx.launch.py"}
+    assert expected <= {f.name for f in LAUNCH_FILES}
+
+
+@pytest.mark.parametrize("launch_file", LAUNCH_FILES, ids=lambda f: f.name)
+def test_what_a_launch_file_names_exists(launch_file: Path) -> None:
+    source = launch_file.read_text()
+    for config in re.findall(r'"(\w+\.yaml)"', source):
+        assert (ROOT / "config" / config).is_file(), config
+    for included in re.findall(r'"(\w+\.launch\.py)"', source):
+        assert (ROOT / "launch" / included).is_file(), included
+    scripts = {ep.name: ep.value for ep in entry_points(group="console_scripts")}
+    for executable in re.findall(r'executable="(\w+)"', source):
+        assert scripts.get(executable) == "moss_tts_node.ros_node:main", f"no console script {executable!r} (setup.py)"
+
+
+def test_the_node_entry_point_resolves() -> None:
+    require_ros()
+    from moss_tts_node import ros_node
+
+    assert callable(ros_node.main)
+
+
+@pytest.mark.parametrize("launch_file", LAUNCH_FILES, ids=lambda f: f.name)
+def test_a_launch_file_builds_a_launch_description(launch_file: Path) -> None:
+    try:  # the PyPI package named "launch" is unrelated; only ROS 2's has these
+        from launch import LaunchDescription
+        from launch_ros.actions import Node  # noqa: F401
+    except ImportError:
+        pytest.skip("ROS 2 launch is not installed (it is not on PyPI): install ros-<distro>-launch-ros")
+    spec = importlib.util.spec_from_file_location(launch_file.name.removesuffix(".py"), launch_file)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert isinstance(module.generate_launch_description(), LaunchDescription)
+
+
+def test_launch_parameters_flatten_the_node_section_and_anchor_relative_paths(tmp_path: Path) -> None:
+    require_ros()
+    from moss_tts_node.errors import ConfigError
+    from moss_tts_node.ros_node import launch_parameters
+
+    params = tmp_path / "robot" / "tts.yaml"
+    params.parent.mkdir()
+    params.write_text(
+        "moss_tts_node:\n"
+        "  ros__parameters:\n"
+        "    model: {weights_dir: ../models/gguf, codec_dir: /abs/codec}\n"
+        "    llama: {n_gpu_layers: -1}\n"
+        "    queue_policy: interrupt\n"
+    )
+    assert launch_parameters(params) == {
+        "model.weights_dir": str(tmp_path / "models" / "gguf"),
+        "model.codec_dir": "/abs/codec",
+        "llama.n_gpu_layers": -1,
+        "queue_policy": "interrupt",
+    }
+    with pytest.raises(ConfigError, match="config file not found"):
+        launch_parameters(tmp_path / "missing.yaml")
+    params.write_text("other_node:\n  ros__parameters: {}\n")
+    with pytest.raises(ConfigError, match="expected 'moss_tts_node:'"):
+        launch_parameters(params)

@@ -1,0 +1,314 @@
+"""moss_tts_node over real DDS, on the demo model: the node and its clients are separate
+processes in one loopback-only network namespace (ros_helpers/netns.py).
+
+One node serves the whole module (it loads in about a second); tests that change a
+parameter restore it. Long requests come from greedy text sampling
+(``sampling.text_temperature`` 0), with which the demo model never ends on its own and runs
+to ``generation.max_new_tokens``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from ros_helpers import require_ros
+from ros_helpers.netns import LoopbackNamespace, NodeProcess
+
+from moss_tts_node.config import load_config
+
+require_ros()
+
+SAMPLES_PER_FRAME = 1920
+RATE = 24000
+SUCCEEDED, CANCELED, ABORTED = 4, 5, 6  # action_msgs/GoalStatus
+QUEUED, GENERATING, DONE = 0, 1, 2  # Speak feedback states
+# With greedy text the demo model speaks until max_new_tokens: about ten seconds of generation,
+# more than a slow DDS discovery can take to deliver the first chunk. Tests cut these short.
+LONG = {"sampling.text_temperature": 0.0, "generation.max_new_tokens": 8000}
+FILE_SEED = 5
+
+
+def namespace(tmp_path: Path) -> LoopbackNamespace:
+    try:
+        return LoopbackNamespace(tmp_path)
+    except (RuntimeError, OSError) as err:
+        pytest.skip(f"no loopback-only network namespace here: {err}")
+
+
+@pytest.fixture(scope="module")
+def params_file(demo_config: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo config as a node params file: absolute paths, one llama thread, room for long
+    requests, and a seed to find."""
+    values: dict[str, Any] = load_config(demo_config).to_flat()
+    values |= {"llama.n_threads": 1, "llama.n_ctx": 8192, "sampling.seed": FILE_SEED}
+    nested: dict[str, Any] = {}
+    for key, value in values.items():
+        group, name = key.split(".")
+        nested.setdefault(group, {})[name] = value
+    path = tmp_path_factory.mktemp("params") / "node.yaml"
+    path.write_text(yaml.safe_dump({"moss_tts_node": {"ros__parameters": nested}}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def netns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackNamespace]:
+    ns = namespace(tmp_path_factory.mktemp("ros"))
+    yield ns
+    ns.close()
+
+
+@pytest.fixture(scope="module")
+def node(netns: LoopbackNamespace, params_file: Path) -> Iterator[NodeProcess]:
+    process = NodeProcess(
+        netns,
+        ["--params-file", str(params_file), "-p", "queue_size:=2", "-p", "languages:=[en, zh]"],
+    )
+    process.wait_ready()
+    yield process
+    process.stop()
+
+
+def chunks_of(answer: dict[str, Any], request_id: str) -> list[dict[str, Any]]:
+    return [c for c in answer["chunks"] if c["request_id"] == request_id]
+
+
+def assert_stream(chunks: list[dict[str, Any]], *, final: bool = True) -> None:
+    """Chunks of one utterance: in order, no gaps, each starting where the previous one ended."""
+    assert chunks
+    assert [c["index"] for c in chunks] == list(range(len(chunks)))
+    assert [c["is_final"] for c in chunks] == [False] * (len(chunks) - 1) + [final]
+    offset = 0.0
+    for chunk in chunks:
+        assert (chunk["sample_rate"], chunk["channels"], chunk["encoding"]) == (RATE, 1, "pcm_s16le")
+        assert chunk["start_offset"] == pytest.approx(offset)
+        offset += chunk["bytes"] / 2 / RATE
+
+
+def test_text_topic_streams_chunks_in_order(netns: LoopbackNamespace, node: NodeProcess) -> None:
+    """Two texts in a row: each streamed whole, one after the other, never interleaved."""
+    answer = netns.client("text", texts=["Hello there.", "And a second sentence."])
+    ids = list(dict.fromkeys(c["request_id"] for c in answer["chunks"]))  # in order of arrival
+    assert len(ids) == 2
+    first, second = (chunks_of(answer, request_id) for request_id in ids)
+    assert first[-1]["received"] <= second[0]["received"]
+    assert_stream(first)
+    assert_stream(second)
+
+
+@pytest.mark.parametrize(("encoding", "width"), [("pcm_s16le", 2), ("float32", 4)])
+def test_synthesize_returns_the_audio_of_every_frame(
+    netns: LoopbackNamespace, node: NodeProcess, encoding: str, width: int
+) -> None:
+    answer = netns.client(
+        "synthesize", requests=[{"text": "Hello there.", "seed": 1}], params={"output_encoding": encoding}
+    )
+    response = answer["responses"][0]
+    assert response["success"], response["message"]
+    timing = response["timing"]
+    assert timing["frames"] > 0 and timing["stop_reason"] == "end" and timing["seed"] == 1
+    assert response["bytes"] == timing["frames"] * SAMPLES_PER_FRAME * width
+    assert response["duration"] == pytest.approx(timing["frames"] * SAMPLES_PER_FRAME / RATE)
+    assert (response["sample_rate"], response["channels"], response["encoding"]) == (RATE, 1, encoding)
+    assert 0 < timing["time_to_first_audio"] <= timing["wall_time"] and timing["real_time_factor"] > 0
+
+
+def test_speak_gives_feedback_then_a_result(netns: LoopbackNamespace, node: NodeProcess) -> None:
+    answer = netns.client("speak", goals=[{"text": "Hello there.", "seed": 2}])
+    goal = answer["goals"][0]
+    assert goal["status"] == SUCCEEDED and goal["success"], goal["message"]
+    chunks = chunks_of(answer, goal["id"])
+    assert_stream(chunks)
+    feedback = goal["feedback"]
+    states = [f["state"] for f in feedback]
+    assert GENERATING in states and states == sorted(states) and states[-1] == DONE  # queued, generating, done
+    assert [f["chunks"] for f in feedback] == sorted(f["chunks"] for f in feedback)
+    assert feedback[-1]["chunks"] == len(chunks)
+    assert feedback[-1]["audio_produced"] == pytest.approx(goal["duration"])
+    assert goal["duration"] == pytest.approx(goal["timing"]["frames"] * SAMPLES_PER_FRAME / RATE)
+
+
+def test_cancel_stops_the_utterance_within_a_step(netns: LoopbackNamespace, node: NodeProcess) -> None:
+    answer = netns.client(
+        "speak",
+        goals=[{"text": "Hello there."}],
+        then={"goal": 0, "chunks": 2, "do": "cancel"},
+        params=LONG,
+    )
+    goal = answer["goals"][0]
+    assert goal["status"] == CANCELED and goal["message"] == "canceled by the client"
+    assert goal["timing"]["stop_reason"] == "cancelled"
+    assert goal["timing"]["steps"] < 8000  # it was still speaking: the chunks came as they were made
+    assert goal["result_received"] - goal["cancel_sent"] < 2.0  # a step takes milliseconds
+    assert_stream(chunks_of(answer, goal["id"]), final=False)
+
+
+def test_queue_policy_serves_in_order_and_refuses_when_full(netns: LoopbackNamespace, node: NodeProcess) -> None:
+    """queue_size is 2: one speaking, two waiting, the fourth refused with the reason."""
+    answer = netns.client(
+        "speak",
+        goals=[{"text": text} for text in ("one", "two", "three", "four")],
+        then={"goal": 0, "chunks": 1, "do": "cancel"},
+        params=LONG,
+    )
+    first, second, third, fourth = answer["goals"]
+    assert [g["accepted"] for g in answer["goals"]] == [True] * 4
+    assert first["status"] == CANCELED and GENERATING in {f["state"] for f in first["feedback"]}
+    for waiting, ahead in ((second, 1), (third, 2)):
+        assert (QUEUED, ahead) in {(f["state"], f["ahead"]) for f in waiting["feedback"]}
+        assert waiting["status"] == CANCELED and waiting["message"] == "canceled by the client"
+        assert GENERATING not in {f["state"] for f in waiting["feedback"]}
+    assert fourth["status"] == ABORTED and not fourth["success"]
+    assert "queue is full" in fourth["message"] and "queue_size 2" in fourth["message"]
+
+
+def test_interrupt_policy_cuts_the_current_utterance(netns: LoopbackNamespace, node: NodeProcess) -> None:
+    answer = netns.client(
+        "speak",
+        goals=[{"text": "first"}, {"text": "second", "wait_chunks": 1}],
+        then={"goal": 1, "chunks": 1, "do": "cancel"},
+        params={**LONG, "queue_policy": "interrupt"},
+    )
+    first, second = answer["goals"]
+    assert first["status"] == ABORTED and "interrupted by a newer request" in first["message"]
+    assert first["timing"]["stop_reason"] == "cancelled"
+    assert_stream(chunks_of(answer, first["id"]), final=False)
+    assert second["status"] == CANCELED
+    assert chunks_of(answer, second["id"])  # the newer request was spoken
+
+
+def test_bad_requests_are_answered_and_the_node_keeps_serving(netns: LoopbackNamespace, node: NodeProcess) -> None:
+    bad = [
+        ({"text": "   "}, "text is empty"),
+        ({"text": "Hello.", "language": "fr"}, "unknown language 'fr': this node accepts en, zh"),
+        ({"text": "Hello.", "reference_audio": "/nonexistent/voice.wav"}, "not found"),
+        ({"text": "Hello.", "instruction": "calm " * 10000}, "raise llama.n_ctx"),  # too long for the context
+    ]
+    answer = netns.client(
+        "synthesize", requests=[request for request, _ in bad] + [{"text": "Hello.", "language": "en"}]
+    )
+    *refused, served = answer["responses"]
+    for response, (_, reason) in zip(refused, bad, strict=True):
+        assert not response["success"] and reason in response["message"]
+        assert response["bytes"] == 0
+    assert served["success"], served["message"]
+    goal = netns.client("speak", goals=[{"text": ""}])["goals"][0]
+    assert goal["status"] == ABORTED and "text is empty" in goal["message"]
+    assert "request refused: the text is empty" in node.output()
+
+
+def test_parameters_come_from_the_file_and_the_command_line(
+    netns: LoopbackNamespace, node: NodeProcess, demo_config: Path
+) -> None:
+    names = ["sampling.seed", "model.weights_dir", "queue_size", "languages", "queue_policy"]
+    values = netns.client("params", get=names)["values"]
+    assert values == {
+        "sampling.seed": FILE_SEED,  # from the file
+        "model.weights_dir": str(demo_config.parent.resolve()),
+        "queue_size": 2,  # from the command line
+        "languages": ["en", "zh"],
+        "queue_policy": "queue",  # the default
+    }
+
+
+def test_bad_parameter_values_are_refused_with_the_reason(netns: LoopbackNamespace, node: NodeProcess) -> None:
+    answer = netns.client(
+        "params",
+        set=[
+            ["sampling.text_top_p", 2.0],
+            ["queue_policy", "lifo"],
+            ["sampling.text_temperature", "hot"],
+            ["llama.n_ctx", 1024],
+            ["sampling.text_temperature", 1],  # an int for a float, as in a config file
+            ["sampling.text_temperature", 1.5],
+        ],
+    )
+    verdicts = [(v["successful"], v["reason"]) for v in answer["set"]]
+    assert not verdicts[0][0] and "sampling.text_top_p" in verdicts[0][1]
+    assert verdicts[1] == (
+        False,
+        "moss_tts_node parameters: 'queue_policy' must be one of queue, interrupt, got 'lifo'",
+    )
+    assert verdicts[2] == (False, "moss_tts_node parameters: 'sampling.text_temperature' must be float, got str 'hot'")
+    assert not verdicts[3][0] and "read-only" in verdicts[3][1]
+    assert verdicts[4][0] and verdicts[5][0]
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("audio_common_msgs") is None,
+    reason="audio_common_msgs is not installed (it is not on PyPI): the node publishes ~/audio only",
+)
+def test_audio_common_topics_carry_the_same_audio_as_s16le(netns: LoopbackNamespace, node: NodeProcess) -> None:
+    answer = netns.client("audio_common", texts=["Hello there."])
+    pcm = [c["bytes"] for c in answer["chunks"] if c["bytes"]]  # the empty final chunk is not sent there
+    assert answer["raw"] == pcm and answer["stamped"] == pcm
+    assert answer["info"] == {
+        "channels": 1,
+        "sample_rate": RATE,
+        "sample_format": "S16LE",
+        "bitrate": RATE * 16,
+        "coding_format": "wave",
+    }
+
+
+def test_diagnostics_report_the_model_the_queue_and_the_last_request(
+    netns: LoopbackNamespace, node: NodeProcess
+) -> None:
+    netns.client("synthesize", requests=[{"text": "Hello there.", "seed": 1}])
+    status = netns.client("diagnostics")
+    values = status["values"]
+    assert status["level"] == 0 and status["message"] == "ready"
+    assert values["model_loaded"] == "true"
+    assert (values["queue_depth"], values["queue_size"], values["queue_policy"]) == ("0", "2", "queue")
+    assert float(values["last_real_time_factor"]) > 0
+    assert float(values["last_time_to_first_audio_s"]) > 0
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_shutdown_answers_every_request_and_exits_0(params_file: Path, tmp_path: Path, signum: int) -> None:
+    ns = namespace(tmp_path)
+    long = [f"{key}:={value}" for key, value in LONG.items()]
+    process = NodeProcess(ns, ["--params-file", str(params_file), "-p", long[0], "-p", long[1]])
+    try:
+        process.wait_ready()
+        answer = ns.client(
+            "speak",
+            goals=[{"text": "one"}, {"text": "two"}, {"text": "three"}],
+            then={"goal": 0, "chunks": 1, "do": signal.Signals(signum).name, "pid": process.process.pid},
+        )
+        assert process.wait() == 0, process.output()
+    finally:
+        process.stop()
+        ns.close()
+    for goal in answer["goals"]:
+        assert goal["status"] == ABORTED and goal["message"] == "the node is shutting down", (goal, process.output())
+    assert answer["goals"][0]["timing"]["stop_reason"] == "cancelled"
+    log = process.output()
+    assert "the node is shutting down" in log
+    assert "Traceback" not in log and "terminate called" not in log
+
+
+@pytest.mark.parametrize(
+    ("ros_args", "reason"),
+    [
+        (["-p", "llama.n_ctx:=10"], "llama.n_ctx out of range"),
+        (["-p", "model.weights_dir:=/nonexistent"], "'model.weights_dir' directory not found: /nonexistent"),
+        (["-p", "output_encoding:=mp3"], "'output_encoding' must be one of pcm_s16le, float32, got 'mp3'"),
+    ],
+)
+def test_bad_parameters_stop_the_node_at_startup(
+    params_file: Path, tmp_path: Path, ros_args: list[str], reason: str
+) -> None:
+    ns = namespace(tmp_path)
+    process = NodeProcess(ns, ["--params-file", str(params_file), *ros_args])
+    try:
+        assert process.wait() == 2
+    finally:
+        process.stop()
+        ns.close()
+    assert "cannot start" in process.output() and reason in process.output()
