@@ -5,8 +5,8 @@ Run by hand, not in CI. For each model (random weights of the real shape, built 
 loads the Synthesizer, warms up, synthesizes a fixed text with a fixed seed for ``--steps`` steps and
 reports:
 
-- prefill ms (the loop's own), and the same prompt prefilled by a separate llama.cpp process twice:
-  outputs for the last row only (what the bridge does) and for every row (the text head at every
+- prefill ms (the loop's own), and the same prompt prefilled by a separate llama.cpp process (best of 3
+  each): outputs for the last row only (what the bridge does) and for every row (the text head at every
   position, what llama.cpp does by default with embeddings on): the difference is what is saved;
 - steps/s and ms per step split into llama.cpp decode / heads / sampling and delay logic / codec / other;
 - the backbone-only limit: llama.cpp decoding the same rows in a tight loop (text head on, as llama.cpp
@@ -15,8 +15,10 @@ reports:
   chunk decode, real-time factor, and peak RSS against GGUF + fp16 embeddings and heads + KV + 500 MB.
 
 The codec is the tiny demo codec for bench models (the real codec's cost differs: measure it on the
-real weights with ``--config``). The workers run one at a time; the machine should be otherwise quiet,
-and the load average before and after each worker is recorded.
+real weights with ``--config``). The workers run one at a time; the machine should be otherwise quiet:
+the load average around each worker and the share of the CPU other processes took during it (from
+/proc/stat) are recorded. ``--ab-heads`` adds an interleaved comparison of the two fast heads paths
+(onnx heads with the text head skipped, and the heads inside the GGUF), robust to a drifting machine.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from .errors import MossTTSError
 
 BENCH_TEXT = "Hello! I am a robot, and this is my voice. It is a fine day to test speech synthesis on a small computer."
 HEADS_CHOICES = ("auto", "gguf", "onnx", "numpy")
@@ -101,7 +105,7 @@ def run_bench(args: argparse.Namespace) -> int:
                 check=False,
             )
             if proc.returncode != 0:
-                raise RuntimeError(f"bench ab worker failed:\n{proc.stderr[-4000:]}")
+                raise MossTTSError(f"bench ab worker failed:\n{proc.stderr[-4000:]}")
             print(proc.stdout.strip().splitlines()[-1], flush=True)
     for name, config in targets:
         for backend in heads:
@@ -153,7 +157,7 @@ def run_worker(job: dict[str, Any], command: list[str] | None = None) -> dict[st
             check=False,
         )
         if proc.returncode != 0:
-            raise RuntimeError(f"bench worker failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+            raise MossTTSError(f"bench worker failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
         result = json.loads(proc.stdout.strip().splitlines()[-1])
         if job["prefill_compare"]:
             result.update(prefill_compare(job, Path(tmp) / "prompt.npy", result))
