@@ -8,9 +8,27 @@ is all a reference needs.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
+from moss_tts_node.backbone import Backbone, BackboneParams
 from moss_tts_node.qwen3_gguf import Qwen3Shape
+
+
+def exact_backbone(gguf_path: Path) -> Backbone:
+    """llama.cpp set up to match this reference closely: CPU, F32 KV cache, flash attention off."""
+    params = BackboneParams(
+        gguf_path=gguf_path,
+        n_ctx=64,
+        n_batch=8,
+        n_threads=2,
+        n_gpu_layers=0,
+        kv_cache_type_k="f32",
+        kv_cache_type_v="f32",
+        flash_attn="off",
+    )
+    return Backbone(params)
 
 
 def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:

@@ -17,10 +17,9 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from qwen3_reference import qwen3_forward
+from qwen3_reference import exact_backbone, qwen3_forward
 
 from moss_tts_node import convert
-from moss_tts_node.backbone import Backbone, BackboneParams
 from moss_tts_node.cli import main
 from moss_tts_node.convert import (
     ConversionError,
@@ -87,18 +86,8 @@ def reference(checkpoint_dir: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 
 def _run_backbone(gguf_path: Path, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Hidden states and text logits of the last prefill row and of each decoded row."""
-    params = BackboneParams(
-        gguf_path=gguf_path,
-        n_ctx=64,
-        n_batch=8,
-        n_threads=2,
-        n_gpu_layers=0,
-        kv_cache_type_k="f32",
-        kv_cache_type_v="f32",
-        flash_attn="off",
-    )
     hidden, logits = [], []
-    with Backbone(params) as backbone:
+    with exact_backbone(gguf_path) as backbone:
         backbone.prefill(rows[:PREFILL])
         hidden.append(backbone.hidden().copy())
         logits.append(backbone.text_logits().copy())

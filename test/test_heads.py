@@ -7,8 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from qwen3_reference import exact_backbone
 
-from moss_tts_node.backbone import Backbone, BackboneParams
+from moss_tts_node.backbone import Backbone
 from moss_tts_node.delay import TextRule
 from moss_tts_node.errors import BridgeError, WeightsError
 from moss_tts_node.model_spec import ModelSpec
@@ -55,24 +56,9 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     return {"root": root, "plain": plain, "carrying": carrying, "heads": heads, "tensors": tensors}
 
 
-def _backbone(path: Path) -> Backbone:
-    return Backbone(
-        BackboneParams(
-            gguf_path=path,
-            n_ctx=64,
-            n_batch=8,
-            n_threads=2,
-            n_gpu_layers=0,
-            kv_cache_type_k="f32",
-            kv_cache_type_v="f32",
-            flash_attn="off",
-        )
-    )
-
-
 @pytest.fixture(scope="module")
 def plain_backbone(model: dict[str, object]) -> Iterator[Backbone]:
-    with _backbone(model["plain"]) as backbone:  # type: ignore[arg-type]
+    with exact_backbone(model["plain"]) as backbone:  # type: ignore[arg-type]
         yield backbone
 
 
@@ -117,7 +103,7 @@ def test_gguf_heads_come_out_of_llama_cpp(model: dict[str, object], plain_backbo
     info = GgufHeadsInfo(model["carrying"])  # type: ignore[arg-type]
     assert (info.audio_heads, info.text_vocab) == (SPEC.n_vq, SHAPE.vocab)
     info.close()
-    with _backbone(model["carrying"]) as backbone:  # type: ignore[arg-type]
+    with exact_backbone(model["carrying"]) as backbone:  # type: ignore[arg-type]
         assert backbone.n_vocab == SHAPE.vocab + SPEC.n_vq * SPEC.audio_rows
         hidden = _decode_some(backbone, seed=2)
         heads = load_audio_heads("gguf", model["root"] / "lm_heads", SPEC, SHAPE.hidden, model["carrying"])  # type: ignore[operator]
