@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
+from .convert import quantize_gguf
 from .demo_codec import write_demo_codec
 from .demo_weights import SPECIAL_TOKENS, train_tokenizer
 from .errors import MossTTSError
@@ -38,7 +39,6 @@ from .qwen3_gguf import Qwen3Shape, qwen3_tensor_shapes, write_qwen3_gguf
 TEXT_VOCAB = 155_648
 GGUF_NAME = "MOSS_TTS_Q4_K_M.gguf"
 HEADS_GGUF_NAME = "MOSS_TTS_Q4_K_M_heads.gguf"  # the same, with the audio heads in output.weight
-LLAMA_FTYPE_MOSTLY_Q4_K_M = 15
 FORMAT_VERSION = 1  # bump when the files a bench model holds change
 
 BENCH_SHAPES: dict[str, Qwen3Shape] = {
@@ -143,7 +143,12 @@ def build_bench_model(directory: Path, shape: Qwen3Shape, name: str, threads: in
     try:
         log(f"[{name}] quantizing to Q4_K_M with llama.cpp ({threads} threads)")
         t0 = time.perf_counter()
-        quantize_gguf(f16_path, directory / GGUF_NAME, LLAMA_FTYPE_MOSTLY_Q4_K_M, threads)
+        partial = directory / f".{GGUF_NAME}.partial"  # a killed build leaves no GGUF that looks complete
+        try:
+            quantize_gguf(f16_path, partial, "Q4_K_M", threads)
+            os.replace(partial, directory / GGUF_NAME)
+        finally:
+            partial.unlink(missing_ok=True)
         log(f"[{name}]   quantized in {time.perf_counter() - t0:.0f} s")
     finally:
         f16_path.unlink(missing_ok=True)
@@ -164,22 +169,6 @@ def ensure_heads_gguf(name: str, log: Log = print) -> Path:
         append_audio_heads_to_gguf(source, directory / "lm_heads", target)
         log(f"[{name}]   written in {time.perf_counter() - t0:.0f} s")
     return target
-
-
-def quantize_gguf(source: Path, target: Path, ftype: int, threads: int) -> None:
-    """llama.cpp's quantizer, through the bridge (written to a temporary name, then renamed)."""
-    from .bridge_build import load_bridge_library
-
-    lib = load_bridge_library()
-    partial = target.with_name(f".{target.name}.partial")
-    try:
-        status = lib.moss_bridge_quantize(str(source).encode(), str(partial).encode(), ftype, threads)
-        if status != 0:
-            detail = lib.moss_bridge_last_error(None).decode(errors="replace")
-            raise MossTTSError(f"quantizing {source} failed: {detail}")
-        os.replace(partial, target)
-    finally:
-        partial.unlink(missing_ok=True)
 
 
 def write_padded_tokenizer(directory: Path, spec: ModelSpec) -> Tokenizer:
