@@ -158,7 +158,7 @@ def build_bench_model(directory: Path, shape: Qwen3Shape, name: str, threads: in
 
 def ensure_heads_gguf(name: str, log: Log = print) -> Path:
     """The bench model's GGUF with the 32 audio heads appended to its output matrix (heads_backend gguf)."""
-    from .weights import append_audio_heads_to_gguf
+    from .heads_gguf import append_audio_heads_to_gguf
 
     directory = bench_model_dir(name)
     target = directory / HEADS_GGUF_NAME

@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Commands that live in their own modules: each has ``register(commands)``, which adds its
 # subparser and sets ``run``, and keeps heavy imports inside ``run`` so `--help` stays fast.
-EXTRA_COMMAND_MODULES: tuple[str, ...] = ("convert", "bench", "engines", "doctor")
+EXTRA_COMMAND_MODULES: tuple[str, ...] = ("convert", "heads_gguf", "bench", "engines", "doctor")
 
 
 def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:

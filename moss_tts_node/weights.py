@@ -8,7 +8,7 @@ The audio heads (32 x 1025 x H: 0.27 GB as float16 at the real shape, read in fu
 one of three backends, ``heads_backend``:
 
 - ``gguf``: inside llama.cpp's graph. The GGUF's output matrix carries the 32 heads after the text
-  vocabulary (``append_audio_heads_to_gguf`` makes such a file; the metadata key ``moss_tts.audio_heads``
+  vocabulary (``python -m moss_tts_node attach-heads`` makes such a file; the metadata key ``moss_tts.audio_heads``
   marks it), so they are quantized with the model, computed by llama.cpp's threads, and on the GPU when
   the layers are. The text head runs every step.
 - ``onnx``: one 8-bit block-quantized GEMV (ONNX Runtime ``MatMulNBits``, blocks of 32, 0.14 GB),
@@ -325,7 +325,7 @@ class NumpyAudioHeads(AudioHeads):
         super().__init__(spec, text_ids, text_rows)
         rows = spec.audio_rows
         self.weights = np.empty((hidden, spec.n_vq * rows), dtype=np.float32)
-        for k, head in enumerate(_read_heads(heads_dir, spec, hidden)):
+        for k, head in enumerate(read_heads(heads_dir, spec, hidden)):
             self.weights[:, k * rows : (k + 1) * rows] = head.T
         self._flat = self._logits.reshape(-1)
 
@@ -363,7 +363,7 @@ class OnnxAudioHeads(AudioHeads):
         if hidden % ONNX_HEADS_BLOCK:
             raise WeightsError(f"the onnx heads need a hidden size divisible by {ONNX_HEADS_BLOCK}, got {hidden}")
         n = spec.n_vq * spec.audio_rows
-        self._q8 = quantize_heads_q8(_read_heads(heads_dir, spec, hidden), n, hidden)  # ORT reads these in place
+        self._q8 = quantize_heads_q8(read_heads(heads_dir, spec, hidden), n, hidden)  # ORT reads these in place
         self._session = _heads_session(self._q8, threads, providers)
         # Bound once: each step writes the hidden state in place and ORT writes the logits in place.
         self._input = np.zeros((1, hidden), dtype=np.float32)
@@ -457,7 +457,7 @@ def _external_stub(name: str, array: np.ndarray, data_type: int) -> Any:
     return tensor
 
 
-def _read_heads(heads_dir: Path, spec: ModelSpec, hidden: int) -> Iterator[np.ndarray]:
+def read_heads(heads_dir: Path, spec: ModelSpec, hidden: int) -> Iterator[np.ndarray]:
     """The 32 float16 heads, one at a time (memory-mapped)."""
     heads_dir = Path(heads_dir)
     for k in range(spec.n_vq):
@@ -522,7 +522,7 @@ def _load_audio_heads(
         if not carried or gguf.text_vocab is None:
             raise WeightsError(
                 f"heads_backend 'gguf' needs a GGUF that carries the audio heads, and {gguf.path} does not "
-                f"(no '{GGUF_AUDIO_HEADS_KEY}' key); make one with weights.append_audio_heads_to_gguf, or "
+                f"(no '{GGUF_AUDIO_HEADS_KEY}' key); make one with `python -m moss_tts_node attach-heads`, or "
                 "use 'auto', 'onnx' or 'numpy'"
             )
         return GgufAudioHeads(spec, gguf.text_vocab)
@@ -533,106 +533,3 @@ def _load_audio_heads(
     if backend == "numpy":
         return NumpyAudioHeads(heads_dir, spec, hidden, text_ids, text_rows)
     return OnnxAudioHeads(heads_dir, spec, hidden, text_ids, text_rows, threads=threads, providers=providers)
-
-
-# ---- making a GGUF that carries the heads ------------------------------------------------------------
-
-
-def append_audio_heads_to_gguf(source: Path, heads_dir: Path, target: Path, spec: ModelSpec | None = None) -> None:
-    """Copy the backbone GGUF ``source`` to ``target`` with the 32 audio heads appended to its output matrix.
-
-    The heads are quantized to the output matrix's own type with ggml's quantizer; the token embedding
-    table gets as many zero rows (llama.cpp wants both at the vocabulary size), which are never read (the
-    loop feeds embeddings). ``moss_tts.audio_heads`` / ``moss_tts.text_vocab`` mark the file for ``auto``.
-    Written to a temporary name and renamed.
-    """
-    import gguf
-
-    spec = spec or ModelSpec()
-    reader = gguf.GGUFReader(str(source))
-    if GGUF_AUDIO_HEADS_KEY in reader.fields:
-        raise WeightsError(f"{source} already carries the audio heads")
-    arch = str(reader.fields["general.architecture"].contents())
-    tensors = {t.name: t for t in reader.tensors}
-    if "output.weight" not in tensors:
-        raise WeightsError(f"{source} has no output.weight (tied embeddings): the heads have nothing to join")
-    hidden = int(tensors["output.weight"].shape[0])
-    text_vocab = int(tensors["output.weight"].shape[1])
-    extra = spec.n_vq * spec.audio_rows
-
-    writer = gguf.GGUFWriter(None, arch)
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue
-        value = field.contents()
-        sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        if key == f"{arch}.vocab_size":
-            value = text_vocab + extra
-        elif key == "tokenizer.ggml.tokens":
-            value = list(value) + [f"<|moss_audio_{i // spec.audio_rows}_{i % spec.audio_rows}|>" for i in range(extra)]
-        elif key == "tokenizer.ggml.token_type":
-            value = list(value) + [int(gguf.TokenType.UNUSED)] * extra
-        elif key == "tokenizer.ggml.scores":
-            value = list(value) + [0.0] * extra
-        writer.add_key_value(key, value, field.types[0], sub_type=sub_type)
-    writer.add_uint32(GGUF_AUDIO_HEADS_KEY, spec.n_vq)
-    writer.add_uint32(GGUF_TEXT_VOCAB_KEY, text_vocab)
-
-    for tensor in reader.tensors:
-        qtype = gguf.GGMLQuantizationType(tensor.tensor_type)
-        data = np.asarray(tensor.data)
-        if tensor.name in ("output.weight", "token_embd.weight"):
-            if tensor.name == "output.weight":
-                heads = np.concatenate(list(_read_heads(heads_dir, spec, hidden))).astype(np.float32)
-            else:
-                heads = np.zeros((extra, hidden), dtype=np.float32)
-            data = np.concatenate([data, _quantize_rows(heads, qtype)])
-        writer.add_tensor(tensor.name, data, raw_dtype=qtype)
-
-    target = Path(target)
-    partial = target.with_name(f".{target.name}.partial")
-    try:
-        writer.write_header_to_file(partial)
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        partial.replace(target)
-    finally:
-        partial.unlink(missing_ok=True)
-
-
-def _quantize_rows(rows: np.ndarray, qtype: Any) -> np.ndarray:
-    """float32 (n, H) rows in GGML type ``qtype``, as GGUFReader hands such rows out (F32/F16 typed, the
-    quantized types as (n, bytes per row) uint8),
-    quantized by ggml itself (through llama-cpp-python's libggml-base), so the rows are bit-identical to
-    what llama.cpp's quantizer would write."""
-    import ctypes
-
-    import gguf
-
-    from .bridge_build import llama_cpp_paths
-
-    if qtype == gguf.GGMLQuantizationType.F32:  # GGUFReader hands these out typed, not as bytes
-        return rows.astype(np.float32)
-    if qtype == gguf.GGMLQuantizationType.F16:
-        return rows.astype(np.float16)
-    _, libdir = llama_cpp_paths()
-    ggml = ctypes.CDLL(str(libdir / "libggml-base.so"))
-    ggml.ggml_quantize_chunk.restype = ctypes.c_size_t
-    ggml.ggml_quantize_chunk.argtypes = [
-        ctypes.c_int,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_int64,
-        ctypes.c_int64,
-        ctypes.c_int64,
-        ctypes.c_void_p,
-    ]
-    block, type_size = gguf.GGML_QUANT_SIZES[qtype]
-    n, hidden = rows.shape
-    src = np.ascontiguousarray(rows, dtype=np.float32)
-    out = np.empty((n, hidden // block * type_size), dtype=np.uint8)
-    written = ggml.ggml_quantize_chunk(int(qtype), src.ctypes.data, out.ctypes.data, 0, n, hidden, None)
-    if written != out.nbytes:
-        raise WeightsError(f"ggml quantized {written} bytes, expected {out.nbytes}")
-    return out

@@ -78,6 +78,8 @@ def test_missing_files_are_named(tmp_path: Path, demo_config: Path) -> None:
         load_config(write(tmp_path, "    llama:\n      n_ctx: 512\n"))
     with pytest.raises(ConfigError, match=r"'model\.backbone_gguf' file not found: .*nope\.gguf"):
         load_config(demo_config, overrides={"model.backbone_gguf": "nope.gguf"})
+    with pytest.raises(ConfigError, match=r"make it with: python -m moss_tts_node attach-heads .* --gguf M\.gguf\)"):
+        load_config(demo_config, overrides={"model.backbone_gguf": "M_audio_heads.gguf"})
     with pytest.raises(ConfigError, match=r"'generation\.reference_audio' file not found"):
         load_config(demo_config, overrides={"generation.reference_audio": str(tmp_path / "voice.wav")})
 

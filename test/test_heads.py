@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,13 +14,13 @@ from qwen3_reference import exact_backbone
 from moss_tts_node.backbone import Backbone
 from moss_tts_node.delay import TextRule
 from moss_tts_node.errors import BridgeError, WeightsError
+from moss_tts_node.heads_gguf import append_audio_heads_to_gguf
 from moss_tts_node.model_spec import ModelSpec
 from moss_tts_node.qwen3_gguf import Qwen3Shape, random_qwen3_tensors, write_qwen3_gguf
 from moss_tts_node.weights import (
     GgufHeadsInfo,
     NumpyAudioHeads,
     OnnxAudioHeads,
-    append_audio_heads_to_gguf,
     load_audio_heads,
 )
 
@@ -223,3 +225,35 @@ def test_fast_audio_sampling_draws_what_the_general_path_draws() -> None:
         expected = sample_rows(scaled, config.audio_top_k, config.audio_top_p, general)
         np.testing.assert_array_equal(codes[channels], expected)
         assert (codes[~channels] == spec.audio_pad_code).all()
+
+
+def test_attach_heads_command_writes_the_carrying_gguf_and_refuses_what_it_cannot_do(
+    model: dict[str, object], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from moss_tts_node.cli import main
+
+    root = model["root"]
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    assert main(["attach-heads", str(weights)]) == 2
+    assert "lm_heads not found" in capsys.readouterr().err
+    (weights / "lm_heads").symlink_to(root / "lm_heads")  # type: ignore[operator]
+    (weights / "model.gguf").write_bytes(model["plain"].read_bytes())  # type: ignore[attr-defined]
+    (weights / "config.json").write_text(
+        json.dumps({f.name: getattr(SPEC, f.name) for f in dataclasses.fields(SPEC)}), encoding="utf-8"
+    )
+
+    assert main(["attach-heads", str(weights)]) == 0
+    target = weights / "model_audio_heads.gguf"
+    assert "model.backbone_gguf: model_audio_heads.gguf" in capsys.readouterr().out
+    assert target.read_bytes() == model["carrying"].read_bytes()  # type: ignore[attr-defined]
+
+    assert main(["attach-heads", str(weights)]) == 2  # the only plain GGUF's target exists now
+    assert "pass --force" in capsys.readouterr().err
+    assert main(["attach-heads", str(weights), "--gguf", target.name, "--output", "x.gguf"]) == 2
+    assert "already carries" in capsys.readouterr().err
+    (weights / "other.gguf").write_bytes(model["plain"].read_bytes())  # type: ignore[attr-defined]
+    assert main(["attach-heads", str(weights)]) == 2
+    assert "2 GGUF files without the audio heads (model.gguf, other.gguf)" in capsys.readouterr().err
+    assert main(["attach-heads", str(weights), "--gguf", "other.gguf", "--output", "other.gguf"]) == 2
+    assert "is the source GGUF itself" in capsys.readouterr().err
