@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Build llama.cpp with CUDA from llama-cpp-python's vendored source, link the bridge against it, and run
+# Build llama.cpp with CUDA from llama-cpp-python's vendored source, link the bridge against it, run
+# scripts/llama_gpu_smoke.c (the bridge without Python, n_gpu_layers 0 and -1), then
 # scripts/llama_gpu_check.py (hidden states GPU vs CPU vs a NumPy reference, step timings, a synthesis).
+# A crash leaves a native backtrace and the mapped libraries (gdb or cuda-gdb), and the Python check is
+# retried once with the system libstdc++ preloaded.
 #
 # Usage, on a machine with an NVIDIA GPU, nvcc and cmake, from the repository root:
 #   bash scripts/llama_gpu_check.sh LLAMA_SRC.tar.gz [WHEEL_DIR] [OUT_DIR]
@@ -38,12 +41,48 @@ echo "llama.cpp CUDA build: $(( $(date +%s) - start )) s"
 lib=$(dirname "$(find "$build/out" -name 'libllama.so' | head -n1)")
 cc -O2 -shared -fPIC bridge/moss_bridge.c -I"$build/src/include" -I"$build/src/ggml/include" \
   -L"$lib" -lllama -Wl,-rpath,"$lib" -o "$build/libmoss_bridge.so"
-ldd "$lib/libggml-cuda.so" | grep -E "cublas|cudart|nccl" || true
+ldd "$lib/libggml-cuda.so" | grep -E "cublas|cudart|nccl|stdc\+\+" || true
 export MOSS_TTS_BRIDGE_LIB="$build/libmoss_bridge.so"
-if command -v cuda-gdb >/dev/null && [ -n "${DEBUG_CRASH:-}" ]; then
-  # A crash inside llama.cpp/CUDA then leaves a native backtrace instead of "Segmentation fault".
-  cuda-gdb -q -batch -ex "set pagination off" -ex run -ex bt --args "$python" scripts/llama_gpu_check.py 2>&1 |
-    tee "$out/report.txt"
-else
-  "$python" scripts/llama_gpu_check.py | tee "$out/report.json"
+
+# Native backtrace and the libraries mapped (two libstdc++ copies?) when a command crashes.
+crash_report() {
+  if command -v gdb >/dev/null; then
+    gdb -q -batch -ex "set pagination off" -ex run -ex bt -ex "info sharedlibrary" --args "$@" 2>&1 | tail -80
+  elif command -v cuda-gdb >/dev/null; then
+    cuda-gdb -q -batch -ex "set pagination off" -ex run -ex bt -ex "info sharedlibrary" --args "$@" 2>&1 | tail -80
+  else
+    echo "no gdb: no backtrace"
+  fi
+}
+
+# 1. No Python in the process: the bridge alone, all layers on the CPU, then on the GPU.
+cc -O2 scripts/llama_gpu_smoke.c -Ibridge -L"$build" -lmoss_bridge -Wl,-rpath,"$build" -Wl,-rpath,"$lib" \
+  -o "$build/llama_gpu_smoke"
+"$python" -c 'import sys; from pathlib import Path; sys.path.insert(0, "."); \
+from moss_tts_node.qwen3_gguf import Qwen3Shape, random_qwen3_tensors, write_qwen3_gguf; \
+s = Qwen3Shape(hidden=256, layers=4, heads=8, kv_heads=4, head_dim=32, ffn=512, vocab=1000); \
+write_qwen3_gguf(Path(sys.argv[1]), s, random_qwen3_tensors(s, seed=1).items(), dtype="f32")' "$build/tiny.gguf"
+for ngl in 0 -1; do
+  if ! "$build/llama_gpu_smoke" "$build/tiny.gguf" "$ngl" 2>&1 | tee -a "$out/smoke.txt"; then
+    echo "smoke n_gpu_layers=$ngl failed" | tee -a "$out/smoke.txt"
+    crash_report "$build/llama_gpu_smoke" "$build/tiny.gguf" "$ngl" | tee -a "$out/smoke.txt"
+  fi
+done
+
+# 2. From Python. libstdc++ copies the interpreter maps before llama.cpp loads, for a crash's post-mortem.
+"$python" -c 'import numpy, onnxruntime; print("".join(sorted({l.split()[-1] + "\n" for l in open("/proc/self/maps") if "libstdc++" in l})), end="")' \
+  2>&1 | tee "$out/python_libstdcxx.txt"
+set +e  # a failing check is reported, not the end of the script
+"$python" scripts/llama_gpu_check.py | tee "$out/report.json"
+status=${PIPESTATUS[0]}
+if [ "$status" -gt 128 ]; then  # killed by a signal: a backtrace, then once more with the system libstdc++ first
+  echo "python check died with signal $((status - 128))" | tee -a "$out/report.json"
+  SKIP_SPEED=1 crash_report "$python" scripts/llama_gpu_check.py | tee "$out/crash.txt"
+  system_cxx=$(ldconfig -p | awk '/libstdc\+\+\.so\.6 .*x86-64|libstdc\+\+\.so\.6 .*AArch64/ {print $NF; exit}')
+  if [ -n "$system_cxx" ]; then
+    echo "again with LD_PRELOAD=$system_cxx" | tee -a "$out/report.json"
+    LD_PRELOAD=$system_cxx "$python" scripts/llama_gpu_check.py | tee -a "$out/report.json"
+    status=${PIPESTATUS[0]}
+  fi
 fi
+exit "$status"
