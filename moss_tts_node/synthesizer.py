@@ -15,7 +15,7 @@ import secrets
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,18 +30,15 @@ from .errors import Cancelled, RequestError
 from .generation import generate_rows
 from .model_spec import ModelSpec
 from .normalize import normalize_text
+from .pieces import Piece, PiecePlanner
 from .prompt import PromptBuilder, PromptFields
 from .sampling import Sampler
 from .streaming import FrameAssembler, StreamingDecoder
-from .text_split import split_text
 from .timing import StageClock, TimingReport
 from .weights import AudioHeads, EmbeddingTables, load_audio_heads
 
 CancelFlag = threading.Event | Callable[[], bool] | None
 Reference = str | Path | np.ndarray | None
-# Speech frames (80 ms) per text token, to plan how much of the context a text will need:
-# about 3 in English and Chinese at a normal pace; 4 leaves room for slow speech.
-FRAMES_PER_TEXT_TOKEN = 4
 
 
 @dataclass(frozen=True)
@@ -89,16 +86,6 @@ class AudioStream:
         return self.report is not None and self.report.stop_reason == "cancelled"
 
 
-@dataclass
-class _Piece:
-    """One part of a request's text: its prompt and step budget, then what generating it produced."""
-
-    prompt: np.ndarray
-    max_steps: int
-    rows: list[np.ndarray] = field(default_factory=list)
-    stop: str = ""  # once generated: "end", "max_new_tokens" or "cancelled"
-
-
 class Synthesizer:
     """One loaded model; one synthesis at a time (the backbone's KV cache is shared).
 
@@ -120,6 +107,7 @@ class Synthesizer:
         self._load_generation()
         assert self.backbone is not None
         self.n_ctx = self.backbone.n_ctx  # what llama.cpp made of llama.n_ctx (it rounds up)
+        self.planner = PiecePlanner(self.prompts, self.spec, self.n_ctx, config.audio.max_codec_seconds)
         if config.model.low_memory:
             self._unload_generation()
             open_codec(config).close()
@@ -269,7 +257,7 @@ class Synthesizer:
             quality=quality if quality is not None else gen.quality or None,
             tokens=tokens,
         )
-        pieces = self._pieces(fields, self._voice(reference), max_new_tokens or gen.max_new_tokens)
+        pieces = self.planner.plan(fields, self._voice(reference), max_new_tokens or gen.max_new_tokens)
         sampling = sampling or self.config.sampling
         seed = seed if seed is not None and seed >= 0 else sampling.seed
         if seed < 0:
@@ -303,44 +291,8 @@ class Synthesizer:
                 raise RequestError("the text is empty after normalization (only markup or control characters)")
         return text
 
-    def _pieces(self, fields: PromptFields, voice: list[np.ndarray], max_new_tokens: int) -> list[_Piece]:
-        """The request as one piece, or split at sentence boundaries when its speech would not fit.
-
-        A piece of t text tokens takes t prompt rows and about t * FRAMES_PER_TEXT_TOKEN
-        generated frames (or its share of ``fields.tokens``) plus the 32-step ramp-up, all
-        inside n_ctx; and its audio should fit one codec window (audio.max_codec_seconds).
-        """
-        prompt = self.prompts.build(fields, voice)
-        text_tokens = self._count_tokens(fields.text)
-        per_token = fields.tokens / text_tokens if fields.tokens else FRAMES_PER_TEXT_TOKEN
-        other_rows = prompt.shape[0] - text_tokens
-        codec_frames = frames_for_seconds(self.config.audio.max_codec_seconds)
-        limit = int(min((self.n_ctx - other_rows - self.spec.n_vq) / (1 + per_token), codec_frames / per_token))
-        if text_tokens <= limit or limit < 1:  # fits, or cannot fit even split: _step_budget says why
-            return [_Piece(prompt, self._step_budget(prompt, max_new_tokens))]
-        pieces = []
-        for text in split_text(fields.text, limit, self._count_tokens):
-            share = max(1, round(fields.tokens * self._count_tokens(text) / text_tokens)) if fields.tokens else None
-            piece_prompt = self.prompts.build(replace(fields, text=text, tokens=share), voice)
-            pieces.append(_Piece(piece_prompt, self._step_budget(piece_prompt, max_new_tokens)))
-        return pieces
-
-    def _count_tokens(self, text: str) -> int:
-        return len(self.prompts.tokenizer.encode(text, add_special_tokens=False).ids)
-
-    def _step_budget(self, prompt: np.ndarray, requested: int) -> int:
-        room = self.n_ctx - prompt.shape[0]
-        needed = self.spec.n_vq + 1  # the ramp-up plus one complete frame
-        if room < needed:
-            raise RequestError(
-                f"the prompt takes {prompt.shape[0]} rows of the {self.n_ctx}-row context and leaves "
-                f"{max(room, 0)} steps, fewer than the {needed} needed for one frame: shorten the text or "
-                f"the reference clip, or raise llama.n_ctx"
-            )
-        return min(requested, room)
-
     def _chunks(
-        self, stream: AudioStream, pieces: list[_Piece], sampling: SamplingConfig, cancelled: Callable[[], bool]
+        self, stream: AudioStream, pieces: list[Piece], sampling: SamplingConfig, cancelled: Callable[[], bool]
     ) -> Iterator[AudioChunk]:
         """Generate and decode every piece as one stream: indices and offsets run on, one final chunk."""
         spec, audio = self.spec, self.config.audio
@@ -399,7 +351,7 @@ class Synthesizer:
         )
 
     def _frames(
-        self, piece: _Piece, sampling: SamplingConfig, cancelled: Callable[[], bool], clock: StageClock
+        self, piece: Piece, sampling: SamplingConfig, cancelled: Callable[[], bool], clock: StageClock
     ) -> Iterator[np.ndarray | None]:
         """Generate ``piece``: each frame as it completes, None for a gap (an all-pad frame).
 
@@ -421,7 +373,7 @@ class Synthesizer:
         piece.stop = "end" if state.is_stopping else "max_new_tokens" if full else "cancelled"
 
     def _generate_staged(
-        self, generated: Iterator[Iterator[np.ndarray | None]], pieces: list[_Piece]
+        self, generated: Iterator[Iterator[np.ndarray | None]], pieces: list[Piece]
     ) -> list[list[np.ndarray | None]]:
         """Run the pieces' generation with the backbone loaded only meanwhile; their frames, in order."""
         done: list[list[np.ndarray | None]] = []

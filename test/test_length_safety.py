@@ -133,13 +133,13 @@ def test_text_too_long_for_the_context_is_spoken_in_pieces_as_one_stream(small_c
 
 
 def test_each_piece_fits_the_context_and_ends_a_sentence(small_context: Synthesizer) -> None:
-    pieces = small_context._pieces(PromptFields(text=LONG_TEXT), [], max_new_tokens=1000)
+    pieces = small_context.planner.plan(PromptFields(text=LONG_TEXT), [], max_new_tokens=1000)
     assert len(pieces) >= 2
     for piece in pieces:
         assert piece.prompt.shape[0] + piece.max_steps <= small_context.n_ctx
         text = small_context.prompts.tokenizer.decode(piece.prompt[:, 0].tolist())
         assert re.search(r"[.!?]\s*</user_inst>", text), text
-    assert len(small_context._pieces(PromptFields(text="Hello."), [], max_new_tokens=1000)) == 1
+    assert len(small_context.planner.plan(PromptFields(text="Hello."), [], max_new_tokens=1000)) == 1
 
 
 def test_a_cancelled_split_request_stops_at_once(small_context: Synthesizer) -> None:
