@@ -1,11 +1,12 @@
-"""Start moss_tts_node with a params file, in a namespace.
+"""Start moss_tts_node with one of the package's configs, or your own params file, in a namespace.
 
-    ros2 launch moss_tts_node moss_tts.launch.py params_file:=/path/to/my.yaml namespace:=robot1
+    ros2 launch moss_tts_node moss_tts.launch.py config:=jetson_orin_nx_8gb namespace:=robot1
+    ros2 launch moss_tts_node moss_tts.launch.py params_file:=/path/to/my.yaml
 
-params_file defaults to the package's config/default.yaml (GPU offload; edit the model paths).
-The file is read here and handed to the node as a dict, so its ``moss_tts_node:`` section
-applies in any namespace and its relative paths are taken from the file's folder, as with the
-CLI. cpu_only.launch.py and jetson_orin_agx.launch.py include this file with their own configs.
+config names a file of the package's config/ folder: default (GPU offload), cpu_only, jetson_orin_agx
+or jetson_orin_nx_8gb (edit their model paths, or copy one and pass it as params_file). The file is
+read here and handed to the node as a dict, so its ``moss_tts_node:`` section applies in any namespace
+and its relative paths are taken from the file's folder, as with the CLI.
 """
 
 from pathlib import Path
@@ -16,17 +17,21 @@ from launch.actions import DeclareLaunchArgument, OpaqueFunction
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
-from moss_tts_node.ros_node import launch_parameters
+from moss_tts_node.ros_node import choose_params_file, launch_parameters
 
 PACKAGE = "moss_tts_node"
 
 
 def generate_launch_description() -> LaunchDescription:
-    default_params = Path(get_package_share_directory(PACKAGE)) / "config" / "default.yaml"
     return LaunchDescription(
         [
             DeclareLaunchArgument(
-                "params_file", default_value=str(default_params), description="ROS params file (config/*.yaml)"
+                "config",
+                default_value="default",
+                description="a config of the package: default, cpu_only, jetson_orin_agx, jetson_orin_nx_8gb",
+            ),
+            DeclareLaunchArgument(
+                "params_file", default_value="", description="your own params file (overrides config)"
             ),
             DeclareLaunchArgument("namespace", default_value="", description="namespace of the node"),
             DeclareLaunchArgument("log_level", default_value="info", description="debug, info, warn or error"),
@@ -36,7 +41,11 @@ def generate_launch_description() -> LaunchDescription:
 
 
 def _node(context: LaunchContext) -> list[Node]:
-    params_file = LaunchConfiguration("params_file").perform(context)
+    params_file = choose_params_file(
+        LaunchConfiguration("params_file").perform(context),
+        LaunchConfiguration("config").perform(context),
+        Path(get_package_share_directory(PACKAGE)) / "config",
+    )
     return [
         Node(
             package=PACKAGE,

@@ -441,6 +441,19 @@ class TtsNode(Node):
         )
 
 
+def choose_params_file(params_file: str, config: str, config_dir: Path) -> Path:
+    """The params file a launch uses: ``params_file`` when given, else the shipped ``config_dir/<config>.yaml``."""
+    if params_file:
+        return Path(params_file)
+    shipped = sorted(p.stem for p in Path(config_dir).glob("*.yaml"))
+    if config not in shipped:
+        raise ConfigError(
+            f"config:={config!r} is not one of the shipped configs ({', '.join(shipped)}); "
+            "pass params_file:=/path/to/your.yaml for your own"
+        )
+    return Path(config_dir) / f"{config}.yaml"
+
+
 def launch_parameters(params_file: str | Path) -> dict[str, Any]:
     """A params file's parameters for this node, flat, for a launch file to pass as a dict.
 

@@ -16,9 +16,23 @@ ROOT = Path(__file__).resolve().parent.parent
 LAUNCH_FILES = sorted((ROOT / "launch").glob("*.launch.py"))
 
 
-def test_the_launch_files_are_there() -> None:
-    expected = {"moss_tts.launch.py", "cpu_only.launch.py", "jetson_orin_agx.launch.py"}
-    assert expected <= {f.name for f in LAUNCH_FILES}
+def test_the_launch_file_is_there_and_names_every_shipped_config() -> None:
+    assert [f.name for f in LAUNCH_FILES] == ["moss_tts.launch.py"]
+    source = LAUNCH_FILES[0].read_text()
+    for config in (ROOT / "config").glob("*.yaml"):
+        assert config.stem in source, f"the launch file's docs do not name config {config.stem}"
+
+
+def test_the_launch_chooses_a_shipped_config_or_your_params_file(tmp_path: Path) -> None:
+    require_ros()
+    from moss_tts_node.errors import ConfigError
+    from moss_tts_node.ros_node import choose_params_file
+
+    config_dir = ROOT / "config"
+    assert choose_params_file("", "jetson_orin_nx_8gb", config_dir) == config_dir / "jetson_orin_nx_8gb.yaml"
+    assert choose_params_file(str(tmp_path / "my.yaml"), "cpu_only", config_dir) == tmp_path / "my.yaml"
+    with pytest.raises(ConfigError, match=r"config:='jetson' is not one of the shipped configs \(cpu_only, default"):
+        choose_params_file("", "jetson", config_dir)
 
 
 @pytest.mark.parametrize("launch_file", LAUNCH_FILES, ids=lambda f: f.name)
