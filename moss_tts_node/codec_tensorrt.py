@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import mmap
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -161,7 +162,10 @@ class _CudaPython(CudaApi):
             from cuda import cudart  # older cuda-python
 
         self._rt = cudart
-        count = self._call(cudart.cudaGetDeviceCount(), "cudaGetDeviceCount")
+        try:
+            count = self._call(cudart.cudaGetDeviceCount(), "cudaGetDeviceCount")
+        except RuntimeError as error:  # cuda-python 12.x without a driver: "Failed to dlopen libcuda.so.1"
+            raise CodecError(f"CUDA is not usable: {error}") from error
         if count == 0:
             raise CodecError("no CUDA GPU found (the CUDA runtime sees 0 devices)")
         self._device: list[int] = []
@@ -247,8 +251,16 @@ def cuda_api(which: str = "auto") -> CudaApi:
             missing.append(f"{name} ({error})")
     raise CodecError(
         f"no CUDA Python binding for TensorRT's buffers: {'; '.join(missing)}. Install pycuda "
-        "(`pip install pycuda`; it builds against the CUDA toolkit, part of JetPack) or cuda-python"
+        "(`pip install pycuda`; it builds against the CUDA toolkit, part of JetPack) or cuda-python of the "
+        "driver's CUDA major version (JetPack 6: `pip install 'cuda-python>=12,<13'`)"
     )
+
+
+def _deserialize(trt: Any, path: Path) -> Any:
+    """The engine in ``path``, read through a memory map: an engine is GBs, and a bytes copy beside what
+    TensorRT allocates would double the peak (on a Jetson, in the memory the GPU shares)."""
+    with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        return trt.Runtime(trt_logger()).deserialize_cuda_engine(mapped)
 
 
 class _EngineRunner:
@@ -272,18 +284,17 @@ class _EngineRunner:
         cuda = self._cuda
         assert cuda is not None
         with cuda.active():
-            engine = self._engine = trt.Runtime(trt_logger()).deserialize_cuda_engine(self.path.read_bytes())
+            engine = self._engine = _deserialize(trt, self.path)
             if engine is None:
                 raise CodecError(f"TensorRT could not load {self.path} (its log above says why); rebuild the engines")
             context = self._context = engine.create_execution_context()
             names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
             inputs = sorted(n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT)
             self._outputs = [n for n in names if n not in inputs]
-            if inputs != sorted([self._data, "n_quantizers"]) or len(self._outputs) < 2:
+            if inputs != [self._data] or len(self._outputs) < 2:
                 raise CodecError(f"{self.path}: engine tensors {names} are not those of the codec's {graph}")
             self.max_shape = tuple(engine.get_tensor_profile_shape(self._data, 0)[2])
             self._stream = cuda.new_stream()
-            self._set_quantizers(trt, engine, context, cuda)
             context.set_input_shape(self._data, self.max_shape)
             self._buffers: dict[str, tuple[np.ndarray, int]] = {}
             for name in (self._data, *self._outputs):
@@ -300,19 +311,6 @@ class _EngineRunner:
         """Longest input in frames: the profile's maximum (encoder: samples / 1920)."""
         length = self.max_shape[2]
         return length if self._data == DATA_INPUTS["decoder"] else length // AudioCodec.samples_per_frame
-
-    def _set_quantizers(self, trt: Any, engine: Any, context: Any, cuda: CudaApi) -> None:
-        """Bind ``n_quantizers`` = 32 once: host memory if TensorRT reads it as a shape, else device memory."""
-        dtype = np.dtype(trt.nptype(engine.get_tensor_dtype("n_quantizers")))
-        host = cuda.pinned_array(1, dtype)
-        host[0] = AudioCodec.n_quantizers
-        if engine.is_shape_inference_io("n_quantizers"):
-            context.set_tensor_address("n_quantizers", host.ctypes.data)
-            return
-        address = cuda.device_buffer(host.nbytes)
-        cuda.to_device(address, host, self._stream)
-        cuda.synchronize(self._stream)
-        context.set_tensor_address("n_quantizers", address)
 
     def run(self, data: np.ndarray) -> list[np.ndarray]:
         """Run on ``data`` (batch 1, within the profile); the outputs in engine order, copied out."""

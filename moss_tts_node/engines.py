@@ -7,6 +7,10 @@ codec. The optimization profiles follow upstream's: encoder ``input_values`` fro
 (1x1x1920) to ``max_seconds`` (opt 8 s), decoder ``audio_codes`` from 32x1x1 to 32x1x(12.5 x
 max_seconds) (opt 100 frames); opt is clamped to max when ``max_seconds`` is small.
 
+``n_quantizers`` (always 32 here) is frozen into the graph before TensorRT parses it: the graph
+slices by it, so TensorRT would read it as an int64 shape tensor, which TensorRT 10.3 (JetPack 6.1/6.2)
+documents as int32-only; as a constant it folds away, and the engines take one input each.
+
 ``engines.json`` records what the engines were built with (TensorRT version, GPU, max seconds)
 so that a codec can refuse an engine built elsewhere with the reason, instead of TensorRT's
 deserialization error or, worse, a silently slow engine.
@@ -25,11 +29,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import numpy as np
+
 from moss_tts_node.codec import ONNX_SOURCE, AudioCodec, frames_for_seconds
 from moss_tts_node.errors import CodecError, WeightsError
 
 METADATA_FILE = "engines.json"
-METADATA_FORMAT = 1
+METADATA_FORMAT = 2  # 2: n_quantizers is frozen into the engines (format 1 engines took it as an input)
 ENGINE_FILES = {"encoder": "encoder.engine", "decoder": "decoder.engine"}
 DATA_INPUTS = {"encoder": "input_values", "decoder": "audio_codes"}
 DEFAULT_MAX_SECONDS = 40.0  # upstream's MAX_SECONDS: 500 frames
@@ -176,7 +182,11 @@ def build_engines(
         if not onnx_path.is_file():
             raise WeightsError(f"{graph} ONNX file not found: {onnx_path} (from {ONNX_SOURCE})")
     trt = import_tensorrt()
-    gpu = cuda_api().gpu()
+    cuda = cuda_api()
+    try:
+        gpu = cuda.gpu()
+    finally:
+        cuda.release()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     built: dict[str, str] = {}
@@ -184,6 +194,7 @@ def build_engines(
         started = time.perf_counter()
         plan = _build_plan(trt, onnx_path, shapes[graph])
         _write_atomically(out_dir / ENGINE_FILES[graph], plan)
+        del plan  # GBs of host memory (shared with the GPU on a Jetson) before the next graph builds
         print(f"built {graph} engine {out_dir / ENGINE_FILES[graph]} in {time.perf_counter() - started:.0f} s")
         built[graph] = ENGINE_FILES[graph]
     engines = EngineSet(
@@ -207,40 +218,62 @@ def _network_flags(trt: ModuleType) -> int:
     return 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
 
 
-def _build_plan(trt: ModuleType, onnx_path: Path, shapes: ProfileShapes) -> bytes:
-    """Parse one ONNX graph and build a serialized TF32 engine with ``shapes`` as its profile."""
+def frozen_quantizers_model(onnx_path: Path) -> bytes:
+    """The serialized ONNX graph with its ``n_quantizers`` input replaced by the constant 32.
+
+    Only the graph is read: weights kept in external data files stay where they are, and the parser
+    finds them from the original path (``parse(model, path)``).
+    """
+    import onnx
+    from onnx import numpy_helper
+
+    try:
+        model = onnx.load(str(onnx_path), load_external_data=False)
+    except Exception as error:  # onnx raises DecodeError, ValueError... for a file that is not ONNX
+        raise CodecError(f"{onnx_path} is not a readable ONNX file ({error}); download it again") from error
+    graph = model.graph
+    names = [tensor.name for tensor in graph.input]
+    if "n_quantizers" not in names or len(names) != 2:
+        raise CodecError(f"{onnx_path}: graph inputs are {names}, expected the codec's data input and n_quantizers")
+    kept = [tensor for tensor in graph.input if tensor.name != "n_quantizers"]
+    del graph.input[:]
+    graph.input.extend(kept)
+    graph.initializer.append(numpy_helper.from_array(np.array(_NQ, dtype=np.int64), "n_quantizers"))
+    return model.SerializeToString()
+
+
+def _build_plan(trt: ModuleType, onnx_path: Path, shapes: ProfileShapes) -> Any:
+    """Parse one ONNX graph and build a serialized TF32 engine with ``shapes`` as its profile.
+
+    Returns TensorRT's IHostMemory (a buffer: written to the file as it is, never copied).
+    """
     logger = trt_logger()
-    builder = trt.Builder(logger)
+    try:
+        builder = trt.Builder(logger)
+    except TypeError as error:  # pybind11's "factory function returned nullptr": no usable GPU
+        raise CodecError(f"TensorRT could not start a builder ({error}): is the GPU usable?") from error
     network = builder.create_network(_network_flags(trt))
     parser = trt.OnnxParser(network, logger)
-    # parse_from_file, not parse(bytes): the real codec keeps its weights in external data files
-    # next to the .onnx, which only a file path lets the parser find.
-    if not parser.parse_from_file(str(onnx_path)):
+    if not parser.parse(frozen_quantizers_model(onnx_path), str(onnx_path)):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise CodecError(f"TensorRT could not parse {onnx_path}: {errors}")
-    inputs = {network.get_input(i).name: network.get_input(i) for i in range(network.num_inputs)}
-    if sorted(inputs) != sorted([shapes.input_name, "n_quantizers"]):
-        raise CodecError(
-            f"{onnx_path}: graph inputs are {sorted(inputs)}, expected {sorted([shapes.input_name, 'n_quantizers'])}; "
-            "is this the right file?"
-        )
+    inputs = [network.get_input(i).name for i in range(network.num_inputs)]
+    if inputs != [shapes.input_name]:
+        raise CodecError(f"{onnx_path}: graph inputs are {inputs}, expected {[shapes.input_name]}: not the codec's")
     config = builder.create_builder_config()
     if hasattr(trt.BuilderFlag, "TF32"):  # on by default; set so the intent survives a changed default
         config.set_flag(trt.BuilderFlag.TF32)
     profile = builder.create_optimization_profile()
     profile.set_shape(shapes.input_name, shapes.min, shapes.opt, shapes.max)
-    quantizers = inputs["n_quantizers"]
-    if quantizers.is_shape_tensor:  # a graph that slices by n_quantizers reads it as a shape value
-        values = [_NQ] * max(1, len(quantizers.shape))
-        profile.set_shape_input(quantizers.name, values, values, values)
     config.add_optimization_profile(profile)
     plan = builder.build_serialized_network(network, config)
     if plan is None:
         raise CodecError(f"TensorRT failed to build an engine from {onnx_path}; its log above says why")
-    return bytes(plan)
+    return plan
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
+def _write_atomically(path: Path, data: bytes | Any) -> None:
+    """Write ``data`` (bytes or any buffer) to a temporary file beside ``path``, then rename it over ``path``."""
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as file:

@@ -24,6 +24,7 @@ from moss_tts_node.engines import (
     GpuInfo,
     build_engines,
     check_compatible,
+    frozen_quantizers_model,
     import_tensorrt,
     profile_shapes,
     read_engine_set,
@@ -160,6 +161,53 @@ def test_build_engines_checks_its_inputs_first(tmp_path: Path) -> None:
         build_engines(tmp_path / "absent.onnx", tmp_path / "out", 2.0)
     with pytest.raises(CodecError, match="positive"):
         build_engines(tmp_path / "absent.onnx", tmp_path / "out", -1.0)
+
+
+def test_frozen_quantizers_graph_computes_what_the_original_does_with_32(tmp_path: Path) -> None:
+    """What TensorRT parses: n_quantizers a constant, the weights still read from the original's folder."""
+    import onnx
+    import onnxruntime as ort
+
+    encoder, decoder = write_demo_codec(tmp_path / "plain")
+    split = tmp_path / "external"  # as published: weights in a data file beside the graph
+    split.mkdir()
+    rng = np.random.default_rng(0)
+    feeds = {
+        "encoder": {"input_values": (0.1 * rng.standard_normal((1, 1, 3 * SPF))).astype(np.float32)},
+        "decoder": {"audio_codes": rng.integers(0, 1024, (32, 1, 7)).astype(np.int64)},
+    }
+    for graph, source in (("encoder", encoder), ("decoder", decoder)):
+        original = split / f"{graph}.onnx"
+        onnx.save(
+            onnx.load(str(source)),
+            str(original),
+            save_as_external_data=True,
+            location=f"{graph}.data",
+            size_threshold=1024,
+        )
+        assert (split / f"{graph}.data").stat().st_size > 10_000  # the weights really are outside the graph
+        frozen = split / f"{graph}_frozen.onnx"  # beside the original: where its external data resolves
+        frozen.write_bytes(frozen_quantizers_model(original))
+        assert [i.name for i in ort.InferenceSession(str(frozen)).get_inputs()] == list(feeds[graph])
+        want = ort.InferenceSession(str(original)).run(None, {**feeds[graph], "n_quantizers": np.array(32)})
+        got = ort.InferenceSession(str(frozen)).run(None, feeds[graph])
+        for w, g in zip(want, got, strict=True):
+            np.testing.assert_array_equal(g, w)
+
+    (tmp_path / "not.onnx").write_bytes(b"not an onnx file")
+    with pytest.raises(CodecError, match="not a readable ONNX file"):
+        frozen_quantizers_model(tmp_path / "not.onnx")
+    heads = onnx.helper.make_model(
+        onnx.helper.make_graph(
+            [onnx.helper.make_node("Identity", ["x"], ["y"])],
+            "other",
+            [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+            [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
+        )
+    )
+    onnx.save(heads, str(tmp_path / "other.onnx"))
+    with pytest.raises(CodecError, match=r"graph inputs are \['x'\], expected the codec's"):
+        frozen_quantizers_model(tmp_path / "other.onnx")
 
 
 # -- on a GPU: engines from the demo codec against ONNX Runtime ---------------------------------
