@@ -86,7 +86,8 @@ class CudaApi(ABC):
 
     @abstractmethod
     def release(self) -> None:
-        """Free every buffer and stream this instance made."""
+        """Free every buffer and stream this instance made. Call it on the thread that made the instance:
+        pycuda lets go of the primary context only there (elsewhere it leaks one reference to it)."""
 
 
 class _PyCuda(CudaApi):
