@@ -157,6 +157,7 @@ def _check_config(path: Path, environment: _Environment, checks: list[Check]) ->
         return
     checks.append(Check("ok", "config", str(path)))
     _check_weights(Path(config.model.weights_dir), backbone_path(config), checks)
+    _check_heads(config, environment, checks)
     if config.llama.n_gpu_layers != 0 and environment.gpu_offload is False:
         checks.append(
             Check("warn", "llama.n_gpu_layers", f"{config.llama.n_gpu_layers}, but llama.cpp has no GPU: CPU only")
@@ -186,13 +187,46 @@ def _check_weights(weights: Path, gguf: Path, checks: list[Check]) -> None:
     groups = {
         "tokenizer": ["tokenizer/tokenizer.json"],
         "embeddings": ["embeddings/embed_tokens.npy"] + [f"embeddings/emb_ext_{k:02d}.npy" for k in range(n_vq)],
-        "audio heads": [f"lm_heads/lm_head_audio_{k:02d}.npy" for k in range(n_vq)],
     }
     for what, names in groups.items():
         found = sum((weights / name).is_file() for name in names)
-        # The audio heads may live in the GGUF instead (audio.heads_backend gguf): missing is not fatal.
-        status = "ok" if found == len(names) else "warn" if what == "audio heads" else "FAIL"
-        checks.append(Check(status, what, f"{found}/{len(names)} files in {weights}"))
+        checks.append(Check("ok" if found == len(names) else "FAIL", what, f"{found}/{len(names)} files in {weights}"))
+
+
+def _check_heads(config: Any, environment: _Environment, checks: list[Check]) -> None:
+    """Where the 32 audio heads will run (what ``auto`` resolves to) and whether their weights are there."""
+    from moss_tts_node.config import backbone_path
+    from moss_tts_node.model_spec import ModelSpec
+    from moss_tts_node.weights import GgufHeadsInfo
+
+    weights, gguf = Path(config.model.weights_dir), backbone_path(config)
+    try:
+        carried = GgufHeadsInfo(gguf).audio_heads is not None
+        n_vq = ModelSpec.load(weights).n_vq
+    except MossTTSError as error:
+        checks.append(Check("FAIL", "audio heads", str(error)))
+        return
+    on_gpu = config.llama.n_gpu_layers != 0 and bool(environment.gpu_offload)
+    backend = config.audio.heads_backend
+    if backend == "auto":
+        backend = "gguf" if carried and on_gpu else "onnx"
+    attach = f"python -m moss_tts_node attach-heads {weights} --gguf {gguf.name}"
+    if backend == "gguf":
+        if carried:
+            where = "on the GPU" if on_gpu else "on the CPU"
+            checks.append(Check("ok", "audio heads", f"gguf: in {gguf.name}'s output matrix, {where}"))
+        else:
+            checks.append(
+                Check("FAIL", "audio heads", f"heads_backend gguf, but {gguf.name} does not carry them: {attach}")
+            )
+        return
+    found = sum((weights / f"lm_heads/lm_head_audio_{k:02d}.npy").is_file() for k in range(n_vq))
+    if found < n_vq:
+        checks.append(Check("FAIL", "audio heads", f"{backend}: {found}/{n_vq} files in {weights / 'lm_heads'}"))
+    elif on_gpu:
+        checks.append(Check("warn", "audio heads", f"{backend}, on the CPU while the layers run on the GPU: {attach}"))
+    else:
+        checks.append(Check("ok", "audio heads", f"{backend}: {n_vq} files in {weights / 'lm_heads'}"))
 
 
 def _check_engines(engine_dir: Path, environment: _Environment, checks: list[Check]) -> None:

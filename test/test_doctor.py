@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from moss_tts_node.config import load_config
@@ -64,3 +66,43 @@ def test_missing_weights_and_engines_fail_with_the_fix(demo_config: Path, tmp_pa
 
 def test_a_broken_config_is_reported_not_raised(tmp_path: Path) -> None:
     assert by_name(tmp_path / "absent.yaml")["config"][0] == "FAIL"
+
+
+def test_the_audio_heads_line_says_where_they_run_and_how_to_put_them_on_the_gpu(
+    demo_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from moss_tts_node import doctor as doctor_module
+    from moss_tts_node.heads_gguf import attach_heads
+
+    weights = tmp_path / "weights"
+    for path in demo_config.parent.rglob("*"):
+        relative = path.relative_to(demo_config.parent)
+        if path.is_file():
+            (weights / relative).parent.mkdir(parents=True, exist_ok=True)
+            (weights / relative).symlink_to(path)
+    plain = load_config(demo_config).model.backbone_gguf
+
+    def heads_line(gguf: str, backend: str, gpu_layers: int) -> tuple[str, str]:
+        config = tmp_path / "c.yaml"
+        model = {"weights_dir": str(weights), "backbone_gguf": gguf, "codec_dir": str(weights / "codec")}
+        params = {"model": model, "llama": {"n_gpu_layers": gpu_layers}, "audio": {"heads_backend": backend}}
+        config.write_text(yaml.safe_dump({"moss_tts_node": {"ros__parameters": params}}))
+        return by_name(config)["audio heads"]
+
+    assert heads_line(plain, "auto", 0) == ("ok", f"onnx: 32 files in {weights / 'lm_heads'}")
+    status, detail = heads_line(plain, "gguf", 0)
+    assert status == "FAIL" and f"attach-heads {weights} --gguf {plain}" in detail
+    carrying = attach_heads(weights, plain).name
+    assert heads_line(carrying, "gguf", 0) == ("ok", f"gguf: in {carrying}'s output matrix, on the CPU")
+
+    real_environment = doctor_module._check_environment
+    monkeypatch.setattr(  # a llama.cpp that can offload, as a CUDA build on a Jetson
+        doctor_module,
+        "_check_environment",
+        lambda checks: dataclasses.replace(real_environment(checks), gpu_offload=True),
+    )
+    assert heads_line(carrying, "auto", -1) == ("ok", f"gguf: in {carrying}'s output matrix, on the GPU")
+    status, detail = heads_line(plain, "auto", -1)
+    assert status == "warn" and "on the CPU while the layers run on the GPU" in detail and "attach-heads" in detail
+    (weights / "lm_heads" / "lm_head_audio_07.npy").unlink()
+    assert heads_line(plain, "numpy", 0)[0] == "FAIL"
