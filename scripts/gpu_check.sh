@@ -2,7 +2,8 @@
 # GPU check of the TensorRT codec (and, as a second stage, llama.cpp with CUDA), in one prepared run on a
 # machine with an NVIDIA GPU and no internet. Everything Python needs travels in a wheel folder:
 #
-#   bash scripts/gpu_check.sh            # from the repository root; results under $OUT (or /tmp/gpu_check)
+#   bash scripts/device_bundle.sh        # here, with PyPI: fills .whl (wheels, pycuda sdist, llama.cpp source)
+#   bash scripts/gpu_check.sh            # there, from the repository root; results under $OUT (or /tmp/gpu_check)
 #
 # Stage 0  what the machine has: GPU, driver, CUDA toolkit, Python, TensorRT, preinstalled packages.
 # Stage 1  wheels from $WHEELS (cp312, x86_64) into a private site dir; the doctor; engines built from the
