@@ -14,8 +14,9 @@ reports:
 - overhead = (step - decode) / decode, time to first audio against the bound prefill + 33 steps + one
   chunk decode, real-time factor, and peak RSS against GGUF + fp16 embeddings and heads + KV + 500 MB.
 
-The codec is the tiny demo codec for bench models (the real codec's cost differs: measure it on the
-real weights with ``--config``). The workers run one at a time; the machine should be otherwise quiet:
+The codec is the tiny demo codec for bench models; the real codec costs more: measure it with
+``--set model.codec_dir=/path/to/MOSS-Audio-Tokenizer-ONNX`` (random codes decode at the real cost), or
+the whole real model with ``--config``. The workers run one at a time; the machine should be otherwise quiet:
 the load average around each worker and the share of the CPU other processes took during it (from
 /proc/stat) are recorded. ``--ab-heads`` adds an interleaved comparison of the two fast heads paths
 (onnx heads with the text head skipped, and the heads inside the GGUF), robust to a drifting machine.
@@ -123,7 +124,7 @@ def run_bench(args: argparse.Namespace) -> int:
                     "threads": args.threads,
                     "seed": args.seed,
                     "text": args.text,
-                    "demo_codec": not args.config,
+                    "demo_codec": not args.config and "model.codec_dir" not in overrides,
                     "prefill_compare": not args.no_prefill_compare,
                 }
             )
