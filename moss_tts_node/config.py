@@ -165,15 +165,6 @@ class Config:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
 
-    def with_overrides(self, overrides: Mapping[str, Any], base_dir: Path | None = None) -> Config:
-        """A copy with dotted keys replaced (CLI flags, ROS parameters), validated like a file."""
-        values = dict(flatten(self))
-        values.update(_checked_items(overrides, "override"))
-        return from_flat(values, base_dir or Path.cwd(), source="override")
-
-    def to_flat(self) -> dict[str, Any]:
-        return dict(flatten(self))
-
 
 @dataclass(frozen=True)
 class Option:

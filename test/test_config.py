@@ -94,10 +94,9 @@ def test_not_a_params_file(tmp_path: Path) -> None:
 
 
 def test_overrides_are_validated_like_the_file(demo_config: Path) -> None:
-    config = load_config(demo_config).with_overrides({"llama.n_threads": 1})
-    assert config.llama.n_threads == 1
+    assert load_config(demo_config, overrides={"llama.n_threads": 1}).llama.n_threads == 1
     with pytest.raises(ConfigError, match=r"unknown config key 'llama\.threads'"):
-        config.with_overrides({"llama.threads": 1})
+        load_config(demo_config, overrides={"llama.threads": 1})
 
 
 def test_readme_documents_every_key() -> None:

@@ -20,7 +20,7 @@ import yaml
 from ros_helpers import require_ros
 from ros_helpers.netns import LoopbackNamespace, NodeProcess
 
-from moss_tts_node.config import load_config
+from moss_tts_node.config import flatten, load_config
 
 require_ros()
 
@@ -45,7 +45,7 @@ def namespace(tmp_path: Path) -> LoopbackNamespace:
 def params_file(demo_config: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo config as a node params file: absolute paths, one llama thread, room for long
     requests, and a seed to find."""
-    values: dict[str, Any] = load_config(demo_config).to_flat()
+    values: dict[str, Any] = dict(flatten(load_config(demo_config)))
     values |= {"llama.n_threads": 1, "llama.n_ctx": 8192, "sampling.seed": FILE_SEED}
     nested: dict[str, Any] = {}
     for key, value in values.items():
