@@ -151,9 +151,6 @@ class GgufHeadsInfo:
         except NotImplementedError:
             return None
 
-    def close(self) -> None:
-        """Nothing is held open (kept for symmetry with the readers it replaced)."""
-
 
 def _int_or_none(value: object) -> int | None:
     return None if value is None else int(value)  # type: ignore[call-overload]
@@ -483,13 +480,10 @@ def load_audio_heads(
     ``text_vocab`` of the result is the size of the GGUF's text vocabulary when it carries the heads.
     """
     gguf = GgufHeadsInfo(gguf_path)
-    try:
-        if backend == "auto":
-            on_gpu = n_gpu_layers != 0 and llama_supports_gpu_offload()
-            backend = "gguf" if gguf.audio_heads is not None and on_gpu else "onnx"
-        return _load_audio_heads(backend, heads_dir, spec, hidden, gguf, threads or os.cpu_count() or 1, providers)
-    finally:
-        gguf.close()
+    if backend == "auto":
+        on_gpu = n_gpu_layers != 0 and llama_supports_gpu_offload()
+        backend = "gguf" if gguf.audio_heads is not None and on_gpu else "onnx"
+    return _load_audio_heads(backend, heads_dir, spec, hidden, gguf, threads or os.cpu_count() or 1, providers)
 
 
 def llama_supports_gpu_offload() -> bool:

@@ -104,7 +104,6 @@ def test_onnx_heads_match_within_8_bit_rounding(model: dict[str, object], plain_
 def test_gguf_heads_come_out_of_llama_cpp(model: dict[str, object], plain_backbone: Backbone) -> None:
     info = GgufHeadsInfo(model["carrying"])  # type: ignore[arg-type]
     assert (info.audio_heads, info.text_vocab) == (SPEC.n_vq, SHAPE.vocab)
-    info.close()
     with exact_backbone(model["carrying"]) as backbone:  # type: ignore[arg-type]
         assert backbone.n_vocab == SHAPE.vocab + SPEC.n_vq * SPEC.audio_rows
         hidden = _decode_some(backbone, seed=2)
