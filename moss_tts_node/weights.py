@@ -237,15 +237,23 @@ class AudioHeads:
     """Audio logits for a step, and (outside llama.cpp) the few text logits the audio phase samples from.
 
     ``text_rows`` (k, H) float32 are the text head's rows of ``text_ids``; without them every step that
-    samples text runs llama.cpp's text head.
+    samples text runs llama.cpp's text head. ``text_vocab``: set when the GGUF's output matrix also carries
+    the audio heads (whichever backend computes them): llama.cpp's logits are then text_vocab text logits
+    followed by the heads' rows, which text sampling must never see.
     """
 
     name = "base"
     in_backbone = False  # the logits come from llama.cpp's output matrix
-    text_vocab: int | None = None  # in_backbone: the text logits are the output's first text_vocab
 
-    def __init__(self, spec: ModelSpec, text_ids: Sequence[int] = (), text_rows: np.ndarray | None = None) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        text_ids: Sequence[int] = (),
+        text_rows: np.ndarray | None = None,
+        text_vocab: int | None = None,
+    ) -> None:
         self.spec = spec
+        self.text_vocab = text_vocab
         self.text_ids = tuple(text_ids) if text_rows is not None else ()
         self._text_rows = text_rows
         self._text_index = {t: i for i, t in enumerate(self.text_ids)}
@@ -268,7 +276,7 @@ class AudioHeads:
         hidden = backbone.hidden() if channels.any() or rule.forced is None else None
         if rule.forced is None:
             if self.wants_text_head(rule):
-                text = backbone.text_logits()
+                text = backbone.text_logits()[: self.text_vocab]  # [:None]: all of them
             else:
                 assert self._text_rows is not None and hidden is not None
                 text, ids = self._text_rows @ hidden, self.text_ids
@@ -292,8 +300,8 @@ class GgufAudioHeads(AudioHeads):
     in_backbone = True
 
     def __init__(self, spec: ModelSpec, text_vocab: int) -> None:
-        super().__init__(spec)
-        self.text_vocab = text_vocab
+        super().__init__(spec, text_vocab=text_vocab)
+        self.text_vocab: int = text_vocab
 
     def step(self, backbone: Backbone, rule: TextRule, channels: np.ndarray) -> StepLogits:
         spec = self.spec
@@ -317,9 +325,15 @@ class NumpyAudioHeads(AudioHeads):
     name = "numpy"
 
     def __init__(
-        self, heads_dir: Path, spec: ModelSpec, hidden: int, text_ids: Sequence[int] = (), text_rows=None
+        self,
+        heads_dir: Path,
+        spec: ModelSpec,
+        hidden: int,
+        text_ids: Sequence[int] = (),
+        text_rows: np.ndarray | None = None,
+        text_vocab: int | None = None,
     ) -> None:
-        super().__init__(spec, text_ids, text_rows)
+        super().__init__(spec, text_ids, text_rows, text_vocab)
         rows = spec.audio_rows
         self.weights = np.empty((hidden, spec.n_vq * rows), dtype=np.float32)
         for k, head in enumerate(read_heads(heads_dir, spec, hidden)):
@@ -353,10 +367,11 @@ class OnnxAudioHeads(AudioHeads):
         hidden: int,
         text_ids: Sequence[int] = (),
         text_rows: np.ndarray | None = None,
+        text_vocab: int | None = None,
         threads: int = 1,
         providers: Sequence[str] = ("CPUExecutionProvider",),
     ) -> None:
-        super().__init__(spec, text_ids, text_rows)
+        super().__init__(spec, text_ids, text_rows, text_vocab)
         if hidden % ONNX_HEADS_BLOCK:
             raise WeightsError(f"the onnx heads need a hidden size divisible by {ONNX_HEADS_BLOCK}, got {hidden}")
         n = spec.n_vq * spec.audio_rows
@@ -524,6 +539,7 @@ def _load_audio_heads(
     text_rows = gguf.text_head_rows(text_ids)
     if text_rows is not None and text_rows.shape[1] != hidden:
         text_rows = None
+    text_vocab = gguf.text_vocab if carried else None
     if backend == "numpy":
-        return NumpyAudioHeads(heads_dir, spec, hidden, text_ids, text_rows)
-    return OnnxAudioHeads(heads_dir, spec, hidden, text_ids, text_rows, threads=threads, providers=providers)
+        return NumpyAudioHeads(heads_dir, spec, hidden, text_ids, text_rows, text_vocab)
+    return OnnxAudioHeads(heads_dir, spec, hidden, text_ids, text_rows, text_vocab, threads, providers)

@@ -185,21 +185,48 @@ def test_one_row_embedding_equals_the_batched_path(synth: object) -> None:
         np.testing.assert_allclose(embeddings.embed(rows[i : i + 1])[0], batched[i], rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("backend", ["numpy", "onnx", "gguf"])
-def test_synthesis_runs_on_each_heads_backend(demo_config: Path, tmp_path: Path, backend: str) -> None:
+@pytest.fixture(scope="module")
+def carrying_demo_gguf(demo_config: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo backbone with the audio heads appended (what attach-heads writes)."""
     from moss_tts_node.config import load_config
+
+    weights = demo_config.parent
+    source = weights / load_config(demo_config).model.backbone_gguf
+    target = tmp_path_factory.mktemp("carrying") / "heads.gguf"
+    append_audio_heads_to_gguf(source, weights / "lm_heads", target, ModelSpec.load(weights))
+    return target
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnx", "gguf"])
+def test_synthesis_runs_on_each_heads_backend(demo_config: Path, carrying_demo_gguf: Path, backend: str) -> None:
     from moss_tts_node.synthesizer import Synthesizer
 
     overrides: dict[str, object] = {"audio.heads_backend": backend}
     if backend == "gguf":
-        weights = demo_config.parent
-        source = weights / load_config(demo_config).model.backbone_gguf
-        append_audio_heads_to_gguf(source, weights / "lm_heads", tmp_path / "heads.gguf", ModelSpec.load(weights))
-        overrides["model.backbone_gguf"] = str(tmp_path / "heads.gguf")
+        overrides["model.backbone_gguf"] = str(carrying_demo_gguf)
     with Synthesizer.from_config_file(demo_config, overrides) as synth:
         assert synth.heads.name == backend
         result = synth.synthesize("Hello! I am a robot.", seed=3, max_new_tokens=60)
         assert result.codes.shape[0] > 0 and np.isfinite(result.audio).all()
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnx"])
+def test_a_gguf_carrying_the_heads_speaks_the_same_on_the_other_backends(
+    demo_config: Path, carrying_demo_gguf: Path, backend: str
+) -> None:
+    """A Jetson config (carrying GGUF) on a CPU-only build: auto picks onnx, and the text logits must not
+    include the appended audio rows."""
+    from moss_tts_node.synthesizer import Synthesizer
+
+    results = []
+    for gguf in (None, str(carrying_demo_gguf)):
+        overrides: dict[str, object] = {"audio.heads_backend": backend}
+        if gguf:
+            overrides["model.backbone_gguf"] = gguf
+        with Synthesizer.from_config_file(demo_config, overrides) as synth:
+            results.append(synth.synthesize("Hello! I am a robot.", seed=5, max_new_tokens=80))
+    plain, carrying = results
+    np.testing.assert_array_equal(carrying.generated, plain.generated)
 
 
 def test_fast_audio_sampling_draws_what_the_general_path_draws() -> None:
