@@ -125,9 +125,8 @@ class AudioConfig:
     heads_backend: str = _option(
         "auto",
         "Audio heads: gguf (inside llama.cpp, needs a GGUF that carries them: attach-heads), onnx (8-bit, "
-        "ONNX Runtime), "
-        "numpy (exact float32, 0.54 GB), or auto (gguf when the GGUF carries them and layers run on a GPU, "
-        "else onnx).",
+        "ONNX Runtime), numpy (exact float32, 0.54 GB), or auto (gguf when the GGUF carries them and layers "
+        "run on a GPU, else onnx).",
         choices=("auto", "gguf", "onnx", "numpy"),
     )
 
