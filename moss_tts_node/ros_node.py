@@ -446,6 +446,7 @@ def choose_params_file(params_file: str, config: str, config_dir: Path) -> Path:
     if params_file:
         return Path(params_file)
     shipped = sorted(p.stem for p in Path(config_dir).glob("*.yaml"))
+    config = config.removesuffix(".yaml")  # config:=cpu_only.yaml means the same
     if config not in shipped:
         raise ConfigError(
             f"config:={config!r} is not one of the shipped configs ({', '.join(shipped)}); "

@@ -30,6 +30,7 @@ def test_the_launch_chooses_a_shipped_config_or_your_params_file(tmp_path: Path)
 
     config_dir = ROOT / "config"
     assert choose_params_file("", "jetson_orin_nx_8gb", config_dir) == config_dir / "jetson_orin_nx_8gb.yaml"
+    assert choose_params_file("", "cpu_only.yaml", config_dir) == config_dir / "cpu_only.yaml"
     assert choose_params_file(str(tmp_path / "my.yaml"), "cpu_only", config_dir) == tmp_path / "my.yaml"
     with pytest.raises(ConfigError, match=r"config:='jetson' is not one of the shipped configs \(cpu_only, default"):
         choose_params_file("", "jetson", config_dir)
