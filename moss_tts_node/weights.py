@@ -233,29 +233,34 @@ class StepLogits(NamedTuple):
     audio: np.ndarray
 
 
+class TextHeadInfo(NamedTuple):
+    """What the heads need of the GGUF's text head."""
+
+    ids: tuple[int, ...] = ()  # text tokens whose logits the audio phase samples (gen_slot, delay_slot)
+    rows: np.ndarray | None = None  # their text-head rows, (len(ids), H) float32; None: use llama.cpp's head
+    vocab: int | None = None  # set when the output matrix also carries the audio heads: its text rows
+
+
+NO_TEXT_SHORTCUT = TextHeadInfo()  # llama.cpp's text head on every text step; a GGUF without the audio heads
+
+
 class AudioHeads:
     """Audio logits for a step, and (outside llama.cpp) the few text logits the audio phase samples from.
 
-    ``text_rows`` (k, H) float32 are the text head's rows of ``text_ids``; without them every step that
-    samples text runs llama.cpp's text head. ``text_vocab``: set when the GGUF's output matrix also carries
-    the audio heads (whichever backend computes them): llama.cpp's logits are then text_vocab text logits
-    followed by the heads' rows, which text sampling must never see.
+    With ``text.rows`` the steps that sample only ``text.ids`` compute those logits here and skip
+    llama.cpp's text head. With ``text.vocab`` (a GGUF whose output matrix also carries the audio heads,
+    whichever backend computes them) llama.cpp's logits are ``vocab`` text logits followed by the heads'
+    rows, which text sampling must never see.
     """
 
     name = "base"
     in_backbone = False  # the logits come from llama.cpp's output matrix
 
-    def __init__(
-        self,
-        spec: ModelSpec,
-        text_ids: Sequence[int] = (),
-        text_rows: np.ndarray | None = None,
-        text_vocab: int | None = None,
-    ) -> None:
+    def __init__(self, spec: ModelSpec, text: TextHeadInfo = NO_TEXT_SHORTCUT) -> None:
         self.spec = spec
-        self.text_vocab = text_vocab
-        self.text_ids = tuple(text_ids) if text_rows is not None else ()
-        self._text_rows = text_rows
+        self.text_vocab = text.vocab
+        self.text_ids = text.ids if text.rows is not None else ()
+        self._text_rows = text.rows
         self._text_index = {t: i for i, t in enumerate(self.text_ids)}
         self._logits = np.zeros((spec.n_vq, spec.audio_rows), dtype=np.float32)
 
@@ -300,8 +305,8 @@ class GgufAudioHeads(AudioHeads):
     in_backbone = True
 
     def __init__(self, spec: ModelSpec, text_vocab: int) -> None:
-        super().__init__(spec, text_vocab=text_vocab)
-        self.text_vocab: int = text_vocab
+        super().__init__(spec, TextHeadInfo(vocab=text_vocab))
+        self.text_vocab: int = text_vocab  # never None here
 
     def step(self, backbone: Backbone, rule: TextRule, channels: np.ndarray) -> StepLogits:
         spec = self.spec
@@ -324,16 +329,8 @@ class NumpyAudioHeads(AudioHeads):
 
     name = "numpy"
 
-    def __init__(
-        self,
-        heads_dir: Path,
-        spec: ModelSpec,
-        hidden: int,
-        text_ids: Sequence[int] = (),
-        text_rows: np.ndarray | None = None,
-        text_vocab: int | None = None,
-    ) -> None:
-        super().__init__(spec, text_ids, text_rows, text_vocab)
+    def __init__(self, heads_dir: Path, spec: ModelSpec, hidden: int, text: TextHeadInfo = NO_TEXT_SHORTCUT) -> None:
+        super().__init__(spec, text)
         rows = spec.audio_rows
         self.weights = np.empty((hidden, spec.n_vq * rows), dtype=np.float32)
         for k, head in enumerate(read_heads(heads_dir, spec, hidden)):
@@ -365,13 +362,11 @@ class OnnxAudioHeads(AudioHeads):
         heads_dir: Path,
         spec: ModelSpec,
         hidden: int,
-        text_ids: Sequence[int] = (),
-        text_rows: np.ndarray | None = None,
-        text_vocab: int | None = None,
+        text: TextHeadInfo = NO_TEXT_SHORTCUT,
         threads: int = 1,
         providers: Sequence[str] = ("CPUExecutionProvider",),
     ) -> None:
-        super().__init__(spec, text_ids, text_rows, text_vocab)
+        super().__init__(spec, text)
         if hidden % ONNX_HEADS_BLOCK:
             raise WeightsError(f"the onnx heads need a hidden size divisible by {ONNX_HEADS_BLOCK}, got {hidden}")
         n = spec.n_vq * spec.audio_rows
@@ -539,7 +534,7 @@ def _load_audio_heads(
     text_rows = gguf.text_head_rows(text_ids)
     if text_rows is not None and text_rows.shape[1] != hidden:
         text_rows = None
-    text_vocab = gguf.text_vocab if carried else None
+    text = TextHeadInfo(text_ids, text_rows, gguf.text_vocab if carried else None)
     if backend == "numpy":
-        return NumpyAudioHeads(heads_dir, spec, hidden, text_ids, text_rows, text_vocab)
-    return OnnxAudioHeads(heads_dir, spec, hidden, text_ids, text_rows, text_vocab, threads, providers)
+        return NumpyAudioHeads(heads_dir, spec, hidden, text)
+    return OnnxAudioHeads(heads_dir, spec, hidden, text, threads, providers)
