@@ -1,0 +1,46 @@
+"""Every params file in config/ speaks, on the demo model: only where the files are (and, for the TensorRT
+configs, the codec backend, which needs a GPU) is changed, so each shipped combination of settings runs
+for real (quantized KV cache with flash attention, small batches, low_memory staging, a GGUF carrying the
+audio heads on a CPU-only llama.cpp, ...)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moss_tts_node.config import load_config, read_params_file
+from moss_tts_node.heads_gguf import append_audio_heads_to_gguf
+from moss_tts_node.model_spec import ModelSpec
+
+CONFIGS = sorted((Path(__file__).resolve().parent.parent / "config").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("shipped", CONFIGS, ids=lambda path: path.stem)
+def test_a_shipped_config_speaks_on_the_demo_model(shipped: Path, demo_config: Path, tmp_path: Path) -> None:
+    from moss_tts_node.synthesizer import Synthesizer
+
+    demo = demo_config.parent
+    values = read_params_file(shipped)
+    demo_gguf = demo / load_config(demo_config).model.backbone_gguf
+    gguf = demo_gguf
+    if values["model.backbone_gguf"].endswith("_audio_heads.gguf"):  # made by attach-heads
+        gguf = tmp_path / "with_heads.gguf"
+        append_audio_heads_to_gguf(demo_gguf, demo / "lm_heads", gguf, ModelSpec.load(demo))
+    overrides: dict[str, object] = {
+        "model.weights_dir": str(demo),
+        "model.backbone_gguf": str(gguf),
+        "model.codec_dir": str(demo / "codec"),
+        "model.engine_dir": "",
+        "audio.backend": "onnx",
+        "audio.onnx_provider": "cpu",
+    }
+    with Synthesizer.from_config_file(shipped, overrides) as synth:
+        for key, value in values.items():  # nothing else was changed
+            if "." in key and key not in overrides and not key.startswith("model."):
+                group, name = key.split(".")
+                assert getattr(getattr(synth.config, group), name) == value, key
+        result = synth.synthesize("Hello! I am a robot.", seed=2, max_new_tokens=120)
+    assert result.codes.shape[0] > 0 and result.audio.shape[0] == 1920 * result.codes.shape[0]
+    assert np.isfinite(result.audio).all()
