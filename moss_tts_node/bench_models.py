@@ -29,16 +29,18 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
+from .config import write_params_file
 from .convert import quantize_gguf
 from .demo_codec import write_demo_codec
 from .demo_weights import SPECIAL_TOKENS, train_tokenizer
 from .errors import MossTTSError
+from .heads_gguf import heads_gguf_name
 from .model_spec import ModelSpec
 from .qwen3_gguf import Qwen3Shape, qwen3_tensor_shapes, write_qwen3_gguf
 
 TEXT_VOCAB = 155_648
 GGUF_NAME = "MOSS_TTS_Q4_K_M.gguf"
-HEADS_GGUF_NAME = "MOSS_TTS_Q4_K_M_heads.gguf"  # the same, with the audio heads in output.weight
+HEADS_GGUF_NAME = heads_gguf_name(GGUF_NAME)  # the same, with the audio heads in output.weight (attach-heads)
 FORMAT_VERSION = 1  # bump when the files a bench model holds change
 
 BENCH_SHAPES: dict[str, Qwen3Shape] = {
@@ -52,21 +54,15 @@ _TEXT_BIAS = {  # text-head logit along the shared direction, per unit of alignm
     "audio_assistant_delay_slot_token_id": -40.0,
     "im_end_token_id": -40.0,
 }
-_CONFIG = """\
-# Bench model ({name}): random weights of the real shape, noise not speech. Made by `python -m moss_tts_node bench`.
-moss_tts_node:
-  ros__parameters:
-    model:
-      weights_dir: .
-      backbone_gguf: {gguf}
-      codec_dir: codec
-    llama:
-      n_ctx: 4096
-      n_threads: 2
-      n_gpu_layers: 0
-    audio:
-      onnx_provider: cpu
-"""
+_PARAMS = {  # its config.yaml, beside the weights
+    "model.weights_dir": ".",
+    "model.backbone_gguf": GGUF_NAME,
+    "model.codec_dir": "codec",
+    "llama.n_ctx": 4096,
+    "llama.n_threads": 2,
+    "llama.n_gpu_layers": 0,
+    "audio.onnx_provider": "cpu",
+}
 
 Log = Callable[[str], None]
 
@@ -152,7 +148,9 @@ def build_bench_model(directory: Path, shape: Qwen3Shape, name: str, threads: in
         log(f"[{name}]   quantized in {time.perf_counter() - t0:.0f} s")
     finally:
         f16_path.unlink(missing_ok=True)
-    (directory / "config.yaml").write_text(_CONFIG.format(name=name, gguf=GGUF_NAME), encoding="utf-8")
+    header = f"Bench model ({name}): random weights of the real shape, noise not speech.\n"
+    header += "Made by `python -m moss_tts_node bench`."
+    write_params_file(directory / "config.yaml", _PARAMS, header)
     log(f"[{name}] built in {time.perf_counter() - started:.0f} s: {directory}")
 
 

@@ -229,6 +229,21 @@ def read_params_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     return dict(_flatten_mapping(_ros_parameters(document, path)))
 
 
+def write_params_file(path: str | os.PathLike[str], values: Mapping[str, Any], header: str = "") -> None:
+    """Write dotted ``values`` as a params file that ``read_params_file`` reads back; ``header`` becomes
+    its leading comment lines."""
+    nested: dict[str, Any] = {}
+    for key, value in values.items():
+        *groups, name = key.split(".")
+        section = nested
+        for group in groups:
+            section = section.setdefault(group, {})
+        section[name] = value
+    comment = "".join(f"# {line}\n".replace("# \n", "#\n") for line in header.splitlines())
+    document = yaml.safe_dump({NODE_NAME: {"ros__parameters": nested}}, sort_keys=False)
+    Path(path).write_text(comment + document, encoding="utf-8")
+
+
 def from_flat(values: Mapping[str, Any], base_dir: Path, source: str) -> Config:
     """Build a Config from dotted keys; relative paths are taken from base_dir."""
     groups: dict[str, dict[str, Any]] = {name: {} for name in _GROUP_TYPES}

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from .config import write_params_file
 from .convert import MODEL_TYPE, checkpoint_tensor_name, convert_checkpoint, gguf_file_name
 from .demo_codec import write_demo_codec
 from .model_spec import ModelSpec
@@ -63,23 +64,16 @@ _TEXT_BIAS = {
     "im_end_token_id": 14.0,
 }
 _SHARED_SCALE = 3.0  # per-element size of the shared direction, against ~1 for everything else
-_DEMO_CONFIG = """\
-# Demo model: random weights, noise not speech. Made by `python -m moss_tts_node demo-weights`.
-moss_tts_node:
-  ros__parameters:
-    model:
-      weights_dir: .
-      backbone_gguf: {gguf}
-      codec_dir: codec
-    llama:
-      n_ctx: 2048
-      n_gpu_layers: 0
-      flash_attn: "off"
-    audio:
-      onnx_provider: cpu
-    generation:
-      max_new_tokens: 600
-"""
+_DEMO_PARAMS = {  # its config.yaml, beside the weights
+    "model.weights_dir": ".",
+    "model.backbone_gguf": GGUF_NAME,
+    "model.codec_dir": "codec",
+    "llama.n_ctx": 2048,
+    "llama.n_gpu_layers": 0,
+    "llama.flash_attn": "off",
+    "audio.onnx_provider": "cpu",
+    "generation.max_new_tokens": 600,
+}
 
 
 def train_tokenizer(vocab_size: int = 400) -> Tokenizer:
@@ -171,5 +165,6 @@ def write_demo_weights(out_dir: Path, seed: int = 0, hidden: int = 256, layers: 
     convert_checkpoint(source, out_dir, GGUF_TYPE, force=True)
     write_demo_codec(out_dir / "codec", seed=seed)
     config_path = out_dir / "config.yaml"
-    config_path.write_text(_DEMO_CONFIG.format(gguf=GGUF_NAME), encoding="utf-8")
+    header = "Demo model: random weights, noise not speech.\nMade by `python -m moss_tts_node demo-weights`."
+    write_params_file(config_path, _DEMO_PARAMS, header)
     return config_path

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from moss_tts_node.config import OPTIONS, load_config
+from moss_tts_node.config import OPTIONS, flatten, load_config, write_params_file
 from moss_tts_node.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -103,3 +103,11 @@ def test_readme_documents_every_key() -> None:
     text = (REPO / "README.md").read_text()
     for key in OPTIONS:
         assert f"| `{key}` |" in text, f"README.md's configuration table lacks {key}"
+
+
+def test_a_written_params_file_reads_back_the_same(demo_config: Path, tmp_path: Path) -> None:
+    config = load_config(demo_config, overrides={"sampling.seed": 7, "llama.flash_attn": "off"})
+    path = tmp_path / "again.yaml"
+    write_params_file(path, dict(flatten(config)), "first line\n\nthird line")
+    assert path.read_text().startswith("# first line\n#\n# third line\nmoss_tts_node:\n  ros__parameters:\n")
+    assert load_config(path) == config

@@ -8,9 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from moss_tts_node.config import load_config
+from moss_tts_node.config import load_config, write_params_file
 from moss_tts_node.doctor import diagnose
 
 
@@ -49,14 +48,15 @@ def test_missing_weights_and_engines_fail_with_the_fix(demo_config: Path, tmp_pa
         if path.is_file() and relative != Path("embeddings/emb_ext_05.npy"):
             (weights / relative).parent.mkdir(parents=True, exist_ok=True)
             (weights / relative).symlink_to(path)
-    model = {
-        "weights_dir": str(weights),
-        "backbone_gguf": load_config(demo_config).model.backbone_gguf,
-        "engine_dir": str(tmp_path / "engines"),
-    }
     config = tmp_path / "trt.yaml"
-    params = {"model": model, "llama": {"n_gpu_layers": 0}, "audio": {"backend": "tensorrt"}}
-    config.write_text(yaml.safe_dump({"moss_tts_node": {"ros__parameters": params}}))
+    params = {
+        "model.weights_dir": str(weights),
+        "model.backbone_gguf": load_config(demo_config).model.backbone_gguf,
+        "model.engine_dir": str(tmp_path / "engines"),
+        "llama.n_gpu_layers": 0,
+        "audio.backend": "tensorrt",
+    }
+    write_params_file(config, params)
     checks = by_name(config)
     assert checks["embeddings"] == ("FAIL", f"32/33 files in {weights}")
     assert checks["codec engines"][0] == "FAIL" and "build-engines" in checks["codec engines"][1]
@@ -84,9 +84,14 @@ def test_the_audio_heads_line_says_where_they_run_and_how_to_put_them_on_the_gpu
 
     def heads_line(gguf: str, backend: str, gpu_layers: int) -> tuple[str, str]:
         config = tmp_path / "c.yaml"
-        model = {"weights_dir": str(weights), "backbone_gguf": gguf, "codec_dir": str(weights / "codec")}
-        params = {"model": model, "llama": {"n_gpu_layers": gpu_layers}, "audio": {"heads_backend": backend}}
-        config.write_text(yaml.safe_dump({"moss_tts_node": {"ros__parameters": params}}))
+        params = {
+            "model.weights_dir": str(weights),
+            "model.backbone_gguf": gguf,
+            "model.codec_dir": str(weights / "codec"),
+            "llama.n_gpu_layers": gpu_layers,
+            "audio.heads_backend": backend,
+        }
+        write_params_file(config, params)
         return by_name(config)["audio heads"]
 
     assert heads_line(plain, "auto", 0) == ("ok", f"onnx: 32 files in {weights / 'lm_heads'}")

@@ -16,11 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from ros_helpers import require_ros
 from ros_helpers.netns import LoopbackNamespace, NodeProcess
 
-from moss_tts_node.config import flatten, load_config
+from moss_tts_node.config import flatten, load_config, write_params_file
 
 require_ros()
 
@@ -47,12 +46,8 @@ def params_file(demo_config: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     requests, and a seed to find."""
     values: dict[str, Any] = dict(flatten(load_config(demo_config)))
     values |= {"llama.n_threads": 1, "llama.n_ctx": 8192, "sampling.seed": FILE_SEED}
-    nested: dict[str, Any] = {}
-    for key, value in values.items():
-        group, name = key.split(".")
-        nested.setdefault(group, {})[name] = value
     path = tmp_path_factory.mktemp("params") / "node.yaml"
-    path.write_text(yaml.safe_dump({"moss_tts_node": {"ros__parameters": nested}}))
+    write_params_file(path, values)
     return path
 
 
