@@ -167,6 +167,13 @@ class _CudaPython(CudaApi):
             count = self._call(cudart.cudaGetDeviceCount(), "cudaGetDeviceCount")
         except RuntimeError as error:  # cuda-python 12.x without a driver: "Failed to dlopen libcuda.so.1"
             raise CodecError(f"CUDA is not usable: {error}") from error
+        except CodecError as error:
+            if "InsufficientDriver" in str(error):
+                raise CodecError(
+                    f"{error}: no NVIDIA driver, or one older than this cuda-python's CUDA; with a CUDA 12 "
+                    "driver (JetPack 6) install `pip install 'cuda-python>=12,<13'`"
+                ) from error
+            raise
         if count == 0:
             raise CodecError("no CUDA GPU found (the CUDA runtime sees 0 devices)")
         self._device: list[int] = []
