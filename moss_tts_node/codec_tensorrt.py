@@ -171,7 +171,7 @@ class _CudaPython(CudaApi):
             if "InsufficientDriver" in str(error):
                 raise CodecError(
                     f"{error}: no NVIDIA driver, or one older than this cuda-python's CUDA; with a CUDA 12 "
-                    "driver (JetPack 6) install `pip install 'cuda-python>=12,<13'`"
+                    "driver (JetPack 6) run `pip install 'cuda-python>=12,<13'`"
                 ) from error
             raise
         if count == 0:
