@@ -42,6 +42,14 @@ lib=$(dirname "$(find "$build/out" -name 'libllama.so' | head -n1)")
 cc -O2 -shared -fPIC bridge/moss_bridge.c -I"$build/src/include" -I"$build/src/ggml/include" \
   -L"$lib" -lllama -Wl,-rpath,"$lib" -o "$build/libmoss_bridge.so"
 ldd "$lib/libggml-cuda.so" | grep -E "cublas|cudart|nccl|stdc\+\+" || true
+{  # what the build was made with, and which C++ library code the CUDA library carries itself
+  env | grep -E "^(CC|CXX|C(XX|PP)?FLAGS|LDFLAGS|CUDAFLAGS|CUDACXX|CUDA_[A-Z_]+|NVCC_[A-Z_]+|LD_LIBRARY_PATH|LD_PRELOAD)=" ||
+    true
+  c++ --version | head -n 1
+  grep -E "compiler identification|CUDA host compiler|CMAKE_CUDA_HOST" "$out/cmake.log" || true
+  echo "std::basic_ostream symbols defined in libggml-cuda.so: $(nm -DC --defined-only "$lib/libggml-cuda.so" |
+    grep -c "std::basic_ostream" || true)"
+} 2>&1 | tee "$out/build_env.txt"
 export MOSS_TTS_BRIDGE_LIB="$build/libmoss_bridge.so"
 
 # Native backtrace and the libraries mapped (two libstdc++ copies?) when a command crashes.
