@@ -329,10 +329,11 @@ def _check_files(config: Config, source: str) -> None:
         raise ConfigError(f"{source}: 'model.weights_dir' directory not found: {model.weights_dir}")
     gguf = backbone_path(config)
     if not gguf.is_file():
-        hint = ""
-        if gguf.name.endswith("_audio_heads.gguf"):
-            plain = gguf.name.removesuffix("_audio_heads.gguf") + ".gguf"
-            hint = f" (make it with: python -m moss_tts_node attach-heads {gguf.parent} --gguf {plain})"
+        from .heads_gguf import attach_heads_command, is_heads_gguf_name
+
+        hint = (
+            f" (make it with: {attach_heads_command(gguf.parent, gguf.name)})" if is_heads_gguf_name(gguf.name) else ""
+        )
         raise ConfigError(f"{source}: 'model.backbone_gguf' file not found: {gguf}{hint}")
     if config.audio.backend == "tensorrt":
         # The engines themselves are checked when the codec opens: they are often built on the

@@ -196,8 +196,9 @@ def _check_weights(weights: Path, gguf: Path, checks: list[Check]) -> None:
 def _check_heads(config: Any, environment: _Environment, checks: list[Check]) -> None:
     """Where the 32 audio heads will run (what ``auto`` resolves to) and whether their weights are there."""
     from moss_tts_node.config import backbone_path
+    from moss_tts_node.heads_gguf import attach_heads_command
     from moss_tts_node.model_spec import ModelSpec
-    from moss_tts_node.weights import GgufHeadsInfo
+    from moss_tts_node.weights import GgufHeadsInfo, resolve_heads_backend
 
     weights, gguf = Path(config.model.weights_dir), backbone_path(config)
     try:
@@ -207,10 +208,8 @@ def _check_heads(config: Any, environment: _Environment, checks: list[Check]) ->
         checks.append(Check("FAIL", "audio heads", str(error)))
         return
     on_gpu = config.llama.n_gpu_layers != 0 and bool(environment.gpu_offload)
-    backend = config.audio.heads_backend
-    if backend == "auto":
-        backend = "gguf" if carried and on_gpu else "onnx"
-    attach = f"python -m moss_tts_node attach-heads {weights} --gguf {gguf.name}"
+    backend = resolve_heads_backend(config.audio.heads_backend, carried, on_gpu)
+    attach = attach_heads_command(weights, gguf.name)
     if backend == "gguf":
         if carried:
             where = "on the GPU" if on_gpu else "on the CPU"

@@ -21,11 +21,24 @@ from .model_spec import ModelSpec
 from .weights import GGUF_AUDIO_HEADS_KEY, GGUF_TEXT_VOCAB_KEY, GgufHeadsInfo, read_heads
 
 HEADS_DIR = "lm_heads"
+_SUFFIX = "_audio_heads.gguf"
 
 
 def heads_gguf_name(source_name: str) -> str:
     """``MOSS_TTS_Q4_K_M.gguf`` -> ``MOSS_TTS_Q4_K_M_audio_heads.gguf``."""
-    return f"{Path(source_name).stem}_audio_heads.gguf"
+    return f"{Path(source_name).stem}{_SUFFIX}"
+
+
+def is_heads_gguf_name(name: str) -> bool:
+    """Whether ``name`` is what attach-heads calls its output by default."""
+    return name.endswith(_SUFFIX) and len(name) > len(_SUFFIX)
+
+
+def attach_heads_command(weights_dir: Path, gguf_name: str) -> str:
+    """The command that makes the heads-carrying GGUF from the plain ``gguf_name``, or from the plain GGUF
+    whose default output ``gguf_name`` is."""
+    plain = gguf_name.removesuffix(_SUFFIX) + ".gguf" if is_heads_gguf_name(gguf_name) else gguf_name
+    return f"python -m moss_tts_node attach-heads {weights_dir} --gguf {plain}"
 
 
 def attach_heads(

@@ -492,8 +492,16 @@ def load_audio_heads(
     gguf = GgufHeadsInfo(gguf_path)
     if backend == "auto":
         on_gpu = n_gpu_layers != 0 and llama_supports_gpu_offload()
-        backend = "gguf" if gguf.audio_heads is not None and on_gpu else "onnx"
+        backend = resolve_heads_backend(backend, gguf.audio_heads is not None, on_gpu)
     return _load_audio_heads(backend, heads_dir, spec, hidden, gguf, threads or os.cpu_count() or 1, providers)
+
+
+def resolve_heads_backend(backend: str, gguf_carries_heads: bool, layers_on_gpu: bool) -> str:
+    """What ``auto`` means: the GGUF's heads when it carries them and llama.cpp runs layers on a GPU, else
+    the 8-bit onnx heads (with the text-head skip, faster on a CPU). Other backends are themselves."""
+    if backend != "auto":
+        return backend
+    return "gguf" if gguf_carries_heads and layers_on_gpu else "onnx"
 
 
 def llama_supports_gpu_offload() -> bool:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from moss_tts_node.config import load_config, read_params_file
-from moss_tts_node.heads_gguf import append_audio_heads_to_gguf
+from moss_tts_node.heads_gguf import append_audio_heads_to_gguf, is_heads_gguf_name
 from moss_tts_node.model_spec import ModelSpec
 
 CONFIGS = sorted((Path(__file__).resolve().parent.parent / "config").glob("*.yaml"))
@@ -25,7 +25,7 @@ def test_a_shipped_config_speaks_on_the_demo_model(shipped: Path, demo_config: P
     values = read_params_file(shipped)
     demo_gguf = demo / load_config(demo_config).model.backbone_gguf
     gguf = demo_gguf
-    if values["model.backbone_gguf"].endswith("_audio_heads.gguf"):  # made by attach-heads
+    if is_heads_gguf_name(values["model.backbone_gguf"]):  # made by attach-heads
         gguf = tmp_path / "with_heads.gguf"
         append_audio_heads_to_gguf(demo_gguf, demo / "lm_heads", gguf, ModelSpec.load(demo))
     overrides: dict[str, object] = {
