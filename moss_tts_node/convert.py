@@ -289,17 +289,17 @@ def check_output_dir(out_dir: Path, checkpoint_dir: Path, force: bool) -> None:
         )
 
 
-def check_disk_space(out_dir: Path, needed: int) -> None:
-    """Compare the estimated peak with the free space of the file system the output goes to."""
+def check_disk_space(out_dir: Path, needed: int, what: str) -> None:
+    """Compare the estimated peak ``needed`` bytes (of ``what``, for the message) with the free space of the
+    file system the output goes to."""
     existing = out_dir
     while not existing.exists():
         existing = existing.parent
     free = shutil.disk_usage(existing).free
     if needed * _DISK_MARGIN > free:
         raise ConversionError(
-            f"the conversion needs about {_gb(needed * _DISK_MARGIN)} free in {existing} (the output plus, "
-            f"when quantizing, an F16 intermediate file), but only {_gb(free)} is free: free some space or "
-            "choose an output directory on another disk"
+            f"{what} needs about {_gb(needed * _DISK_MARGIN)} free in {existing}, but only {_gb(free)} is free: "
+            "free some space or choose an output directory on another disk"
         )
 
 
@@ -393,7 +393,7 @@ def convert_checkpoint(
     _remove_leftovers(out_dir)
     tokenizer_files = [checkpoint_dir / n for n in TOKENIZER_FILES if (checkpoint_dir / n).is_file()]
     final_bytes, peak_bytes = estimate_output_bytes(config, gguf_type, sum(p.stat().st_size for p in tokenizer_files))
-    check_disk_space(out_dir, peak_bytes)
+    check_disk_space(out_dir, peak_bytes, "the conversion (the output plus, when quantizing, an F16 intermediate)")
 
     tables = table_files(config.spec)
     backbone_bytes = sum(

@@ -10,12 +10,12 @@ The heads are quantized to the output matrix's own type, by ggml's own quantizer
 from __future__ import annotations
 
 import argparse
-import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .convert import check_disk_space
 from .errors import WeightsError
 from .model_spec import ModelSpec
 from .weights import GGUF_AUDIO_HEADS_KEY, GGUF_TEXT_VOCAB_KEY, GgufHeadsInfo, read_heads
@@ -67,12 +67,7 @@ def attach_heads(
         raise WeightsError(f"{target} exists: pass --force to overwrite it, or --output another name")
     spec = ModelSpec.load(weights_dir)
     needed = source.stat().st_size + sum(f.stat().st_size for f in (weights_dir / HEADS_DIR).glob("*.npy"))
-    free = shutil.disk_usage(weights_dir).free
-    if needed > free:
-        raise WeightsError(
-            f"{target.name} needs about {needed / 1e9:.2f} GB in {weights_dir} and {free / 1e9:.2f} GB is free: "
-            "free some space"
-        )
+    check_disk_space(weights_dir, needed, target.name)
     append_audio_heads_to_gguf(source, weights_dir / HEADS_DIR, target, spec)
     return target
 
