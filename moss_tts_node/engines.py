@@ -272,8 +272,9 @@ def _build_plan(trt: ModuleType, onnx_path: Path, shapes: ProfileShapes) -> Any:
     return plan
 
 
-def _write_atomically(path: Path, data: bytes | Any) -> None:
-    """Write ``data`` (bytes or any buffer) to a temporary file beside ``path``, then rename it over ``path``."""
+def _write_atomically(path: Path, data: Any) -> None:
+    """Write ``data`` (bytes, or a buffer such as TensorRT's IHostMemory) to a temporary file beside ``path``,
+    then rename it over ``path``."""
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as file:

@@ -54,13 +54,9 @@ export MOSS_TTS_BRIDGE_LIB="$build/libmoss_bridge.so"
 
 # Native backtrace and the libraries mapped (two libstdc++ copies?) when a command crashes.
 crash_report() {
-  if command -v gdb >/dev/null; then
-    gdb -q -batch -ex "set pagination off" -ex run -ex bt -ex "info sharedlibrary" --args "$@" 2>&1 | tail -80
-  elif command -v cuda-gdb >/dev/null; then
-    cuda-gdb -q -batch -ex "set pagination off" -ex run -ex bt -ex "info sharedlibrary" --args "$@" 2>&1 | tail -80
-  else
-    echo "no gdb: no backtrace"
-  fi
+  local debugger
+  debugger=$(command -v gdb || command -v cuda-gdb) || { echo "no gdb: no backtrace"; return; }
+  "$debugger" -q -batch -ex "set pagination off" -ex run -ex bt -ex "info sharedlibrary" --args "$@" 2>&1 | tail -80
 }
 
 # 1. No Python in the process: the bridge alone, all layers on the CPU, then on the GPU.
