@@ -2,7 +2,7 @@
 
 from glob import glob
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 PACKAGE = "moss_tts_node"
 
@@ -13,7 +13,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     # The C bridge ships inside the package so an installed copy can compile it on first use.
-    packages=[PACKAGE, f"{PACKAGE}.bridge_src"],
+    packages=[*find_packages(include=[PACKAGE, f"{PACKAGE}.*"]), f"{PACKAGE}.bridge_src"],
     package_dir={f"{PACKAGE}.bridge_src": "bridge"},
     package_data={f"{PACKAGE}.bridge_src": ["*.c", "*.h"]},
     data_files=[
@@ -39,8 +39,8 @@ setup(
     },
     entry_points={
         "console_scripts": [
-            f"moss_tts = {PACKAGE}.cli:main",
-            f"moss_tts_node = {PACKAGE}.ros_node:main",
+            f"moss_tts = {PACKAGE}.tools.cli:main",
+            f"moss_tts_node = {PACKAGE}.ros.node:main",
         ],
     },
 )

@@ -17,7 +17,7 @@ from launch.actions import DeclareLaunchArgument, OpaqueFunction
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
-from moss_tts_node.ros_node import choose_params_file, launch_parameters
+from moss_tts_node.ros.node import choose_params_file, launch_parameters
 
 PACKAGE = "moss_tts_node"
 

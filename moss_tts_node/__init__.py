@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .config import Config, load_config
-from .errors import Cancelled, CodecError, ConfigError, MossTTSError, RequestError, WeightsError
+from moss_tts_node.config import Config, load_config
+from moss_tts_node.errors import Cancelled, CodecError, ConfigError, MossTTSError, RequestError, WeightsError
 
 if TYPE_CHECKING:
-    from .synthesizer import AudioChunk, AudioStream, Synthesis, Synthesizer
+    from moss_tts_node.synthesizer import AudioChunk, AudioStream, Synthesis, Synthesizer
 
 __all__ = [
     "AudioChunk",
@@ -32,7 +32,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in ("AudioChunk", "AudioStream", "Synthesis", "Synthesizer"):
-        from . import synthesizer
+        from moss_tts_node import synthesizer
 
         return getattr(synthesizer, name)
     raise AttributeError(name)

@@ -1,7 +1,7 @@
-"""``python -m moss_tts_node``: see ``cli.py``."""
+"""``python -m moss_tts_node``: see ``tools/cli.py``."""
 
 import sys
 
-from .cli import main
+from moss_tts_node.tools.cli import main
 
 sys.exit(main())

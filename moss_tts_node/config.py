@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from .errors import ConfigError
+from moss_tts_node.errors import ConfigError
 
 NODE_NAME = "moss_tts_node"
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
@@ -329,7 +329,7 @@ def _check_files(config: Config, source: str) -> None:
         raise ConfigError(f"{source}: 'model.weights_dir' directory not found: {model.weights_dir}")
     gguf = backbone_path(config)
     if not gguf.is_file():
-        from .heads_gguf import attach_heads_command, is_heads_gguf_name
+        from moss_tts_node.model.layout import attach_heads_command, is_heads_gguf_name
 
         hint = (
             f" (make it with: {attach_heads_command(gguf.parent, gguf.name)})" if is_heads_gguf_name(gguf.name) else ""

@@ -4,6 +4,8 @@ Every error says what is wrong and how to fix it; adapters (CLI, ROS node) show
 ``str(error)`` to people as it is.
 """
 
+EXIT_BAD_INPUT = 2  # what the CLI and the node exit with when the input (config, request, files) is bad
+
 
 class MossTTSError(Exception):
     """Base class of every error this package raises on purpose."""

@@ -21,21 +21,23 @@ from typing import Any
 
 import numpy as np
 
-from .audio_io import load_reference_audio
-from .backbone import Backbone, BackboneParams
-from .codec import AudioCodec, frames_for_seconds, open_codec
-from .config import Config, SamplingConfig, backbone_path, load_config
-from .delay import DelayState
-from .errors import Cancelled, RequestError
-from .generation import generate_rows
-from .model_spec import ModelSpec
-from .normalize import normalize_text
-from .pieces import Piece, PiecePlanner
-from .prompt import PromptBuilder, PromptFields
-from .sampling import Sampler
-from .streaming import FrameAssembler, StreamingDecoder
-from .timing import StageClock, TimingReport
-from .weights import AudioHeads, EmbeddingTables, load_audio_heads
+from moss_tts_node.codec.audio_io import load_reference_audio
+from moss_tts_node.codec.base import AudioCodec, frames_for_seconds
+from moss_tts_node.codec.factory import open_codec
+from moss_tts_node.codec.streaming import StreamingDecoder
+from moss_tts_node.config import Config, SamplingConfig, backbone_path, load_config
+from moss_tts_node.errors import Cancelled, RequestError
+from moss_tts_node.llama.backbone import Backbone, BackboneParams
+from moss_tts_node.model.delay import DelayState, FrameAssembler
+from moss_tts_node.model.embeddings import EmbeddingTables
+from moss_tts_node.model.generation import generate_rows
+from moss_tts_node.model.heads import AudioHeads, load_audio_heads
+from moss_tts_node.model.sampling import Sampler
+from moss_tts_node.model.spec import ModelSpec
+from moss_tts_node.text.normalize import normalize_text
+from moss_tts_node.text.pieces import Piece, PiecePlanner
+from moss_tts_node.text.prompt import PromptBuilder, PromptFields
+from moss_tts_node.timing import StageClock, TimingReport
 
 CancelFlag = threading.Event | Callable[[], bool] | None
 Reference = str | Path | np.ndarray | None

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from moss_tts_node.demo_weights import write_demo_weights
+from moss_tts_node.tools.demo_weights import write_demo_weights
 
 
 @pytest.fixture(scope="session")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from moss_tts_node.backbone import Backbone, BackboneParams
-from moss_tts_node.qwen3_gguf import Qwen3Shape
+from moss_tts_node.llama.backbone import Backbone, BackboneParams
+from moss_tts_node.tools.qwen3_gguf import Qwen3Shape
 
 
 def exact_backbone(gguf_path: Path) -> Backbone:

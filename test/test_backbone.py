@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from qwen3_reference import qwen3_forward
 
-from moss_tts_node.backbone import KV_CACHE_TYPES, Backbone, BackboneParams
 from moss_tts_node.errors import BridgeError, ConfigError, WeightsError
-from moss_tts_node.qwen3_gguf import (
+from moss_tts_node.llama.backbone import KV_CACHE_TYPES, Backbone, BackboneParams
+from moss_tts_node.tools.qwen3_gguf import (
     Qwen3Shape,
     gguf_tensor_name,
     qwen3_tensor_shapes,

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from moss_tts_node.audio_io import write_wav
+from moss_tts_node.codec.audio_io import write_wav
 
 
 def run(*args: str | Path) -> subprocess.CompletedProcess[str]:

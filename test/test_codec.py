@@ -11,10 +11,11 @@ import pytest
 import soundfile as sf
 from onnx import TensorProto, helper
 
-from moss_tts_node.audio_io import float_to_pcm16, load_reference_audio, resample, write_wav
-from moss_tts_node.codec import ONNX_SOURCE, AudioCodec, OnnxCodec
-from moss_tts_node.demo_codec import write_demo_codec
+from moss_tts_node.codec.audio_io import float_to_pcm16, load_reference_audio, resample, write_wav
+from moss_tts_node.codec.base import ONNX_SOURCE, AudioCodec
+from moss_tts_node.codec.onnx import OnnxCodec
 from moss_tts_node.errors import CodecError, RequestError, WeightsError
+from moss_tts_node.tools.demo_codec import write_demo_codec
 
 FRAME = AudioCodec.samples_per_frame
 RATE = AudioCodec.sample_rate

@@ -19,9 +19,11 @@ import numpy as np
 import pytest
 from qwen3_reference import exact_backbone, qwen3_forward
 
-from moss_tts_node import convert
-from moss_tts_node.cli import main
-from moss_tts_node.convert import (
+from moss_tts_node.errors import BridgeError
+from moss_tts_node.model.spec import ModelSpec
+from moss_tts_node.tools import convert
+from moss_tts_node.tools.cli import main
+from moss_tts_node.tools.convert import (
     ConversionError,
     checkpoint_tensor_name,
     convert_checkpoint,
@@ -31,11 +33,9 @@ from moss_tts_node.convert import (
     read_checkpoint_config,
     table_files,
 )
-from moss_tts_node.demo_weights import DemoCheckpoint, demo_checkpoint, write_checkpoint
-from moss_tts_node.errors import BridgeError
-from moss_tts_node.model_spec import ModelSpec
-from moss_tts_node.qwen3_gguf import qwen3_tensor_shapes
-from moss_tts_node.safetensors_io import (
+from moss_tts_node.tools.demo_weights import DemoCheckpoint, demo_checkpoint, write_checkpoint
+from moss_tts_node.tools.qwen3_gguf import qwen3_tensor_shapes
+from moss_tts_node.tools.safetensors_io import (
     SafetensorsCheckpoint,
     SafetensorsError,
     bfloat16_to_float32,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moss_tts_node.delay import NOT_FLUSHING, DelayState, apply_delay, remove_delay
-from moss_tts_node.model_spec import ModelSpec
+from moss_tts_node.model.delay import NOT_FLUSHING, DelayState, apply_delay, remove_delay
+from moss_tts_node.model.spec import ModelSpec
 
 SPEC = ModelSpec()  # the published ids
 N = SPEC.n_vq

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from moss_tts_node.config import load_config, write_params_file
-from moss_tts_node.doctor import diagnose
+from moss_tts_node.tools.doctor import diagnose
 
 
 def doctor(*args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -71,8 +71,8 @@ def test_a_broken_config_is_reported_not_raised(tmp_path: Path) -> None:
 def test_the_audio_heads_line_says_where_they_run_and_how_to_put_them_on_the_gpu(
     demo_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from moss_tts_node import doctor as doctor_module
-    from moss_tts_node.heads_gguf import attach_heads
+    from moss_tts_node.tools import doctor as doctor_module
+    from moss_tts_node.tools.attach_heads import attach_heads
 
     weights = tmp_path / "weights"
     for path in demo_config.parent.rglob("*"):

@@ -11,18 +11,14 @@ import numpy as np
 import pytest
 from qwen3_reference import exact_backbone
 
-from moss_tts_node.backbone import Backbone
-from moss_tts_node.delay import TextRule
 from moss_tts_node.errors import BridgeError, WeightsError
-from moss_tts_node.heads_gguf import append_audio_heads_to_gguf
-from moss_tts_node.model_spec import ModelSpec
-from moss_tts_node.qwen3_gguf import Qwen3Shape, random_qwen3_tensors, write_qwen3_gguf
-from moss_tts_node.weights import (
-    GgufHeadsInfo,
-    NumpyAudioHeads,
-    OnnxAudioHeads,
-    load_audio_heads,
-)
+from moss_tts_node.llama.backbone import Backbone
+from moss_tts_node.llama.gguf import GgufHeadsInfo
+from moss_tts_node.model.delay import TextRule
+from moss_tts_node.model.heads import NumpyAudioHeads, OnnxAudioHeads, load_audio_heads
+from moss_tts_node.model.spec import ModelSpec
+from moss_tts_node.tools.attach_heads import append_audio_heads_to_gguf
+from moss_tts_node.tools.qwen3_gguf import Qwen3Shape, random_qwen3_tensors, write_qwen3_gguf
 
 SHAPE = Qwen3Shape(hidden=128, layers=2, heads=4, kv_heads=2, head_dim=32, ffn=128, vocab=300)
 SPEC = ModelSpec(
@@ -152,7 +148,7 @@ def test_which_steps_need_llama_cpps_text_head(model: dict[str, object]) -> None
 def test_auto_takes_the_gguf_heads_only_with_layers_on_a_gpu(
     model: dict[str, object], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import moss_tts_node.weights as weights
+    import moss_tts_node.model.heads as weights
 
     def auto(path: Path, gpu_layers: int) -> str:
         return load_audio_heads(
@@ -234,7 +230,7 @@ def test_fast_audio_sampling_draws_what_the_general_path_draws() -> None:
     import dataclasses
 
     from moss_tts_node.config import SamplingConfig
-    from moss_tts_node.sampling import Sampler, sample_rows
+    from moss_tts_node.model.sampling import Sampler, sample_rows
 
     spec = ModelSpec()
     prompt = np.full((4, spec.channels), spec.audio_pad_code, dtype=np.int64)
@@ -256,7 +252,7 @@ def test_fast_audio_sampling_draws_what_the_general_path_draws() -> None:
 def test_attach_heads_command_writes_the_carrying_gguf_and_refuses_what_it_cannot_do(
     model: dict[str, object], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from moss_tts_node.cli import main
+    from moss_tts_node.tools.cli import main
 
     root = model["root"]
     weights = tmp_path / "weights"

@@ -9,12 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moss_tts_node.audio_io import write_wav
-from moss_tts_node.codec import AudioCodec, OnnxCodec, frames_for_seconds, run_windowed
-from moss_tts_node.demo_codec import write_demo_codec
-from moss_tts_node.prompt import PromptFields
-from moss_tts_node.streaming import StreamingDecoder
+from moss_tts_node.codec.audio_io import write_wav
+from moss_tts_node.codec.base import AudioCodec, frames_for_seconds, run_windowed
+from moss_tts_node.codec.onnx import OnnxCodec
+from moss_tts_node.codec.streaming import StreamingDecoder
 from moss_tts_node.synthesizer import Synthesizer
+from moss_tts_node.text.prompt import PromptFields
+from moss_tts_node.tools.demo_codec import write_demo_codec
 
 SPF = AudioCodec.samples_per_frame
 LONG_TEXT = (

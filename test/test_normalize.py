@@ -1,4 +1,4 @@
-"""Tests of moss_tts_node.normalize: one case per rule of the spec, protected spans, idempotence."""
+"""Tests of moss_tts_node.text.normalize: one case per rule of the spec, protected spans, idempotence."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from moss_tts_node.normalize import _normalize_once, normalize_text
+from moss_tts_node.text.normalize import _normalize_once, normalize_text
 
 # (input, expected): at least one case per rule of docs/moss-tts-delay.md section 4.
 RULE_CASES = [

@@ -9,8 +9,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from moss_tts_node.errors import RequestError
-from moss_tts_node.model_spec import ModelSpec
-from moss_tts_node.prompt import PromptBuilder, PromptFields
+from moss_tts_node.model.spec import ModelSpec
+from moss_tts_node.text.prompt import PromptBuilder, PromptFields
 
 PAD = 1024
 

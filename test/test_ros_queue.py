@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from moss_tts_node.ros_queue import Outcome, Rejected, RequestQueue, State, Ticket
+from moss_tts_node.ros.queue import Outcome, Rejected, RequestQueue, State, Ticket
 
 WAIT = 10.0  # seconds; only reached when something is broken
 

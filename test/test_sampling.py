@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from moss_tts_node.config import SamplingConfig
-from moss_tts_node.delay import TextRule
-from moss_tts_node.model_spec import ModelSpec
-from moss_tts_node.sampling import Sampler, penalized, sample_rows
+from moss_tts_node.model.delay import TextRule
+from moss_tts_node.model.sampling import Sampler, penalized, sample_rows
+from moss_tts_node.model.spec import ModelSpec
 
 SPEC = ModelSpec(
     pad_token_id=10,

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from moss_tts_node.config import load_config, read_params_file
-from moss_tts_node.heads_gguf import append_audio_heads_to_gguf, is_heads_gguf_name
-from moss_tts_node.model_spec import ModelSpec
+from moss_tts_node.model.layout import is_heads_gguf_name
+from moss_tts_node.model.spec import ModelSpec
+from moss_tts_node.tools.attach_heads import append_audio_heads_to_gguf
 
 CONFIGS = sorted((Path(__file__).resolve().parent.parent / "config").glob("*.yaml"))
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moss_tts_node.audio_io import write_wav
-from moss_tts_node.delay import remove_delay
+from moss_tts_node.codec.audio_io import write_wav
 from moss_tts_node.errors import RequestError, WeightsError
+from moss_tts_node.model.delay import remove_delay
 from moss_tts_node.synthesizer import Synthesizer
 
 TEXT = "Hello! I am a robot."

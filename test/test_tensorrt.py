@@ -15,13 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moss_tts_node.codec import AudioCodec, OnnxCodec, open_codec
-from moss_tts_node.config import load_config
-from moss_tts_node.demo_codec import write_demo_codec
-from moss_tts_node.engines import (
+from moss_tts_node.codec.base import AudioCodec
+from moss_tts_node.codec.cuda import GpuInfo
+from moss_tts_node.codec.engines import (
     METADATA_FILE,
     EngineSet,
-    GpuInfo,
     build_engines,
     check_compatible,
     frozen_quantizers_model,
@@ -29,7 +27,11 @@ from moss_tts_node.engines import (
     profile_shapes,
     read_engine_set,
 )
+from moss_tts_node.codec.factory import open_codec
+from moss_tts_node.codec.onnx import OnnxCodec
+from moss_tts_node.config import load_config
 from moss_tts_node.errors import CodecError, ConfigError, MossTTSError, WeightsError
+from moss_tts_node.tools.demo_codec import write_demo_codec
 
 SPF = AudioCodec.samples_per_frame
 ORIN = GpuInfo("Orin", "8.7", 7 * 2**30)
@@ -37,7 +39,7 @@ ORIN = GpuInfo("Orin", "8.7", 7 * 2**30)
 
 def tensorrt_missing_reason() -> str | None:
     """Why the GPU tests cannot run here, or None when TensorRT, a CUDA binding and a GPU are usable."""
-    from moss_tts_node.codec_tensorrt import cuda_api
+    from moss_tts_node.codec.cuda import cuda_api
 
     try:
         import_tensorrt()
@@ -236,7 +238,7 @@ def reference(demo_onnx: tuple[Path, Path]) -> OnnxCodec:
 
 def usable_bindings() -> list[str]:
     """The CUDA bindings that work here, so the codec is tested on each (pycuda and/or cuda-python)."""
-    from moss_tts_node.codec_tensorrt import CUDA_APIS, cuda_api
+    from moss_tts_node.codec.cuda import CUDA_APIS, cuda_api
 
     usable = []
     for name in CUDA_APIS:
@@ -250,7 +252,7 @@ def usable_bindings() -> list[str]:
 
 @pytest.fixture(scope="module", params=usable_bindings())
 def trt_codec(request: pytest.FixtureRequest, engines: EngineSet) -> Iterator[AudioCodec]:
-    from moss_tts_node.codec_tensorrt import TensorRTCodec
+    from moss_tts_node.codec.tensorrt import TensorRTCodec
 
     with TensorRTCodec(engines.directory, cuda=request.param) as codec:
         yield codec
@@ -313,7 +315,7 @@ def test_calls_reuse_the_buffers_allocated_at_load(trt_codec: AudioCodec) -> Non
 
 @needs_gpu
 def test_engines_from_another_tensorrt_are_refused(engines: EngineSet, tmp_path: Path) -> None:
-    from moss_tts_node.codec_tensorrt import TensorRTCodec
+    from moss_tts_node.codec.tensorrt import TensorRTCodec
 
     copy = Path(shutil.copytree(engines.directory, tmp_path / "engines"))
     record = json.loads((copy / METADATA_FILE).read_text())

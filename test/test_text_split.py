@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from moss_tts_node.text_split import split_text
+from moss_tts_node.text.split import split_text
 
 
 def squeeze(text: str) -> str:

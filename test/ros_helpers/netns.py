@@ -77,13 +77,13 @@ class LoopbackNamespace:
 
 
 class NodeProcess:
-    """``python -m moss_tts_node.ros_node`` in a namespace, its output kept in a log file."""
+    """``python -m moss_tts_node.ros.node`` in a namespace, its output kept in a log file."""
 
     def __init__(self, netns: LoopbackNamespace, ros_args: list[str], name: str = "node", cwd: Path | None = None):
         self.log = netns.log_dir / f"{name}.log"
         self._log_file = self.log.open("w")
         self.process = netns.popen(
-            [sys.executable, "-m", "moss_tts_node.ros_node", "--ros-args", *ros_args],
+            [sys.executable, "-m", "moss_tts_node.ros.node", "--ros-args", *ros_args],
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
             cwd=cwd,

@@ -1,0 +1,1 @@
+"""The audio codec (MOSS-Audio-Tokenizer): interface, ONNX Runtime and TensorRT backends, audio files, streaming."""

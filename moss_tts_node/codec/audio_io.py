@@ -1,0 +1,148 @@
+"""Audio files in and out: reference clips for voice cloning, WAV output, S16LE PCM.
+
+Reference clips are prepared the way upstream MOSS-TTS prepares them (mono, 24 kHz,
+-20 dBFS RMS with the gain clamped to +-3 dB, whole codec frames), so that a voice cloned
+here sounds like the same voice cloned upstream. The resampler is
+written in NumPy so the package needs neither SciPy nor torch on a robot.
+"""
+
+from __future__ import annotations
+
+from math import gcd
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+
+from moss_tts_node.codec.base import AudioCodec
+from moss_tts_node.errors import RequestError
+
+CODEC_SAMPLE_RATE = AudioCodec.sample_rate
+SAMPLES_PER_FRAME = AudioCodec.samples_per_frame
+TARGET_DBFS = -20.0
+MAX_GAIN_DB = 3.0
+SILENCE_DBFS = -70.0  # below this RMS a clip holds no usable voice
+
+# Windowed-sinc design: 32 zero crossings each side of the kernel and a Kaiser window
+# (beta 9) give > 80 dB of stopband; the pass band ends at 94 % of the lower Nyquist
+# so the transition band stays clear of aliasing.
+_ZERO_CROSSINGS = 32
+_KAISER_BETA = 9.0
+_ROLLOFF = 0.94
+_CHUNK = 16384  # output samples per gather, bounds the working memory to a few MB
+
+
+def load_reference_audio(path: str | Path) -> np.ndarray:
+    """Read a voice reference clip and return it ready for ``AudioCodec.encode``.
+
+    WAV, FLAC and OGG (anything libsndfile reads) are accepted. The result is float32 mono
+    24 kHz, RMS-normalized toward -20 dBFS (gain limited to +-3 dB so a quiet room is not
+    pumped up into noise) and zero-padded at the end to a multiple of 1920 samples.
+    Raises RequestError for a missing, unreadable, empty or silent file.
+    """
+    path = Path(path)
+    samples, rate = _read_audio(path)
+    mono = samples.mean(axis=1, dtype=np.float64).astype(np.float32)
+    mono = resample(mono, rate, CODEC_SAMPLE_RATE)
+    return _pad_to_frames(_normalize_loudness(mono, path))
+
+
+def resample(samples: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:
+    """Resample 1-D ``samples`` with a Kaiser-windowed sinc polyphase filter.
+
+    Output length is ceil(n * to_rate / from_rate). Works for any pair of integer rates:
+    the ratio is reduced to up/down by their gcd, and one filter phase is tabulated per
+    distinct fractional position (at most ``up`` of them).
+    """
+    if from_rate <= 0 or to_rate <= 0:
+        raise ValueError(f"sample rates must be positive, got {from_rate} -> {to_rate}")
+    samples = np.asarray(samples, dtype=np.float32)
+    if samples.ndim != 1:
+        raise ValueError(f"resample expects 1-D samples, got shape {samples.shape}")
+    if from_rate == to_rate or samples.size == 0:
+        return samples.copy()
+    divisor = gcd(from_rate, to_rate)
+    up, down = to_rate // divisor, from_rate // divisor
+    phases, half = _sinc_phases(up, down)
+    n_out = -(-samples.size * up // down)
+    positions = np.arange(n_out, dtype=np.int64) * down  # output n sits at input n * down / up
+    starts, phase_of = positions // up, positions % up
+    padded = np.concatenate([np.zeros(half, np.float32), samples, np.zeros(half + 1, np.float32)])
+    windows = np.lib.stride_tricks.sliding_window_view(padded, phases.shape[1])
+    out = np.empty(n_out, dtype=np.float32)
+    for begin in range(0, n_out, _CHUNK):
+        rows = slice(begin, begin + _CHUNK)
+        out[rows] = np.einsum("ij,ij->i", windows[starts[rows]], phases[phase_of[rows]])
+    return out
+
+
+def _sinc_phases(up: int, down: int) -> tuple[np.ndarray, int]:
+    """Tabulate the anti-aliasing kernel at the ``up`` fractional offsets it is used at.
+
+    Row p holds the taps for an output lying p/up of an input sample past the tap window's
+    centre sample; taps run from +half to -half input samples away. The cutoff is the
+    lower of the two Nyquist rates, so downsampling filters out what would alias. Each
+    row is normalized to unit sum so DC passes exactly whatever the phase.
+    """
+    cutoff = min(1.0, up / down) * _ROLLOFF  # in cycles per input sample, times 2
+    reach = _ZERO_CROSSINGS / cutoff  # kernel half-width in input samples
+    half = int(np.ceil(reach))
+    offsets = np.arange(up)[:, None] / up + half - np.arange(2 * half + 1)[None, :]
+    inside = np.clip(1.0 - (offsets / reach) ** 2, 0.0, None)
+    kernel = cutoff * np.sinc(cutoff * offsets) * np.i0(_KAISER_BETA * np.sqrt(inside)) / np.i0(_KAISER_BETA)
+    kernel[np.abs(offsets) > reach] = 0.0
+    kernel /= kernel.sum(axis=1, keepdims=True)
+    return kernel.astype(np.float32), half
+
+
+def write_wav(path: str | Path, samples: np.ndarray, sample_rate: int) -> None:
+    """Write mono float samples as a 16-bit PCM WAV, clipping to [-1, 1] first."""
+    pcm = np.frombuffer(float_to_pcm16(samples), dtype="<i2")
+    sf.write(str(path), pcm, sample_rate, subtype="PCM_16", format="WAV")
+
+
+def float_to_pcm16(samples: np.ndarray) -> bytes:
+    """Convert mono float samples to signed 16-bit little-endian PCM bytes (S16LE).
+
+    Values are clipped to [-1, 1] and scaled by 32767, so full scale never wraps around.
+    """
+    samples = np.asarray(samples)
+    if samples.ndim != 1:
+        raise ValueError(f"expected mono samples of shape (n,), got {samples.shape}")
+    scaled = np.round(np.clip(samples.astype(np.float64), -1.0, 1.0) * 32767.0)
+    return scaled.astype("<i2").tobytes()
+
+
+def _read_audio(path: Path) -> tuple[np.ndarray, int]:
+    """Read (frames, channels) float32 samples and the rate, with errors a user can act on."""
+    if not path.is_file():
+        raise RequestError(f"reference audio {path} not found; give the path of a WAV, FLAC or OGG file")
+    try:
+        samples, rate = sf.read(str(path), dtype="float32", always_2d=True)
+    except (sf.LibsndfileError, RuntimeError) as error:
+        raise RequestError(
+            f"reference audio {path} is not a readable audio file ({error}); convert it to WAV, "
+            f"e.g. ffmpeg -i {path} -ac 1 -ar {CODEC_SAMPLE_RATE} voice.wav"
+        ) from error
+    if samples.shape[0] == 0:
+        raise RequestError(f"reference audio {path} is empty; record 3 to 20 s of clear speech")
+    return samples, int(rate)
+
+
+def _normalize_loudness(samples: np.ndarray, path: Path) -> np.ndarray:
+    """Scale toward -20 dBFS RMS, the gain limited to +-3 dB; reject silent clips."""
+    rms = float(np.sqrt(np.mean(np.square(samples, dtype=np.float64))))
+    level_db = 20.0 * np.log10(rms) if rms > 0 else -np.inf
+    if level_db < SILENCE_DBFS:
+        raise RequestError(
+            f"reference audio {path} is silent (RMS {level_db:.1f} dBFS); record clear speech "
+            "or raise the microphone gain"
+        )
+    gain_db = float(np.clip(TARGET_DBFS - level_db, -MAX_GAIN_DB, MAX_GAIN_DB))
+    return (samples * np.float32(10.0 ** (gain_db / 20.0))).astype(np.float32)
+
+
+def _pad_to_frames(samples: np.ndarray) -> np.ndarray:
+    """Zero-pad the end to a whole number of codec frames (the encoder needs that)."""
+    missing = -samples.size % SAMPLES_PER_FRAME
+    return np.concatenate([samples, np.zeros(missing, dtype=np.float32)])

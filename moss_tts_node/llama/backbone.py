@@ -1,0 +1,235 @@
+"""The Qwen3 backbone of MOSS-TTS-Delay, run by llama.cpp through the C bridge.
+
+MOSS-TTS feeds the backbone summed embeddings (text + 32 audio codebooks), not token ids, and reads the
+final-normed hidden state (for its audio heads) and the text logits. ``Backbone`` owns one llama.cpp
+model and context; see bridge/moss_bridge.h for what each call does on the C side.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import numpy as np
+
+from moss_tts_node.errors import BridgeError, ConfigError, WeightsError
+from moss_tts_node.llama.bridge import load_bridge_library
+
+# KV cache element types accepted by llama.cpp, with their enum ggml_type values (ggml.h).
+_GGML_TYPES = {
+    "f32": 0,
+    "f16": 1,
+    "bf16": 30,
+    "q8_0": 8,
+    "q4_0": 2,
+    "q4_1": 3,
+    "q5_0": 6,
+    "q5_1": 7,
+    "iq4_nl": 20,
+}
+KV_CACHE_TYPES: tuple[str, ...] = tuple(_GGML_TYPES)
+_FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
+_UNQUANTIZED = ("f32", "f16", "bf16")
+
+_MODEL_LOAD_STATUS = 2  # MOSS_BRIDGE_ERR_MODEL_LOAD in moss_bridge.h
+_GGUF_MAGIC = b"GGUF"
+
+
+@dataclass(frozen=True)
+class BackboneParams:
+    """How to load the backbone. Validated on construction (``ConfigError``)."""
+
+    gguf_path: Path
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_threads: int = 0  # 0 = all online cores
+    n_gpu_layers: int = -1  # -1 all layers on the GPU, 0 CPU only
+    kv_cache_type_k: str = "f16"  # one of KV_CACHE_TYPES
+    kv_cache_type_v: str = "f16"
+    flash_attn: str = "auto"  # auto | on | off
+
+    def __post_init__(self) -> None:
+        for name in ("n_ctx", "n_batch"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"backbone {name} must be positive, got {getattr(self, name)}")
+        if self.n_threads < 0:
+            raise ConfigError(f"backbone n_threads must be >= 0 (0 = all cores), got {self.n_threads}")
+        if self.n_gpu_layers < -1:
+            raise ConfigError(f"backbone n_gpu_layers must be >= -1 (-1 = all), got {self.n_gpu_layers}")
+        for name in ("kv_cache_type_k", "kv_cache_type_v"):
+            if getattr(self, name) not in _GGML_TYPES:
+                raise ConfigError(f"backbone {name} {getattr(self, name)!r} is not one of {', '.join(KV_CACHE_TYPES)}")
+        if self.flash_attn not in _FLASH_ATTN:
+            raise ConfigError(f"backbone flash_attn {self.flash_attn!r} is not one of auto, on, off")
+        if self.kv_cache_type_v not in _UNQUANTIZED and self.flash_attn == "off":
+            raise ConfigError(
+                f"a quantized V cache ({self.kv_cache_type_v}) needs flash attention: set flash_attn to auto or on"
+            )
+
+
+def set_llama_verbose(verbose: bool) -> None:
+    """Forward llama.cpp's whole log to stderr (process-wide); by default only its errors are kept."""
+    load_bridge_library().moss_bridge_set_verbose(int(verbose))
+
+
+class Backbone:
+    """One llama.cpp model + context fed with embedding rows. Not thread-safe: one caller at a time."""
+
+    def __init__(self, params: BackboneParams) -> None:
+        self._handle: ctypes.c_void_p | None = None  # set first: __del__ must work if __init__ fails
+        path = Path(params.gguf_path)
+        _check_gguf_file(path)
+        self._lib = load_bridge_library()
+        c_params = self._lib.moss_bridge_default_params()
+        c_params.model_path = str(path).encode()
+        c_params.n_ctx = params.n_ctx
+        c_params.n_batch = params.n_batch
+        c_params.n_threads = params.n_threads
+        c_params.n_gpu_layers = params.n_gpu_layers
+        c_params.type_k = _GGML_TYPES[params.kv_cache_type_k]
+        c_params.type_v = _GGML_TYPES[params.kv_cache_type_v]
+        c_params.flash_attn = _FLASH_ATTN[params.flash_attn]
+        handle = ctypes.c_void_p()
+        status = self._lib.moss_bridge_create(ctypes.byref(c_params), ctypes.byref(handle))
+        if status != 0:
+            detail = self._lib.moss_bridge_last_error(None).decode(errors="replace")
+            if status == _MODEL_LOAD_STATUS:
+                raise WeightsError(f"cannot load the backbone GGUF {path}: {detail}")
+            raise BridgeError(f"{self._status_name(status)}: {detail}")
+        self._handle = handle
+        self._n_embd = self._query(self._lib.moss_bridge_n_embd)
+        self._n_vocab = self._query(self._lib.moss_bridge_n_vocab)
+        self._n_ctx = self._query(self._lib.moss_bridge_n_ctx)
+        self._hidden = np.empty(self._n_embd, dtype=np.float32)
+        self._logits = np.empty(self._n_vocab, dtype=np.float32)
+        self._text_head = True  # what the bridge was last told (moss_bridge_set_text_logits)
+
+    # ---- sizes ---------------------------------------------------------------------------------------
+
+    @property
+    def n_embd(self) -> int:
+        """Width of an input row and of the hidden state."""
+        return self._n_embd
+
+    @property
+    def n_vocab(self) -> int:
+        """Number of text logits."""
+        return self._n_vocab
+
+    @property
+    def n_ctx(self) -> int:
+        """KV cache capacity in rows (llama.cpp rounds the requested n_ctx up to a multiple of 256)."""
+        return self._n_ctx
+
+    @property
+    def position(self) -> int:
+        """Rows now in the KV cache: the position the next row will take."""
+        return self._query(self._lib.moss_bridge_n_pos)
+
+    # ---- decoding ------------------------------------------------------------------------------------
+
+    def prefill(self, embeddings: np.ndarray, text_logits: bool = True) -> None:
+        """Append (S, n_embd) rows; afterwards ``hidden``/``text_logits`` describe the last row.
+
+        Only the last row computes outputs, so a long prompt costs no text head per row. Float32
+        C-contiguous input is passed to C without a copy; anything else is converted first.
+        ``text_logits=False`` skips the text head for the last row too: ``hidden`` works, ``text_logits``
+        raises.
+        """
+        rows = np.ascontiguousarray(embeddings, dtype=np.float32)
+        if rows.ndim != 2 or rows.shape[0] == 0 or rows.shape[1] != self._n_embd:
+            raise ValueError(f"prefill expects embeddings of shape (S >= 1, {self._n_embd}), got {rows.shape}")
+        self._set_text_head(text_logits)
+        self._call(self._lib.moss_bridge_prefill, _floats(rows), rows.shape[0])
+
+    def decode(self, embedding: np.ndarray, text_logits: bool = True) -> None:
+        """Append one (n_embd,) row: one generation step (``text_logits`` as for ``prefill``)."""
+        row = np.ascontiguousarray(embedding, dtype=np.float32)
+        if row.shape != (self._n_embd,):
+            raise ValueError(f"decode expects an embedding of shape ({self._n_embd},), got {row.shape}")
+        self._set_text_head(text_logits)
+        self._call(self._lib.moss_bridge_decode, _floats(row))
+
+    def _set_text_head(self, enabled: bool) -> None:
+        if enabled != self._text_head:
+            self._call(self._lib.moss_bridge_set_text_logits, int(enabled))
+            self._text_head = enabled
+
+    def hidden(self) -> np.ndarray:
+        """Final-normed hidden state of the last row, (n_embd,) float32.
+
+        The array is a buffer reused by every call (no allocation per step): copy it to keep it.
+        """
+        self._call(self._lib.moss_bridge_get_hidden, _floats(self._hidden))
+        return self._hidden
+
+    def text_logits(self) -> np.ndarray:
+        """Text logits of the last row, (n_vocab,) float32; a reused buffer like ``hidden``."""
+        self._call(self._lib.moss_bridge_get_text_logits, _floats(self._logits))
+        return self._logits
+
+    def clear(self) -> None:
+        """Empty the KV cache for a new request (position back to 0)."""
+        self._call(self._lib.moss_bridge_clear)
+
+    # ---- lifetime ------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Free the llama.cpp context and model now (idempotent)."""
+        if self._handle is not None:
+            self._lib.moss_bridge_free(self._handle)
+            self._handle = None
+
+    def __enter__(self) -> Backbone:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+    # ---- helpers -------------------------------------------------------------------------------------
+
+    def _status_name(self, status: int) -> str:
+        return self._lib.moss_bridge_status_string(status).decode()
+
+    def _live_handle(self) -> ctypes.c_void_p:
+        if self._handle is None:
+            raise BridgeError("the backbone is closed")
+        return self._handle
+
+    def _call(self, function: Callable[..., int], *args: object) -> None:
+        handle = self._live_handle()
+        status = function(handle, *args)
+        if status != 0:
+            detail = self._lib.moss_bridge_last_error(handle).decode(errors="replace")
+            raise BridgeError(f"{self._status_name(status)}: {detail}")
+
+    def _query(self, function: Callable[..., int]) -> int:
+        value = ctypes.c_int32()
+        self._call(function, ctypes.byref(value))
+        return value.value
+
+
+def _floats(array: np.ndarray) -> ctypes._Pointer[ctypes.c_float]:
+    return array.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+
+
+def _check_gguf_file(path: Path) -> None:
+    """Name the file in plain words before llama.cpp gets to it: a missing or non-GGUF file is common."""
+    try:
+        with path.open("rb") as f:
+            magic = f.read(len(_GGUF_MAGIC))
+    except OSError as error:
+        raise WeightsError(f"cannot read the backbone GGUF {path}: {error.strerror or error}") from error
+    if magic != _GGUF_MAGIC:
+        raise WeightsError(f"{path} is not a GGUF file (it does not start with {_GGUF_MAGIC!r})")

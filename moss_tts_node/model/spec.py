@@ -1,0 +1,74 @@
+"""The model's vocabulary facts: special-token ids, codebook count and sizes.
+
+They come from the weights directory's ``config.json`` (the keys upstream's config uses), with
+the published model's values as defaults, so a tiny test model can bring a tiny vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from moss_tts_node.errors import WeightsError
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    n_vq: int = 32
+    audio_vocab_size: int = 1024  # real codes per codebook; the heads add one row for the pad code
+    audio_pad_code: int = 1024
+    pad_token_id: int = 151643
+    im_start_token_id: int = 151644
+    im_end_token_id: int = 151645
+    audio_start_token_id: int = 151652
+    audio_end_token_id: int = 151653
+    audio_user_slot_token_id: int = 151654
+    audio_assistant_gen_slot_token_id: int = 151656
+    audio_assistant_delay_slot_token_id: int = 151662
+    sampling_rate: int = 24000
+
+    @property
+    def channels(self) -> int:
+        """Columns of a prompt row: text plus one per codebook."""
+        return 1 + self.n_vq
+
+    @property
+    def audio_rows(self) -> int:
+        """Rows of each audio embedding table and head: the codes plus the pad code."""
+        return self.audio_vocab_size + 1
+
+    @property
+    def special_token_ids(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name.endswith("_token_id")}
+
+    @classmethod
+    def load(cls, weights_dir: Path) -> ModelSpec:
+        """Read ``config.json`` when present; unknown keys are ignored (it is upstream's file)."""
+        path = Path(weights_dir) / "config.json"
+        if not path.is_file():
+            return cls()
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise WeightsError(f"{path}: not a readable JSON model config: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise WeightsError(f"{path}: expected a JSON object")
+        values = {}
+        for f in dataclasses.fields(cls):
+            if f.name in raw:
+                value = raw[f.name]
+                if type(value) is not int or value < 0:
+                    raise WeightsError(f"{path}: '{f.name}' must be a non-negative integer, got {value!r}")
+                values[f.name] = value
+        spec = cls(**values)
+        if spec.audio_pad_code != spec.audio_vocab_size:
+            raise WeightsError(
+                f"{path}: audio_pad_code ({spec.audio_pad_code}) must equal audio_vocab_size "
+                f"({spec.audio_vocab_size}): the pad is the row after the last code"
+            )
+        return spec
+
+    def to_json(self) -> dict[str, int]:
+        return dataclasses.asdict(self)

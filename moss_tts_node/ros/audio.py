@@ -1,0 +1,94 @@
+"""Audio out of the node: ``moss_tts_msgs/AudioChunk`` on ``~/audio``, and the ros-drivers
+``audio_common`` topics when ``audio_common_msgs`` is installed.
+
+``audio_common_msgs`` is not on PyPI and not a hard dependency: where it imports (an apt or
+colcon ROS install), the node also publishes what ros-drivers' ``audio_capture`` publishes, so
+``audio_play`` (format ``wave``) plays the speech with no glue:
+
+- ``~/audio_common/audio``          AudioData, raw S16LE mono (what ``audio_play`` subscribes to)
+- ``~/audio_common/audio_stamped``  AudioDataStamped, the same with a header
+- ``~/audio_common/audio_info``     AudioInfo, latched (transient local)
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+import numpy as np
+from moss_tts_msgs.msg import AudioChunk as AudioChunkMsg
+from rclpy.node import Node
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+from std_msgs.msg import Header
+
+from moss_tts_node.codec.audio_io import float_to_pcm16
+from moss_tts_node.synthesizer import AudioChunk
+
+ENCODINGS = (AudioChunkMsg.ENCODING_PCM_S16LE, AudioChunkMsg.ENCODING_FLOAT32)
+
+# Reliable, so no chunk of an utterance goes missing (best-effort subscribers still match), and
+# deep enough to hold an utterance's burst: the model can produce audio many times faster than
+# it plays.
+AUDIO_QOS = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
+LATCHED_QOS = QoSProfile(depth=1, durability=DurabilityPolicy.TRANSIENT_LOCAL)
+
+
+def encode(samples: np.ndarray, encoding: str) -> bytes:
+    """Mono float samples as the bytes of ``encoding`` (one of ENCODINGS)."""
+    if encoding == AudioChunkMsg.ENCODING_FLOAT32:
+        return np.asarray(samples, dtype="<f4").tobytes()
+    return float_to_pcm16(samples)
+
+
+def _audio_common() -> ModuleType | None:
+    try:
+        return importlib.import_module("audio_common_msgs.msg")
+    except ImportError:
+        return None
+
+
+class AudioOut:
+    """Publishes each chunk the moment the synthesizer yields it."""
+
+    def __init__(self, node: Node, sample_rate: int) -> None:
+        self._node = node
+        self._chunks = node.create_publisher(AudioChunkMsg, "~/audio", AUDIO_QOS)
+        self._common = _audio_common()
+        if self._common is None:
+            node.get_logger().info("audio_common_msgs is not installed: publishing ~/audio only")
+            return
+        self._raw = node.create_publisher(self._common.AudioData, "~/audio_common/audio", AUDIO_QOS)
+        self._stamped = node.create_publisher(self._common.AudioDataStamped, "~/audio_common/audio_stamped", AUDIO_QOS)
+        self._info = node.create_publisher(self._common.AudioInfo, "~/audio_common/audio_info", LATCHED_QOS)
+        self._info.publish(
+            self._common.AudioInfo(
+                channels=1,
+                sample_rate=sample_rate,
+                sample_format="S16LE",
+                bitrate=sample_rate * 16,  # bits/s of raw 16-bit mono
+                coding_format="wave",
+            )
+        )
+
+    def publish(self, request_id: str, chunk: AudioChunk, encoding: str) -> None:
+        header = self._header()
+        self._chunks.publish(
+            AudioChunkMsg(
+                header=header,
+                request_id=request_id,
+                chunk_index=chunk.index,
+                sample_rate=chunk.sample_rate,
+                channels=1,
+                encoding=encoding,
+                data=encode(chunk.samples, encoding),
+                is_final=chunk.is_final,
+                start_offset=chunk.start_s,
+            )
+        )
+        if self._common is not None and chunk.samples.size:
+            audio = self._common.AudioData(data=float_to_pcm16(chunk.samples))
+            self._raw.publish(audio)
+            self._stamped.publish(self._common.AudioDataStamped(header=header, audio=audio))
+
+    def _header(self) -> Header:
+        return Header(stamp=self._node.get_clock().now().to_msg())

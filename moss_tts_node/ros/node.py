@@ -1,0 +1,583 @@
+"""The ROS 2 node: text in, streamed speech out. A thin adapter over ``Synthesizer``.
+
+    ros2 run moss_tts_node moss_tts_node --ros-args --params-file config/default.yaml
+
+- ``~/text`` (std_msgs/String): speak it; the audio goes to ``~/audio``.
+- ``~/speak`` (moss_tts_msgs/action/Speak): the same with feedback, a result and cancel.
+- ``~/synthesize`` (moss_tts_msgs/srv/Synthesize): the whole utterance back in the response.
+- ``~/audio`` (moss_tts_msgs/AudioChunk): chunks as they are decoded (see ros/audio.py).
+- ``/diagnostics``: readiness, queue depth, last real-time factor and time to first audio.
+
+Parameters are the config keys (``config.options()``: the same files and checks as the CLI)
+plus the few below that only a node has. The model loads once, at startup; requests wait in a
+RequestQueue (ros/queue.py) and run one at a time on it.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import rclpy
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from moss_tts_msgs.action import Speak
+from moss_tts_msgs.msg import Timing
+from moss_tts_msgs.srv import Synthesize
+from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, SetParametersResult
+from rclpy.action import ActionServer, CancelResponse
+from rclpy.action.server import ServerGoalHandle
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
+from rclpy.exceptions import ParameterException
+from rclpy.executors import MultiThreadedExecutor
+from rclpy.node import Node
+from rclpy.parameter import Parameter
+from rclpy.qos import QoSProfile
+from rclpy.signals import SignalHandlerOptions
+from std_msgs.msg import Header, String
+
+from moss_tts_node.config import NODE_NAME, OPTIONS, Config, Option, check_value, from_flat, read_params_file
+from moss_tts_node.errors import EXIT_BAD_INPUT, ConfigError, MossTTSError, RequestError
+from moss_tts_node.ros.audio import ENCODINGS, AudioOut, encode
+from moss_tts_node.ros.queue import POLICIES, Outcome, Rejected, RequestQueue, Ticket
+from moss_tts_node.synthesizer import AudioStream, Synthesizer
+from moss_tts_node.timing import TimingReport
+
+
+def _node_option(
+    key: str,
+    default: Any,
+    doc: str,
+    *,
+    min: int | None = None,
+    max: int | None = None,
+    choices: tuple[str, ...] | None = None,
+) -> Option:
+    return Option(key, type(default), default, doc, min, max, choices, path=False)
+
+
+# Parameters of the node alone; the config keys come from config.options().
+NODE_OPTIONS = (
+    _node_option(
+        "queue_size", 8, "Requests that may wait behind the one being spoken; more are refused.", min=0, max=64
+    ),
+    _node_option(
+        "queue_policy",
+        "queue",
+        "queue: first in, first out. interrupt: a new request stops the current one and drops those waiting.",
+        choices=POLICIES,
+    ),
+    _node_option(
+        "output_encoding", ENCODINGS[0], "Sample encoding of ~/audio and of the synthesize response.", choices=ENCODINGS
+    ),
+    _node_option(
+        "languages",
+        [],
+        "Language values a request may ask for, e.g. [en, zh]; empty accepts any. An empty request language "
+        "takes generation.language.",
+    ),
+)
+ALL_OPTIONS: dict[str, Option] = {**OPTIONS, **{o.key: o for o in NODE_OPTIONS}}
+
+# What a running node may change: what the Synthesizer reads per request (sampling, request
+# defaults, streaming chunk sizes) and the queue's policy and output. Every other key (model files,
+# llama.cpp context, codec and heads backends, the encoded default voice, queue_size, which sizes
+# the executor) is read when the node starts, so it is a read-only parameter: a key added to the
+# config later is read-only until it is known to be safe to change on the fly.
+LIVE_KEYS = (
+    "sampling.",
+    "generation.",
+    "audio.chunk_frames",
+    "audio.left_context_frames",
+    "queue_policy",
+    "output_encoding",
+    "languages",
+)
+LOAD_TIME_KEYS = ("generation.reference_audio",)  # the default voice is encoded once
+
+
+def _read_only(key: str) -> bool:
+    return not key.startswith(LIVE_KEYS) or key in LOAD_TIME_KEYS
+
+
+DIAGNOSTICS_PERIOD_S = 1.0
+# One feedback per chunk for every goal on one topic: deep enough that a burst (the model can run
+# many times faster than real time) does not push a waiting goal's queue position out.
+FEEDBACK_QOS = QoSProfile(depth=100)
+# After the last request is answered on shutdown: time for the executor and DDS to deliver it.
+SHUTDOWN_FLUSH_S = 0.5
+SHUTDOWN_REASON = "the node is shutting down"
+SIGNAL_POLL_S = 0.1
+CLIENT_CANCEL = "canceled by the client"
+
+
+class SpeechRequest(Protocol):
+    """The fields Synthesize requests and Speak goals share (a text message becomes a Speak goal)."""
+
+    text: str
+    language: str
+    instruction: str
+    reference_audio: str
+    seed: int
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The node-only parameters, checked."""
+
+    queue_size: int
+    queue_policy: str
+    output_encoding: str
+    languages: tuple[str, ...]
+
+
+@dataclass
+class Job:
+    """One request as the node runs it: a validated stream, where its audio goes, its progress."""
+
+    stream: AudioStream
+    request_id: str
+    encoding: str
+    collected: list[np.ndarray] | None  # the synthesize service keeps the samples; None publishes them
+    received: float = field(default_factory=time.monotonic)
+    started: float | None = None
+    chunks: int = 0
+    audio_s: float = 0.0
+
+
+class TtsNode(Node):
+    """The node: declares and checks the parameters, loads the model, then serves.
+
+    Constructing it loads the model, so it is ready when it returns (or raises with the reason).
+    Callbacks only validate and queue; the queue's worker thread generates and publishes.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(NODE_NAME)
+        self.declare_parameters(
+            "", [(o.key, o.default, _descriptor(o, _read_only(o.key))) for o in ALL_OPTIONS.values()]
+        )
+        config, self._settings = self._checked(self._parameter_values())
+        started = time.monotonic()
+        self._synth = Synthesizer(config)
+        self._load_s = time.monotonic() - started
+        self._last: TimingReport | None = None  # the last request's figures, for diagnostics
+        self._completed = 0  # requests spoken to their end
+        self._refused = 0  # bad requests, and those a full queue turned away
+        self._audio = AudioOut(self, self._synth.spec.sampling_rate)
+        self._queue: RequestQueue[Job] = RequestQueue(
+            self._generate, self._settings.queue_size, self._settings.queue_policy
+        )
+        self._goals: dict[str, Ticket[Job] | str] = {}  # Speak goal id -> its ticket, or why it was refused
+        self._pending = 0  # service and action callbacks waiting for an outcome
+        self._pending_changed = threading.Condition()
+        self.add_on_set_parameters_callback(self._check_new_parameters)
+        self.add_post_set_parameters_callback(self._apply_parameters)
+        self.create_subscription(String, "~/text", self._on_text, 10)
+        # A service call waits for its request's turn, so calls must run side by side.
+        self.create_service(Synthesize, "~/synthesize", self._on_synthesize, callback_group=ReentrantCallbackGroup())
+        # Goal requests one at a time: rclpy answers a goal before _accept_goal queues it, so a
+        # client's next goal could otherwise overtake it. Execute callbacks run as tasks of their own.
+        self._speak = ActionServer(
+            self,
+            Speak,
+            "~/speak",
+            execute_callback=self._execute_goal,
+            handle_accepted_callback=self._accept_goal,
+            cancel_callback=self._cancel_goal,
+            callback_group=MutuallyExclusiveCallbackGroup(),
+            feedback_pub_qos_profile=FEEDBACK_QOS,
+        )
+        self._diagnostics = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        self.create_timer(DIAGNOSTICS_PERIOD_S, self._publish_diagnostics)
+        self.get_logger().info(
+            f"ready: model loaded in {self._load_s:.1f} s from {config.model.weights_dir}; "
+            f"listening on {self.resolve_topic_name('~/text')}, {self.resolve_service_name('~/synthesize')} "
+            f"and the {self.resolve_service_name('~/speak')} action"
+        )
+
+    @property
+    def executor_threads(self) -> int:
+        """Threads the executor needs: each waiting request and the one being spoken may hold one
+        until it ends; three more keep the topic, timer, goals, cancels and parameters moving."""
+        return self._settings.queue_size + 1 + 3
+
+    def close(self) -> None:
+        """Cancel the current request, answer the waiting ones as aborted, free the model."""
+        self._queue.close(SHUTDOWN_REASON)
+        with self._pending_changed:
+            self._pending_changed.wait_for(lambda: self._pending == 0, timeout=5.0)
+        time.sleep(SHUTDOWN_FLUSH_S)
+        self._synth.close()
+
+    # -- parameters ---------------------------------------------------------------------------
+
+    def _parameter_values(self) -> dict[str, Any]:
+        return {key: self.get_parameter(key).value for key in ALL_OPTIONS}
+
+    def _checked(self, values: Mapping[str, Any]) -> tuple[Config, Settings]:
+        """Validate every parameter as the CLI validates a config file; raises ConfigError."""
+        source = f"{self.get_name()} parameters"
+        checked = {key: check_value(ALL_OPTIONS[key], value, source) for key, value in values.items()}
+        languages = checked["languages"]
+        if not all(isinstance(language, str) and language for language in languages):
+            raise ConfigError(f"{source}: 'languages' must be a list of language tags, got {languages!r}")
+        config = from_flat({key: checked[key] for key in OPTIONS}, Path.cwd(), source)
+        settings = Settings(**{o.key: checked[o.key] for o in NODE_OPTIONS} | {"languages": tuple(languages)})
+        return config, settings
+
+    def _check_new_parameters(self, parameters: list[Parameter]) -> SetParametersResult:
+        try:
+            self._checked(self._parameter_values() | {p.name: p.value for p in parameters})
+        except ConfigError as err:
+            return SetParametersResult(successful=False, reason=str(err))
+        return SetParametersResult(successful=True)
+
+    def _apply_parameters(self, _parameters: list[Parameter]) -> None:
+        config, self._settings = self._checked(self._parameter_values())
+        self._synth.config = config  # read by the next request's stream()
+        self._queue.policy = self._settings.queue_policy
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def _submit(
+        self,
+        request: SpeechRequest,
+        request_id: str,
+        *,
+        collect: bool,
+        on_update: Callable[[Ticket[Job]], None] | None = None,
+    ) -> Ticket[Job]:
+        """Validate a request and put it in line; raises RequestError or Rejected with the reason.
+
+        ``stream()`` checks the request now (text, reference, room in the context) without
+        generating, so a bad request never takes a turn, nor interrupts the one being spoken.
+        """
+        languages = self._settings.languages
+        if request.language and languages and request.language not in languages:
+            raise RequestError(
+                f"unknown language {request.language!r}: this node accepts {', '.join(languages)} "
+                "(parameter 'languages')"
+            )
+        cancel = threading.Event()
+        stream = self._synth.stream(
+            request.text,
+            language=request.language or None,
+            instruction=request.instruction or None,
+            reference=request.reference_audio or None,
+            seed=request.seed,
+            cancel=cancel,
+        )
+        job = Job(stream, request_id, self._settings.output_encoding, [] if collect else None)
+        ticket = Ticket(job, cancel, on_update)
+        self._queue.submit(ticket)
+        return ticket
+
+    def _generate(self, ticket: Ticket[Job]) -> Outcome:
+        """Run one request on the worker thread, publishing or keeping each chunk as it comes."""
+        job = ticket.job
+        job.started = time.monotonic()
+        for chunk in job.stream:
+            if job.collected is None:
+                self._audio.publish(job.request_id, chunk, job.encoding)
+            else:
+                job.collected.append(chunk.samples)
+            job.chunks += 1
+            job.audio_s = chunk.start_s + chunk.samples.shape[0] / chunk.sample_rate
+            ticket.updated()
+        report = job.stream.report
+        assert report is not None  # set when the stream ends
+        self._last = report
+        if job.stream.cancelled:
+            outcome = Outcome(False, ticket.cancel_reason)
+        else:
+            self._completed += 1
+            rtf = "-" if report.real_time_factor is None else f"{report.real_time_factor:.2f}"
+            outcome = Outcome(
+                True,
+                f"{report.audio_seconds:.2f} s of audio in {report.wall_s:.2f} s (real-time factor {rtf}, "
+                f"stop: {report.stop_reason})",
+            )
+        self.get_logger().info(f"request {job.request_id[:8]}: {outcome.message}")
+        return outcome
+
+    @contextmanager
+    def _waiting_reply(self) -> Iterator[None]:
+        """Count a callback that answers once its request ends, so shutdown can wait for it."""
+        with self._pending_changed:
+            self._pending += 1
+        try:
+            yield
+        finally:
+            with self._pending_changed:
+                self._pending -= 1
+                self._pending_changed.notify_all()
+
+    def _refuse(self, err: Exception) -> str:
+        """Count and log a request that never took a turn; returns the reason for its answer."""
+        self._refused += 1
+        self.get_logger().warning(f"request refused: {err}")
+        return str(err)
+
+    def _on_text(self, msg: String) -> None:
+        try:
+            self._submit(Speak.Goal(text=msg.data), uuid.uuid4().hex, collect=False)
+        except (MossTTSError, Rejected) as err:
+            self._refuse(err)
+
+    def _on_synthesize(self, request: Synthesize.Request, response: Synthesize.Response) -> Synthesize.Response:
+        response.sample_rate = self._synth.spec.sampling_rate
+        response.channels = 1
+        response.encoding = self._settings.output_encoding
+        response.timing = _timing(None)
+        with self._waiting_reply():
+            try:
+                ticket = self._submit(request, uuid.uuid4().hex, collect=True)
+            except (MossTTSError, Rejected) as err:
+                response.message = self._refuse(err)
+                return response
+            outcome = ticket.wait()
+            job = ticket.job
+            assert outcome is not None and job.collected is not None
+            audio = np.concatenate(job.collected) if job.collected else np.empty(0, np.float32)
+            response.success = outcome.success
+            response.message = outcome.message
+            response.encoding = job.encoding
+            response.audio = encode(audio, job.encoding)
+            response.duration = audio.shape[0] / response.sample_rate
+            response.timing = _timing(job)
+            return response
+
+    def _accept_goal(self, goal_handle: ServerGoalHandle) -> None:
+        """Put an accepted Speak goal in line (before the next goal or a cancel is looked at)."""
+        goal_id = _goal_id(goal_handle)
+        try:
+            self._goals[goal_id] = self._submit(
+                goal_handle.request, goal_id, collect=False, on_update=partial(_publish_feedback, goal_handle)
+            )
+        except (MossTTSError, Rejected) as err:
+            # Accepted all the same and aborted by _execute_goal: a rejected goal cannot say why.
+            self._goals[goal_id] = self._refuse(err)
+        goal_handle.execute()
+
+    def _cancel_goal(self, goal_handle: ServerGoalHandle) -> CancelResponse:
+        """Accept every cancel: the goal leaves the queue now, or stops within one generation step."""
+        ticket = self._goals.get(_goal_id(goal_handle))
+        if isinstance(ticket, Ticket):
+            self._queue.cancel(ticket, CLIENT_CANCEL)
+        return CancelResponse.ACCEPT
+
+    def _execute_goal(self, goal_handle: ServerGoalHandle) -> Speak.Result:
+        goal_id = _goal_id(goal_handle)
+        with self._waiting_reply():
+            ticket = self._goals[goal_id]
+            if isinstance(ticket, str):
+                result = Speak.Result(success=False, message=ticket, timing=_timing(None))
+                goal_handle.abort()
+            else:
+                outcome = ticket.wait()
+                assert outcome is not None
+                result = Speak.Result(
+                    success=outcome.success,
+                    message=outcome.message,
+                    duration=ticket.job.audio_s,
+                    timing=_timing(ticket.job),
+                )
+                if outcome.success:
+                    goal_handle.succeed()
+                elif goal_handle.is_cancel_requested:
+                    goal_handle.canceled()
+                else:
+                    goal_handle.abort()
+            del self._goals[goal_id]  # after the terminal state: no cancel can come for it now
+            return result
+
+    # -- diagnostics --------------------------------------------------------------------------
+
+    def _publish_diagnostics(self) -> None:
+        depth, size, busy = self._queue.depth, self._settings.queue_size, self._queue.busy
+        full = busy and depth >= size
+        status = DiagnosticStatus(
+            name=f"{self.get_name()}: synthesizer",
+            hardware_id=NODE_NAME,
+            level=DiagnosticStatus.WARN if full else DiagnosticStatus.OK,
+            message="queue full" if full else "speaking" if busy else "ready",
+        )
+        last = self._last
+        values = {
+            "model_loaded": "true",  # the node serves only once the model is loaded
+            "model_load_s": _figure(self._load_s),
+            "queue_depth": depth,
+            "queue_size": size,
+            "queue_policy": self._settings.queue_policy,
+            "requests_completed": self._completed,
+            "requests_refused": self._refused,
+            "last_real_time_factor": _figure(last.real_time_factor if last else None),
+            "last_time_to_first_audio_s": _figure(last.time_to_first_audio_s if last else None),
+            "last_stop_reason": last.stop_reason if last else "",
+        }
+        status.values = [KeyValue(key=key, value=str(value)) for key, value in values.items()]
+        self._diagnostics.publish(
+            DiagnosticArray(header=Header(stamp=self.get_clock().now().to_msg()), status=[status])
+        )
+
+
+def choose_params_file(params_file: str, config: str, config_dir: Path) -> Path:
+    """The params file a launch uses: ``params_file`` when given, else the shipped ``config_dir/<config>.yaml``."""
+    if params_file:
+        return Path(params_file)
+    shipped = sorted(p.stem for p in Path(config_dir).glob("*.yaml"))
+    config = config.removesuffix(".yaml")  # config:=cpu_only.yaml means the same
+    if config not in shipped:
+        raise ConfigError(
+            f"config:={config!r} is not one of the shipped configs ({', '.join(shipped)}); "
+            "pass params_file:=/path/to/your.yaml for your own"
+        )
+    return Path(config_dir) / f"{config}.yaml"
+
+
+def launch_parameters(params_file: str | Path) -> dict[str, Any]:
+    """A params file's parameters for this node, flat, for a launch file to pass as a dict.
+
+    Given a dict, launch_ros hands the values to the node under its full name, so the file's
+    ``moss_tts_node:`` section applies in any namespace (as a ``--params-file`` it only matches a
+    node in the root namespace). Relative paths are resolved against the file's folder, as the
+    CLI does; ``ros2 run ... --params-file`` resolves them against the working directory.
+    """
+    path = Path(params_file)
+    values = read_params_file(path)
+    for key, value in values.items():
+        option = ALL_OPTIONS.get(key)
+        if option is not None and option.path and isinstance(value, str) and value:
+            values[key] = str((path.parent / Path(value).expanduser()).resolve())
+    return values
+
+
+def _descriptor(option: Option, read_only: bool) -> ParameterDescriptor:
+    """A parameter's description and range, from its config Option.
+
+    Typing is dynamic so that values are checked by ``check_value`` exactly as in a config file
+    (``1`` is a valid float there, and a wrong type gets the same message as from the CLI).
+    """
+    descriptor = ParameterDescriptor(name=option.key, description=option.doc, dynamic_typing=True, read_only=read_only)
+    if option.choices:
+        descriptor.additional_constraints = f"one of: {', '.join(option.choices)}"
+    if option.type is int and (option.min is not None or option.max is not None):
+        low = -(2**63) if option.min is None else int(option.min)
+        high = 2**63 - 1 if option.max is None else int(option.max)
+        descriptor.integer_range = [IntegerRange(from_value=low, to_value=high, step=0)]
+    if option.type is float and (option.min is not None or option.max is not None):
+        low = -math.inf if option.min is None else option.min
+        high = math.inf if option.max is None else option.max
+        descriptor.floating_point_range = [FloatingPointRange(from_value=low, to_value=high, step=0.0)]
+    return descriptor
+
+
+def _goal_id(goal_handle: ServerGoalHandle) -> str:
+    """A goal's UUID in hex: the request_id of its AudioChunk messages."""
+    return bytes(goal_handle.goal_id.uuid).hex()
+
+
+def _publish_feedback(goal_handle: ServerGoalHandle, ticket: Ticket[Job]) -> None:
+    goal_handle.publish_feedback(
+        Speak.Feedback(
+            state=int(ticket.state),
+            audio_produced=ticket.job.audio_s,
+            chunks_published=ticket.job.chunks,
+            queue_position=ticket.ahead,
+        )
+    )
+
+
+def _timing(job: Job | None) -> Timing:
+    """The Timing message of a request; NaN where nothing was measured."""
+    nan = math.nan
+    report = job.stream.report if job else None
+    timing = Timing(
+        queue_wait=job.started - job.received if job and job.started else nan,
+        time_to_first_audio=nan,
+        wall_time=nan,
+        real_time_factor=nan,
+        prefill_time=nan,
+        steps_per_second=nan,
+        seed=-1,
+    )
+    if report is not None:
+        timing.time_to_first_audio = _or_nan(report.time_to_first_audio_s)
+        timing.wall_time = report.wall_s
+        timing.real_time_factor = _or_nan(report.real_time_factor)
+        timing.prefill_time = report.prefill_ms / 1000.0
+        timing.steps_per_second = report.steps_per_second
+        timing.steps = report.steps
+        timing.frames = report.frames
+        timing.prompt_rows = report.prompt_rows
+        timing.seed = report.seed
+        timing.stop_reason = report.stop_reason
+    return timing
+
+
+def _or_nan(value: float | None) -> float:
+    return math.nan if value is None else value
+
+
+def _figure(value: float | None) -> str:
+    return "" if value is None else f"{value:.3f}"
+
+
+def main(args: Sequence[str] | None = None) -> int:
+    """Run the node until SIGINT or SIGTERM; exit 0 after a clean shutdown, 2 on bad parameters,
+    1 if a callback crashed.
+
+    rclpy's own signal handlers would shut the context down at once, before the waiting
+    requests could be answered; these only ask the main thread to close the node in order.
+    """
+    rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        node = TtsNode()
+    except (MossTTSError, ParameterException) as err:
+        rclpy.logging.get_logger(NODE_NAME).error(f"cannot start: {err}")
+        rclpy.try_shutdown()
+        return EXIT_BAD_INPUT
+    executor = MultiThreadedExecutor(num_threads=node.executor_threads)
+    executor.add_node(node)
+    crashed = threading.Event()
+
+    def spin() -> None:
+        try:
+            executor.spin()
+        except BaseException:
+            crashed.set()  # a callback raised: stop serving rather than hang; the traceback is printed
+            raise
+        finally:
+            stop.set()
+
+    spinner = threading.Thread(target=spin, name="executor")
+    spinner.start()
+    # The kernel may hand a signal to any thread; Python then runs the handler in the main thread
+    # only when that thread next runs bytecode, so wait in short slices rather than block.
+    while not stop.wait(SIGNAL_POLL_S):
+        pass
+    node.get_logger().info(f"{SHUTDOWN_REASON}: stopping the current request, aborting the queued ones")
+    node.close()
+    executor.shutdown()
+    spinner.join()  # a thread still inside rcl_wait when the context goes aborts the process
+    node.destroy_node()
+    rclpy.try_shutdown()
+    return 1 if crashed.is_set() else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""Prompt building: text fields and reference codes into the (S, 33) matrix the backbone reads.
+
+The layout follows the facts page (section 4) exactly: a ChatML user turn holding the
+``<user_inst>`` block, the assistant header, then one ``audio_start`` row. Special tokens are
+looked up in the tokenizer by the ids of the model config, never by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from moss_tts_node.errors import RequestError, WeightsError
+from moss_tts_node.model.delay import apply_delay
+from moss_tts_node.model.spec import ModelSpec
+
+AUDIO_PLACEHOLDER = "<|audio|>"
+
+
+@dataclass(frozen=True)
+class PromptFields:
+    """The user-instruction fields; ``None`` prints as ``None`` like upstream's processor."""
+
+    text: str
+    language: str | None = None
+    instruction: str | None = None
+    tokens: int | None = None  # target duration in frames (12.5 per second)
+    quality: str | None = None
+    sound_event: str | None = None
+    ambient_sound: str | None = None
+
+
+class PromptBuilder:
+    def __init__(self, tokenizer_dir: Path, spec: ModelSpec) -> None:
+        path = Path(tokenizer_dir) / "tokenizer.json"
+        if not path.is_file():
+            raise WeightsError(f"tokenizer not found: {path} (it ships in the weights' tokenizer/ directory)")
+        try:
+            self.tokenizer = Tokenizer.from_file(str(path))
+        except Exception as exc:  # the Rust side raises plain Exception
+            raise WeightsError(f"{path}: not a readable tokenizer.json: {exc}") from exc
+        self.spec = spec
+        self._token_text = {name: self._token_string(path, name, i) for name, i in spec.special_token_ids.items()}
+
+    def _token_string(self, path: Path, name: str, token_id: int) -> str:
+        text = self.tokenizer.id_to_token(token_id)
+        if text is None:
+            raise WeightsError(f"{path}: has no token with id {token_id} ({name} in the model config)")
+        return text
+
+    def user_content(self, fields: PromptFields, n_references: int) -> str:
+        ref = "\n".join(f"[S{i + 1}]:\n{AUDIO_PLACEHOLDER}" for i in range(n_references)) or None
+        return (
+            f"<user_inst>\n- Reference(s):\n{ref}\n- Instruction:\n{fields.instruction}\n"
+            f"- Tokens:\n{fields.tokens}\n- Quality:\n{fields.quality}\n- Sound Event:\n{fields.sound_event}\n"
+            f"- Ambient Sound:\n{fields.ambient_sound}\n- Language:\n{fields.language}\n"
+            f"- Text:\n{fields.text}\n</user_inst>"
+        )
+
+    def build(self, fields: PromptFields, references: Sequence[np.ndarray] = ()) -> np.ndarray:
+        """The (S, 1 + n_vq) int64 prompt; ``references`` are (T, n_vq) code matrices."""
+        self._refuse_control_tokens(fields)
+        spec, tok = self.spec, self._token_text
+        content = self.user_content(fields, len(references))
+        for codes in references:
+            slots = tok["audio_user_slot_token_id"] * (codes.shape[0] + spec.n_vq - 1)
+            block = tok["audio_start_token_id"] + slots + tok["audio_end_token_id"]
+            content = content.replace(AUDIO_PLACEHOLDER, block, 1)
+        chat = (
+            f"{tok['im_start_token_id']}user\n{content}{tok['im_end_token_id']}\n{tok['im_start_token_id']}assistant\n"
+        )
+        ids = self.tokenizer.encode(chat, add_special_tokens=False).ids
+        rows = np.full((len(ids) + 1, spec.channels), spec.audio_pad_code, dtype=np.int64)
+        rows[:-1, 0] = ids
+        rows[-1, 0] = spec.audio_start_token_id
+        self._place_reference_codes(rows, references)
+        return rows
+
+    def _place_reference_codes(self, rows: np.ndarray, references: Sequence[np.ndarray]) -> None:
+        """Write each clip's delayed codes into the audio columns of its run of user slots."""
+        spec = self.spec
+        starts = np.flatnonzero(rows[:, 0] == spec.audio_start_token_id)[: len(references)]
+        if len(starts) != len(references):
+            raise WeightsError("the tokenizer did not keep audio_start as one token; check tokenizer.json")
+        for start, codes in zip(starts, references, strict=False):
+            delayed = apply_delay(codes, spec.audio_pad_code)
+            run = rows[start + 1 : start + 1 + delayed.shape[0], 0]
+            if run.shape[0] != delayed.shape[0] or np.any(run != spec.audio_user_slot_token_id):
+                raise WeightsError(
+                    "the tokenizer split the audio slot tokens: its tokenizer.json must list them "
+                    "as added special tokens"
+                )
+            rows[start + 1 : start + 1 + delayed.shape[0], 1:] = delayed
+
+    def _refuse_control_tokens(self, fields: PromptFields) -> None:
+        for name in ("text", "language", "instruction", "quality", "sound_event", "ambient_sound"):
+            value = getattr(fields, name)
+            if not value:
+                continue
+            for token in (*self._token_text.values(), AUDIO_PLACEHOLDER):
+                if token in value:
+                    raise RequestError(f"the {name} contains the control token {token!r}; remove it")

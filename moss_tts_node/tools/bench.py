@@ -1,0 +1,593 @@
+"""``python -m moss_tts_node bench``: where a step's time goes, on models of the real shape.
+
+Run by hand, not in CI. For each model (random weights of the real shape, built once and cached by
+``bench_models``; or your own weights with ``--config``) and each heads backend, a fresh worker process
+loads the Synthesizer, warms up, synthesizes a fixed text with a fixed seed for ``--steps`` steps and
+reports:
+
+- prefill ms (the loop's own), and the same prompt prefilled by a separate llama.cpp process (best of 3
+  each): outputs for the last row only (what the bridge does) and for every row (the text head at every
+  position, what llama.cpp does by default with embeddings on): the difference is what is saved;
+- steps/s and ms per step split into llama.cpp decode / heads / sampling and delay logic / codec / other;
+- the backbone-only limit: llama.cpp decoding the same rows in a tight loop (text head on, as llama.cpp
+  runs by default, and off, as the audio phase runs here; alternated in blocks of 10 steps);
+- overhead = (step - decode) / decode, time to first audio against the bound prefill + 33 steps + one
+  chunk decode, real-time factor, and peak RSS against GGUF + fp16 embeddings and heads + KV + 500 MB.
+
+The codec is the tiny demo codec for bench models; the real codec costs more: measure it with
+``--set model.codec_dir=/path/to/MOSS-Audio-Tokenizer-ONNX`` (random codes decode at the real cost), or
+the whole real model with ``--config``. The workers run one at a time; the machine should be otherwise quiet:
+the load average around each worker and the share of the CPU other processes took during it (from
+/proc/stat) are recorded. ``--ab-heads`` adds an interleaved comparison of the two fast heads paths
+(onnx heads with the text head skipped, and the heads inside the GGUF), robust to a drifting machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from moss_tts_node.errors import MossTTSError
+
+BENCH_TEXT = "Hello! I am a robot, and this is my voice. It is a fine day to test speech synthesis on a small computer."
+HEADS_CHOICES = ("auto", "gguf", "onnx", "numpy")
+BUDGET_SLACK = 500 * 1024 * 1024
+
+
+def register(commands: Any) -> None:
+    bench = commands.add_parser("bench", help="measure speed and memory on real-shape random models (by hand)")
+    bench.add_argument(
+        "--model",
+        action="append",
+        choices=("1.7b", "8b"),
+        help="bench model shape (repeatable; default: 1.7b and 8b); built and cached on first use",
+    )
+    bench.add_argument("--config", type=Path, help="your own params file instead of a bench model")
+    bench.add_argument(
+        "--heads",
+        default="auto",
+        help=f"heads backends to compare, comma-separated, from {', '.join(HEADS_CHOICES)} (default auto)",
+    )
+    bench.add_argument("--steps", type=int, default=160, help="generation steps per run (default 160)")
+    bench.add_argument("--threads", type=int, default=2, help="llama.cpp threads (and the heads'), default 2")
+    bench.add_argument("--seed", type=int, default=1)
+    bench.add_argument("--text", default=BENCH_TEXT)
+    bench.add_argument("--no-prefill-compare", action="store_true", help="skip the every-position prefill run")
+    bench.add_argument(
+        "--ab-heads",
+        action="store_true",
+        help="also compare onnx heads + text-head skip with the heads in the GGUF, interleaved in one process",
+    )
+    bench.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    bench.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for every run")
+    bench.set_defaults(run=run_bench)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from moss_tts_node.errors import RequestError
+    from moss_tts_node.tools.bench_models import bench_model_dir, ensure_bench_model, ensure_heads_gguf
+    from moss_tts_node.tools.cli import parse_overrides
+
+    heads = [h.strip() for h in args.heads.split(",") if h.strip()]
+    for h in heads:
+        if h not in HEADS_CHOICES:
+            raise RequestError(f"--heads {h!r}: choose from {', '.join(HEADS_CHOICES)}")
+    overrides = parse_overrides(args.set)
+    targets: list[tuple[str, Path]] = []
+    if args.config:
+        targets.append((args.config.parent.name or str(args.config), args.config))
+    else:
+        for name in args.model or ["1.7b", "8b"]:
+            log(f"bench model {name}: {bench_model_dir(name)}")
+            targets.append((name, ensure_bench_model(name, threads=args.threads, log=log)))
+    results = []
+    if args.ab_heads and not args.config:
+        for name, _ in targets:
+            ensure_heads_gguf(name, log=log)
+            log(f"interleaved heads comparison on {name} ...")
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "moss_tts_node.tools.bench",
+                    "ab",
+                    json.dumps({"model": name, "threads": args.threads}),
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if proc.returncode != 0:
+                raise MossTTSError(f"bench ab worker failed:\n{proc.stderr[-4000:]}")
+            print(proc.stdout.strip().splitlines()[-1], flush=True)
+    for name, config in targets:
+        for backend in heads:
+            run_overrides = {**overrides, "audio.heads_backend": backend}
+            if backend == "gguf" and not args.config:
+                run_overrides["model.backbone_gguf"] = ensure_heads_gguf(name, log=log).name
+            log(f"running {name}, heads {backend}, {args.steps} steps, {args.threads} threads ...")
+            result = run_worker(
+                {
+                    "label": f"{name} / {backend}",
+                    "model": name,
+                    "config": str(config),
+                    "overrides": run_overrides,
+                    "steps": args.steps,
+                    "threads": args.threads,
+                    "seed": args.seed,
+                    "text": args.text,
+                    "demo_codec": not args.config and "model.codec_dir" not in overrides,
+                    "prefill_compare": not args.no_prefill_compare,
+                }
+            )
+            results.append(result)
+            print(format_result_line(result), flush=True)
+    print()
+    print(format_table(results))
+    if args.json:
+        args.json.write_text(json.dumps({"machine": machine_info(), "runs": results}, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# ---- one run, in its own process (clean peak RSS, nothing left over from the last model) -------------
+
+
+def run_worker(job: dict[str, Any], command: list[str] | None = None) -> dict[str, Any]:
+    """Run ``worker(job)`` in a fresh process (``command``: another entry that takes the job as JSON)."""
+    load_before = os.getloadavg()
+    busy_before, ours_before, wall_before = _cpu_busy_s(), _own_cpu_s(), time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="moss_bench_") as tmp:
+        job["workdir"] = tmp
+        proc = subprocess.run(
+            [*(command or [sys.executable, "-m", "moss_tts_node.tools.bench", "worker"]), json.dumps(job)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if proc.returncode != 0:
+            raise MossTTSError(f"bench worker failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+        if job["prefill_compare"]:
+            result.update(prefill_compare(job, Path(tmp) / "prompt.npy", result))
+    result["load_before"] = [round(x, 2) for x in load_before]
+    result["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    wall = time.monotonic() - wall_before
+    if busy_before is not None:
+        busy = (_cpu_busy_s() or 0.0) - busy_before
+        result["foreign_cpu"] = max(0.0, busy - (_own_cpu_s() - ours_before)) / (wall * (os.cpu_count() or 1))
+    return result
+
+
+def _cpu_busy_s() -> float | None:
+    """CPU seconds the whole machine has been busy (all processes, /proc/stat), or None off Linux."""
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            fields = [int(x) for x in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_s() -> float:
+    """CPU seconds of this process and its finished children (the workers)."""
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def worker(job: dict[str, Any]) -> dict[str, Any]:
+    """Measure one configuration (runs in the worker process)."""
+    import numpy as np
+
+    from moss_tts_node.config import backbone_path, load_config
+    from moss_tts_node.synthesizer import Synthesizer
+
+    overrides = {"llama.n_threads": job["threads"], "audio.codec_threads": job["threads"], **job["overrides"]}
+    config = load_config(job["config"], overrides)
+    started = time.perf_counter()
+    synth = Synthesizer(config)
+    load_s = time.perf_counter() - started
+    request = {"language": "en", "seed": job["seed"], "reference": ""}
+    list(synth.stream(job["text"], max_new_tokens=8, **request))  # warm-up: page in the weights
+    # Per-step clocks (a wrapper each, ~1 us a step): medians show the typical step on a shared machine,
+    # where another process can take a core for a few hundred ms.
+    decode_s: list[float] = []
+    step_starts: list[float] = []
+    step_method = "step" if hasattr(synth.heads, "step") else "logits"  # "logits": an older heads class
+    decode, heads_step = synth.backbone.decode, getattr(synth.heads, step_method)
+
+    def timed_decode(embedding: np.ndarray, text_logits: bool = True) -> None:
+        t = time.perf_counter()
+        decode(embedding, text_logits=text_logits)
+        decode_s.append(time.perf_counter() - t)
+
+    def timed_step(*args: Any) -> Any:
+        step_starts.append(time.perf_counter())
+        return heads_step(*args)
+
+    synth.backbone.decode = timed_decode  # type: ignore[method-assign]
+    setattr(synth.heads, step_method, timed_step)
+    stream = synth.stream(job["text"], max_new_tokens=job["steps"], **request)
+    chunk_times = []
+    t0 = time.perf_counter()
+    for _ in stream:
+        chunk_times.append(time.perf_counter() - t0)
+    report, generated, prompt = stream.report, stream.generated, stream.prompt
+    assert report is not None and generated is not None
+    peak_rss = _peak_rss()
+    synth.backbone.decode = decode  # type: ignore[method-assign]
+    setattr(synth.heads, step_method, heads_step)
+    steady = slice(40, None)  # past the ramp-up: every codebook sampled
+    step_median = 1000 * float(np.median(np.diff(step_starts)[steady])) if len(step_starts) > 50 else None
+    decode_median = 1000 * float(np.median(decode_s[steady])) if len(decode_s) > 50 else None
+
+    # the backbone-only limit: the same rows, decoded in a tight loop, text head on and off
+    embeddings = synth.embeddings.embed(generated[:-1])
+    prompt_embeddings = synth.embeddings.embed(prompt)
+    np.save(Path(job["workdir"]) / "prompt.npy", prompt_embeddings)
+    # One replay, the text head on and off in alternate blocks of 10 steps (it changes nothing in the KV
+    # cache), so that both see the same machine: a shared machine drifts by ~10% from minute to minute.
+    synth.backbone.clear()
+    synth.backbone.prefill(prompt_embeddings)
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for i, row in enumerate(embeddings):
+        text_head = (i // 10) % 2 == 0
+        t = time.perf_counter()
+        synth.backbone.decode(row, text_logits=text_head)
+        times[text_head].append(time.perf_counter() - t)
+    limit = {k: 1000 * float(np.mean(v)) for k, v in times.items()}
+    limit_median = {k: 1000 * float(np.median(v)) for k, v in times.items()}
+    first_frame = stream.codes[:1] if stream.codes is not None and len(stream.codes) else None
+    chunk_ms = None
+    if first_frame is not None:
+        times = []
+        for _ in range(5):
+            t = time.perf_counter()
+            synth.codec.decode(first_frame)
+            times.append(time.perf_counter() - t)
+        chunk_ms = 1000 * float(np.median(times))
+
+    steps = report.steps
+    loop_ms = report.wall_s * 1000 - report.prefill_ms
+    step_ms = loop_ms / steps
+    decode_ms, heads_ms, sampling_ms = (
+        report.backbone_ms_per_step,
+        report.heads_ms_per_step,
+        report.sampling_ms_per_step,
+    )
+    codec_ms = report.codec_ms / steps
+    other_ms = step_ms - decode_ms - heads_ms - sampling_ms - codec_ms
+    gguf = backbone_path(config)
+    weights = Path(config.model.weights_dir)
+    fp16 = sum(p.stat().st_size for p in (weights / "embeddings").glob("*.npy"))
+    fp16 += sum(p.stat().st_size for p in (weights / "lm_heads").glob("lm_head_audio_*.npy"))
+    kv = kv_cache_bytes(gguf, synth.backbone.n_ctx, config.llama.kv_cache_type_k, config.llama.kv_cache_type_v)
+    budget = gguf.stat().st_size + fp16 + kv + BUDGET_SLACK
+    ttfa_ms = None if report.time_to_first_audio_s is None else report.time_to_first_audio_s * 1000
+    ttfa_bound = report.prefill_ms + 33 * step_ms + (chunk_ms or 0.0)
+    result = {
+        "label": job["label"],
+        "model": job["model"],
+        "heads_backend": synth.heads.name,
+        "gguf": gguf.name,
+        "gguf_bytes": gguf.stat().st_size,
+        "n_embd": synth.backbone.n_embd,
+        "threads": job["threads"],
+        "codec": "demo codec (tiny; the real codec costs more)" if job["demo_codec"] else "configured codec",
+        "load_s": load_s,
+        "prompt_rows": report.prompt_rows,
+        "steps": steps,
+        "frames": report.frames,
+        "stop_reason": report.stop_reason,
+        "prefill_ms": report.prefill_ms,
+        "steps_per_s": 1000 / step_ms,
+        "step_ms": step_ms,
+        "decode_ms": decode_ms,
+        "heads_ms": heads_ms,
+        "sampling_ms": sampling_ms,
+        "codec_ms": codec_ms,
+        "other_ms": other_ms,
+        "overhead": (step_ms - decode_ms) / decode_ms,
+        "step_median_ms": step_median,
+        "decode_median_ms": decode_median,
+        "overhead_median": None
+        if step_median is None or decode_median is None
+        else (step_median - decode_median) / decode_median,
+        "decode_max_ms": 1000 * max(decode_s) if decode_s else None,
+        "limit_ms": limit[True],
+        "limit_no_text_head_ms": limit[False],
+        "limit_median_ms": limit_median[True],
+        "limit_no_text_head_median_ms": limit_median[False],
+        "vs_limit": step_ms / limit[True] - 1,
+        "ttfa_ms": ttfa_ms,
+        "ttfa_bound_ms": ttfa_bound,
+        "first_chunk_decode_ms": chunk_ms,
+        "rtf": report.real_time_factor,
+        "rtf_steady": step_ms / 80.0,
+        "audio_s": report.audio_seconds,
+        "peak_rss_bytes": peak_rss,
+        "rss_budget_bytes": budget,
+        "kv_cache_bytes": kv,
+        "fp16_npy_bytes": fp16,
+    }
+    synth.close()
+    return result
+
+
+def kv_cache_bytes(gguf: Path, n_ctx: int, type_k: str, type_v: str) -> int:
+    from moss_tts_node.llama.gguf import scan_gguf
+
+    fields, _, _ = scan_gguf(gguf)
+    arch = fields["general.architecture"]
+
+    def key(name: str) -> int:
+        return int(fields[f"{arch}.{name}"])
+
+    width = key("attention.head_count_kv") * key("attention.key_length")
+    per_element = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32}
+    per_token = key("block_count") * width * (per_element.get(type_k, 2.0) + per_element.get(type_v, 2.0))
+    return int(n_ctx * per_token)
+
+
+def _peak_rss() -> int:
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+# ---- the prefill with the text head at every position (llama-cpp-python's bindings, own process) -------
+
+_PREFILL_SCRIPT = r"""
+import ctypes, json, sys, time
+import numpy as np
+import llama_cpp as L
+path, prompt, threads, n_ctx, n_batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+quiet = L.llama_log_callback(lambda level, text, data: None)
+L.llama_log_set(quiet, ctypes.c_void_p(0))
+L.llama_backend_init()
+mp = L.llama_model_default_params(); mp.n_gpu_layers = 0
+model = L.llama_model_load_from_file(path.encode(), mp)
+cp = L.llama_context_default_params()
+cp.n_ctx = n_ctx; cp.n_batch = n_batch; cp.n_ubatch = n_batch; cp.n_threads = threads; cp.n_threads_batch = threads
+cp.embeddings = True; cp.pooling_type = L.LLAMA_POOLING_TYPE_NONE; cp.no_perf = True
+ctx = L.llama_init_from_model(model, cp)
+rows = np.load(prompt).astype(np.float32)
+S, H = rows.shape
+batch = L.llama_batch_init(n_batch, H, 1)
+def decode(first, n, outputs):
+    batch.n_tokens = n
+    ctypes.memmove(batch.embd, rows[first:first + n].ctypes.data, n * H * 4)
+    for i in range(n):
+        batch.pos[i] = first + i; batch.n_seq_id[i] = 1; batch.seq_id[i][0] = 0; batch.logits[i] = outputs
+    assert L.llama_decode(ctx, batch) == 0
+def prefill(every):
+    L.llama_memory_clear(L.llama_get_memory(ctx), True)
+    t = time.perf_counter()
+    if every:
+        L.llama_set_embeddings(ctx, True)
+        for first in range(0, S, n_batch):
+            decode(first, min(n_batch, S - first), 1)
+    else:
+        L.llama_set_embeddings(ctx, False)
+        for first in range(0, S - 1, n_batch):
+            decode(first, min(n_batch, S - 1 - first), 0)
+        L.llama_set_embeddings(ctx, True)
+        decode(S - 1, 1, 1)
+    return (time.perf_counter() - t) * 1000
+prefill(False)
+last, every = [], []
+for _ in range(3):  # alternated; the minimum is the cost without interference from other processes
+    last.append(prefill(False)); every.append(prefill(True))
+print(json.dumps({"prefill_last_row_ms": min(last), "prefill_every_row_ms": min(every)}))
+"""
+
+
+def prefill_compare(job: dict[str, Any], prompt: Path, result: dict[str, Any]) -> dict[str, Any]:
+    from moss_tts_node.config import backbone_path, load_config
+
+    config = load_config(job["config"], job["overrides"])
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _PREFILL_SCRIPT,
+            str(backbone_path(config)),
+            str(prompt),
+            str(job["threads"]),
+            str(config.llama.n_ctx),
+            str(config.llama.n_batch),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        log(f"prefill comparison failed ({proc.returncode}): {proc.stderr[-2000:]}")
+        return {}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ---- output ---------------------------------------------------------------------------------------------
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            cpu = next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    try:
+        with open("/proc/meminfo", encoding="ascii") as info:
+            mem = int(next(line.split()[1] for line in info if line.startswith("MemTotal"))) * 1024
+    except (OSError, StopIteration):
+        mem = 0
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gb": round(mem / 2**30, 1),
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
+
+
+def format_result_line(r: dict[str, Any]) -> str:
+    return (
+        f"{r['label']}: {r['steps_per_s']:.2f} steps/s, step {r['step_ms']:.1f} ms "
+        f"(decode {r['decode_ms']:.1f}, limit {r['limit_ms']:.1f}), overhead {100 * r['overhead']:.1f}%, "
+        f"other processes' CPU {100 * r.get('foreign_cpu', 0):.0f}%"
+    )
+
+
+def _ms(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def format_table(results: list[dict[str, Any]]) -> str:
+    """A markdown table, one column per run."""
+    mb = 1024 * 1024
+
+    def row(name: str, fn: Any) -> str:
+        return f"| {name} | " + " | ".join(fn(r) for r in results) + " |"
+
+    lines = [
+        "| | " + " | ".join(r["label"] for r in results) + " |",
+        "|---|" + "---|" * len(results),
+        row("GGUF", lambda r: f"{r['gguf']} ({r['gguf_bytes'] / 1e9:.2f} GB)"),
+        row("prompt rows / steps / frames", lambda r: f"{r['prompt_rows']} / {r['steps']} / {r['frames']}"),
+        row("prefill ms (in the loop)", lambda r: _ms(r["prefill_ms"], 0)),
+        row(
+            "prefill ms, last row out / every row out (best of 3)",
+            lambda r: f"{_ms(r.get('prefill_last_row_ms'), 0)} / {_ms(r.get('prefill_every_row_ms'), 0)}",
+        ),
+        row("steps/s", lambda r: f"{r['steps_per_s']:.2f}"),
+        row("ms per step", lambda r: _ms(r["step_ms"], 2)),
+        row("- llama.cpp decode", lambda r: _ms(r["decode_ms"], 2)),
+        row("- heads", lambda r: _ms(r["heads_ms"], 2)),
+        row("- sampling + delay + embedding", lambda r: _ms(r["sampling_ms"], 2)),
+        row("- codec", lambda r: _ms(r["codec_ms"], 2)),
+        row("- other", lambda r: _ms(r["other_ms"], 2)),
+        row(
+            "backbone-only limit ms, text head on: mean / median",
+            lambda r: f"{_ms(r['limit_ms'], 2)} / {_ms(r.get('limit_median_ms'), 2)}",
+        ),
+        row(
+            "backbone-only limit ms, text head off: mean / median",
+            lambda r: f"{_ms(r['limit_no_text_head_ms'], 2)} / {_ms(r.get('limit_no_text_head_median_ms'), 2)}",
+        ),
+        row("overhead (step - decode) / decode", lambda r: f"{100 * r['overhead']:.1f}%"),
+        row(
+            "steady state: median step / decode ms",
+            lambda r: f"{_ms(r.get('step_median_ms'), 2)} / {_ms(r.get('decode_median_ms'), 2)}",
+        ),
+        row(
+            "steady state: median overhead",
+            lambda r: "-" if r.get("overhead_median") is None else f"{100 * r['overhead_median']:.1f}%",
+        ),
+        row(
+            "steady state: median step vs median limit (text head on)",
+            lambda r: (
+                "-"
+                if r.get("step_median_ms") is None or r.get("limit_median_ms") is None
+                else f"{100 * (r['step_median_ms'] / r['limit_median_ms'] - 1):+.1f}%"
+            ),
+        ),
+        row("slowest decode ms", lambda r: _ms(r.get("decode_max_ms"), 0)),
+        row("step vs limit (text head on)", lambda r: f"{100 * r['vs_limit']:+.1f}%"),
+        row(
+            "time to first audio ms (bound)",
+            lambda r: f"{_ms(r['ttfa_ms'], 0)} ({_ms(r['ttfa_bound_ms'], 0)})",
+        ),
+        row("real-time factor (steady state)", lambda r: f"{_ms(r['rtf'], 2)} ({r['rtf_steady']:.2f})"),
+        row(
+            "peak RSS MB (budget)",
+            lambda r: f"{r['peak_rss_bytes'] / mb:.0f} ({r['rss_budget_bytes'] / mb:.0f})",
+        ),
+        row("load average before / after", lambda r: f"{r['load_before'][0]:.2f} / {r['load_after'][0]:.2f}"),
+        row(
+            "other processes' CPU during the run",
+            lambda r: "-" if r.get("foreign_cpu") is None else f"{100 * r['foreign_cpu']:.0f}% of the machine",
+        ),
+    ]
+    info = machine_info()
+    threads = sorted({r["threads"] for r in results})
+    lines.append("")
+    lines.append(
+        f"{info['cpu']}, {info['cores']} cores, {info['memory_gb']} GB; llama.cpp threads {threads}; "
+        f"codec: {results[0]['codec'] if results else '-'}"
+    )
+    return "\n".join(lines)
+
+
+def heads_ab(job: dict[str, Any], rounds: int = 6, block: int = 20) -> str:
+    """Decode + heads per step, interleaved in blocks: (A) the plain GGUF with the text head skipped and the
+    onnx heads, (B) the GGUF that carries the heads, text head on. Both see the same machine."""
+    import numpy as np
+    from threadpoolctl import threadpool_limits
+
+    from moss_tts_node.llama.backbone import Backbone, BackboneParams
+    from moss_tts_node.model.delay import TextRule
+    from moss_tts_node.model.heads import load_audio_heads
+    from moss_tts_node.model.spec import ModelSpec
+    from moss_tts_node.tools.bench_models import GGUF_NAME, HEADS_GGUF_NAME, bench_model_dir
+
+    directory, spec, threads = bench_model_dir(job["model"]), ModelSpec(), job["threads"]
+
+    def open_backbone(name: str) -> Backbone:
+        return Backbone(
+            BackboneParams(gguf_path=directory / name, n_ctx=4096, n_batch=512, n_threads=threads, n_gpu_layers=0)
+        )
+
+    a, b = open_backbone(GGUF_NAME), open_backbone(HEADS_GGUF_NAME)
+    heads_a = load_audio_heads("onnx", directory / "lm_heads", spec, a.n_embd, directory / GGUF_NAME, threads)
+    heads_b = load_audio_heads("gguf", directory / "lm_heads", spec, b.n_embd, directory / HEADS_GGUF_NAME)
+    rule = TextRule(allowed=(spec.audio_assistant_gen_slot_token_id, spec.audio_assistant_delay_slot_token_id))
+    channels = np.ones(spec.n_vq, dtype=bool)
+    rng = np.random.default_rng(0)
+    prompt = 0.1 * rng.standard_normal((141, a.n_embd)).astype(np.float32)
+    rows = 0.1 * rng.standard_normal((rounds * block, a.n_embd)).astype(np.float32)
+    times: dict[str, list[float]] = {"a": [], "b": []}
+    with threadpool_limits(limits=1, user_api="blas"):
+        for backbone, heads in ((a, heads_a), (b, heads_b)):
+            backbone.prefill(prompt, text_logits=heads.wants_text_head(rule))
+        for r in range(rounds):
+            for key, backbone, heads in (("a", a, heads_a), ("b", b, heads_b)):
+                for row in rows[r * block : (r + 1) * block]:
+                    t = time.perf_counter()
+                    backbone.decode(row, text_logits=heads.wants_text_head(rule))
+                    heads.step(backbone, rule, channels)
+                    times[key].append(time.perf_counter() - t)
+    ms = {k: 1000 * float(np.median(v)) for k, v in times.items()}
+    return (
+        f"{job['model']}: decode + heads a step, median of {len(times['a'])} interleaved: onnx heads + text head "
+        f"skipped {ms['a']:.1f} ms, heads in the GGUF {ms['b']:.1f} ms ({100 * (ms['b'] / ms['a'] - 1):+.1f}%)"
+    )
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "worker":
+        print(json.dumps(worker(json.loads(sys.argv[2]))), flush=True)
+    elif len(sys.argv) == 3 and sys.argv[1] == "ab":
+        print(heads_ab(json.loads(sys.argv[2])), flush=True)
+    else:
+        sys.exit("usage: python -m moss_tts_node bench ... (the worker entry is internal)")

@@ -1,0 +1,39 @@
+"""``python -m moss_tts_node build-engines``: TensorRT engines of the codec for this GPU."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from moss_tts_node.codec.engines import DEFAULT_MAX_SECONDS, METADATA_FILE, build_engines
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``build-engines`` to the CLI (tools/cli.py's EXTRA_COMMAND_MODULES)."""
+    parser = commands.add_parser(
+        "build-engines",
+        help="build TensorRT engines of the codec for this GPU (TF32)",
+        description="Build TensorRT engines of the codec from its ONNX files, for this GPU and TensorRT.",
+    )
+    parser.add_argument("--decoder", required=True, type=Path, help="decoder.onnx of MOSS-Audio-Tokenizer-ONNX")
+    parser.add_argument(
+        "--encoder", type=Path, help="encoder.onnx (only needed to clone voices from audio clips on this machine)"
+    )
+    parser.add_argument("--out", required=True, type=Path, help="directory for the engines and engines.json")
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        default=DEFAULT_MAX_SECONDS,
+        help=f"longest audio one engine call takes (default {DEFAULT_MAX_SECONDS:g}); longer audio is windowed",
+    )
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    engines = build_engines(args.decoder, args.out, args.max_seconds, args.encoder)
+    print(
+        f"wrote {args.out / METADATA_FILE}: TensorRT {engines.tensorrt_version}, {engines.gpu.name} "
+        f"(compute capability {engines.gpu.compute_capability}), up to {engines.max_seconds:g} s "
+        f"({engines.max_frames} frames), {engines.precision}"
+    )
+    return 0

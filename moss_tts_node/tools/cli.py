@@ -1,0 +1,167 @@
+"""Command line: ``python -m moss_tts_node {synth,encode-voice,demo-weights} ...``.
+
+A thin layer over ``Synthesizer``: it parses flags into config overrides and request fields,
+shows progress, and turns every ``MossTTSError`` into a one-line reason and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from moss_tts_node.errors import EXIT_BAD_INPUT, MossTTSError, RequestError
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except MossTTSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m moss_tts_node", description="MOSS-TTS-Delay speech, torch-free.")
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    synth = commands.add_parser("synth", help="text to a WAV file")
+    synth.add_argument("--config", required=True, type=Path, help="params file (config/*.yaml)")
+    synth.add_argument("--text", required=True, help="what to say")
+    synth.add_argument("--output", required=True, type=Path, help="WAV file to write (24 kHz mono, 16-bit)")
+    synth.add_argument("--reference", help="voice to clone: WAV/FLAC clip, or .npy codes from encode-voice")
+    synth.add_argument("--language", help="language tag, e.g. en or zh")
+    synth.add_argument("--instruction", help="style instruction")
+    synth.add_argument("--seed", type=int, help="random seed; the same seed gives the same audio")
+    synth.add_argument("--text-temperature", type=float, help="overrides sampling.text_temperature")
+    synth.add_argument("--audio-temperature", type=float, help="overrides sampling.audio_temperature")
+    synth.add_argument("--max-new-tokens", type=int, help="overrides generation.max_new_tokens")
+    synth.add_argument("--save-tokens", type=Path, help="write prompt, generated and codes (int64) to this .npz")
+    synth.add_argument("--profile", action="store_true", help="print the timing report")
+    synth.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="any config key, e.g. llama.n_threads=2"
+    )
+    synth.set_defaults(run=run_synth)
+
+    voice = commands.add_parser("encode-voice", help="encode a reference clip into a .npy of codes")
+    voice.add_argument("--config", required=True, type=Path, help="params file naming model.codec_dir")
+    voice.add_argument("audio", type=Path, help="WAV/FLAC clip of the voice")
+    voice.add_argument("output", type=Path, help=".npy file to write, (frames, 32) int64")
+    voice.set_defaults(run=run_encode_voice)
+
+    demo = commands.add_parser("demo-weights", help="write a tiny random model (noise, not speech) for tests")
+    demo.add_argument("directory", type=Path)
+    demo.add_argument("--seed", type=int, default=0)
+    demo.set_defaults(run=run_demo_weights)
+
+    for name in EXTRA_COMMAND_MODULES:
+        importlib.import_module(f"{__package__}.{name}").register(commands)
+    return parser
+
+
+# Commands that live in their own modules: each has ``register(commands)``, which adds its
+# subparser and sets ``run``, and keeps heavy imports inside ``run`` so `--help` stays fast.
+EXTRA_COMMAND_MODULES: tuple[str, ...] = ("convert", "attach_heads", "bench", "build_engines", "doctor")
+
+
+def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
+    overrides: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise RequestError(f"--set {pair!r}: expected KEY=VALUE, e.g. llama.n_threads=2")
+        overrides[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+    return overrides
+
+
+def run_synth(args: argparse.Namespace) -> int:
+    from moss_tts_node.codec.audio_io import write_wav
+    from moss_tts_node.config import load_config
+    from moss_tts_node.synthesizer import Synthesizer
+
+    overrides = parse_overrides(args.set)
+    for flag, key in (
+        ("text_temperature", "sampling.text_temperature"),
+        ("audio_temperature", "sampling.audio_temperature"),
+        ("max_new_tokens", "generation.max_new_tokens"),
+    ):
+        if getattr(args, flag) is not None:
+            overrides[key] = getattr(args, flag)
+    config = load_config(args.config, overrides)
+    with Synthesizer(config) as synth:
+        stream = synth.stream(
+            args.text,
+            language=args.language,
+            instruction=args.instruction,
+            reference=args.reference,
+            seed=args.seed,
+        )
+        chunks = []
+        progress = Progress()
+        for chunk in stream:
+            chunks.append(chunk.samples)
+            progress.show(chunk.start_s + chunk.samples.shape[0] / chunk.sample_rate)
+        progress.done()
+    report = stream.report
+    assert report is not None and stream.generated is not None and stream.codes is not None
+    audio = np.concatenate(chunks)
+    write_wav(args.output, audio, synth.spec.sampling_rate)
+    if args.save_tokens:
+        np.savez(args.save_tokens, prompt=stream.prompt, generated=stream.generated, codes=stream.codes)
+    if args.profile:
+        print(report.format())
+    rtf = f", real-time factor {report.real_time_factor:.2f}" if report.real_time_factor else ""
+    print(f"wrote {args.output}: {report.audio_seconds:.2f} s of audio in {report.wall_s:.2f} s{rtf}")
+    if report.stop_reason == "max_new_tokens":
+        print("note: stopped at max_new_tokens; raise it (--max-new-tokens) for longer text", file=sys.stderr)
+    return 0
+
+
+def run_encode_voice(args: argparse.Namespace) -> int:
+    from moss_tts_node.codec.audio_io import load_reference_audio
+    from moss_tts_node.codec.factory import open_codec
+    from moss_tts_node.config import load_config
+
+    config = load_config(args.config)
+    with open_codec(config, decoder=False) as codec:
+        codes = codec.encode(load_reference_audio(args.audio))
+    np.save(args.output, codes)
+    print(f"wrote {args.output}: {codes.shape[0]} frames ({codes.shape[0] / 12.5:.2f} s) of voice codes")
+    return 0
+
+
+def run_demo_weights(args: argparse.Namespace) -> int:
+    from moss_tts_node.tools.demo_weights import write_demo_weights
+
+    config_path = write_demo_weights(args.directory, seed=args.seed)
+    print(f"wrote a tiny random model (noise, not speech) to {args.directory}; config: {config_path}")
+    return 0
+
+
+class Progress:
+    """One self-rewriting status line on a terminal; silent when stderr is a pipe or file."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.enabled = sys.stderr.isatty()
+
+    def show(self, audio_seconds: float) -> None:
+        if self.enabled:
+            elapsed = time.perf_counter() - self.started
+            print(f"\rgenerating: {audio_seconds:6.2f} s of audio in {elapsed:6.2f} s", end="", file=sys.stderr)
+
+    def done(self) -> None:
+        if self.enabled:
+            print(file=sys.stderr)

@@ -1,0 +1,508 @@
+"""``python -m moss_tts_node convert``: an original MOSS-TTS-Delay checkpoint into a weights directory.
+
+Upstream makes MOSS-TTS-GGUF with PyTorch, transformers and llama.cpp's converter script; this does the
+same with NumPy and ``gguf``, so that a fine-tuned model, or a quantization that is not published
+(Q5_K_M, Q6_K, Q8_0), can be made on the robot's own toolchain. The output has exactly the published
+layout (``MOSS_TTS_<TYPE>.gguf``, float16 ``embeddings/`` and ``lm_heads/``, ``tokenizer/``,
+``config.json``), so a params file works with either source.
+
+Memory: tensors are read one at a time, in row chunks, straight into the array that is written (see
+``safetensors_io``), so the peak is about the largest tensor in its output dtype (the 155,648 x 4096 text
+embedding: 1.3 GB as float16) plus the chunk buffers, never the 17 GB checkpoint (measured: 1.7 GB peak
+RSS for the real shape). Quantizing goes through an F16 GGUF written to a hidden temporary file in the
+output directory, which llama.cpp's own ``llama_model_quantize`` (through the C bridge) turns into the
+final file; the temporary file is removed whatever happens, and one left by a killed run is removed by
+the next.
+
+Everything that can be checked is checked before the first byte is written: the config is MOSS-TTS-
+Delay's, every tensor is present with the shape the config implies, the tokenizer knows the special
+tokens, the quantization fits the row sizes, the output directory holds no weights (unless ``--force``)
+and its disk has room for the estimated output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from moss_tts_node.errors import BridgeError, MossTTSError
+from moss_tts_node.model.spec import ModelSpec
+from moss_tts_node.tools.qwen3_gguf import Qwen3Shape, qwen3_tensor_shapes, write_qwen3_gguf
+from moss_tts_node.tools.safetensors_io import SafetensorsCheckpoint
+
+MODEL_TYPE = "moss_tts_delay"
+TOKENIZER_FILES = (  # copied when present; tokenizer.json is what the runtime reads
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+)
+_OUTPUT_MARKERS = ("config.json", "embeddings", "lm_heads", "tokenizer")  # besides *.gguf
+_DISK_MARGIN = 1.05  # the size estimates are within a few percent; leave room for file-system overhead
+_GGUF_METADATA_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class GgufType:
+    """A backbone output type: its ``enum llama_ftype`` (None: written directly, no quantization)."""
+
+    ftype: int | None
+    bits_per_weight: float  # of the 2-D tensors; for the disk estimate
+    row_multiple: int  # llama.cpp's block size: every row length must be a multiple of it
+
+
+# ftype values from llama.h (enum llama_ftype). Bits per weight of the 2-D tensors as measured on a model
+# of the real shape (K-quant mixes put some tensors in Q6_K); Q6_K and Q8_0 are exact.
+GGUF_TYPES: dict[str, GgufType] = {
+    "Q4_K_M": GgufType(15, 4.91, 256),
+    "Q5_K_M": GgufType(17, 5.71, 256),
+    "Q6_K": GgufType(18, 6.5625, 256),
+    "Q8_0": GgufType(7, 8.5, 32),
+    "F16": GgufType(None, 16.0, 1),
+    "F32": GgufType(None, 32.0, 1),
+}
+
+
+class ConversionError(MossTTSError):
+    """The checkpoint cannot be converted, or not into that directory; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """What ``config.json`` of an original checkpoint says: the backbone shape and the vocabulary facts."""
+
+    raw: dict[str, Any]
+    shape: Qwen3Shape
+    spec: ModelSpec
+
+
+def gguf_file_name(gguf_type: str) -> str:
+    """The published naming: ``MOSS_TTS_Q4_K_M.gguf``."""
+    return f"MOSS_TTS_{gguf_type}.gguf"
+
+
+def read_checkpoint_config(checkpoint_dir: Path) -> CheckpointConfig:
+    """Parse and check ``config.json``: a MOSS-TTS-Delay model with a plain Qwen3 backbone.
+
+    The backbone sits under ``language_config`` (transformers 5), with rope theta under
+    ``rope_parameters.rope_theta`` (older files: ``rope_theta``).
+    """
+    path = Path(checkpoint_dir) / "config.json"
+    if not path.is_file():
+        raise ConversionError(
+            f"no config.json in {checkpoint_dir}: point at the original MOSS-TTS-Delay checkpoint directory "
+            "(the one holding config.json, the *.safetensors files and tokenizer.json)"
+        )
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConversionError(f"{path}: not a readable JSON file ({exc})") from exc
+    if not isinstance(raw, dict):
+        raise ConversionError(f"{path}: expected a JSON object")
+    if raw.get("model_type") != MODEL_TYPE:
+        raise ConversionError(
+            f"{path}: model_type is {raw.get('model_type')!r}, not {MODEL_TYPE!r}: this is not a MOSS-TTS-Delay "
+            "checkpoint (MOSS-TTS-Local, MOSS-TTSD and plain Qwen3 checkpoints have other layouts)"
+        )
+    language = raw.get("language_config")
+    if not isinstance(language, dict):
+        raise ConversionError(f"{path}: no 'language_config' object describing the Qwen3 backbone")
+    where = f"{path}: language_config"
+    if language.get("model_type", "qwen3") != "qwen3":
+        raise ConversionError(f"{where}.model_type is {language['model_type']!r}; only a qwen3 backbone converts")
+    if language.get("attention_bias", False) or language.get("hidden_act", "silu") != "silu":
+        raise ConversionError(f"{where} asks for attention biases or a non-SiLU FFN, which Qwen3 in llama.cpp lacks")
+
+    def integer(key: str, default: int | None = None) -> int:
+        value = language.get(key, default)
+        if type(value) is not int or value <= 0:
+            raise ConversionError(f"{where}.{key} must be a positive integer, got {value!r}")
+        return value
+
+    def number(value: object, key: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ConversionError(f"{where}.{key} must be a positive number, got {value!r}")
+        return float(value)
+
+    hidden, heads = integer("hidden_size"), integer("num_attention_heads")
+    rope = language.get("rope_parameters")
+    if isinstance(rope, dict):
+        if rope.get("rope_type", "default") != "default":
+            raise ConversionError(f"{where}.rope_parameters asks for {rope['rope_type']!r} rope scaling; unsupported")
+        theta = number(rope.get("rope_theta"), "rope_parameters.rope_theta")
+    else:
+        theta = number(language.get("rope_theta"), "rope_theta")
+    try:
+        shape = Qwen3Shape(
+            hidden=hidden,
+            layers=integer("num_hidden_layers"),
+            heads=heads,
+            kv_heads=integer("num_key_value_heads"),
+            head_dim=integer("head_dim", hidden // heads),
+            ffn=integer("intermediate_size"),
+            vocab=integer("vocab_size"),
+            rope_theta=theta,
+            rms_eps=number(language.get("rms_norm_eps", 1e-6), "rms_norm_eps"),
+            context_length=integer("max_position_embeddings", 40960),
+        )
+    except ValueError as exc:
+        raise ConversionError(f"{where}: {exc}") from exc
+    return CheckpointConfig(raw=raw, shape=shape, spec=ModelSpec.load(Path(checkpoint_dir)))
+
+
+def checkpoint_tensor_name(backbone_name: str) -> str:
+    """Checkpoint name of a backbone tensor: ``language_model.*``, the text head is ``lm_heads.0``."""
+    return "lm_heads.0.weight" if backbone_name == "lm_head.weight" else f"language_model.{backbone_name}"
+
+
+def table_files(spec: ModelSpec) -> dict[str, str]:
+    """Output .npy (relative path) -> checkpoint tensor, for the tables the NumPy side reads."""
+    files = {
+        "embeddings/embed_tokens.npy": "language_model.embed_tokens.weight",
+        "lm_heads/lm_head_text.npy": "lm_heads.0.weight",
+    }
+    for k in range(spec.n_vq):
+        files[f"embeddings/emb_ext_{k:02d}.npy"] = f"emb_ext.{k}.weight"
+        files[f"lm_heads/lm_head_audio_{k:02d}.npy"] = f"lm_heads.{k + 1}.weight"  # lm_heads.0 is the text head
+    return files
+
+
+def expected_tensor_shapes(config: CheckpointConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor a checkpoint with this config holds, with its shape."""
+    shapes = {checkpoint_tensor_name(n): dims for n, dims in qwen3_tensor_shapes(config.shape).items()}
+    audio = (config.spec.audio_rows, config.shape.hidden)
+    # the text embedding and text head are backbone tensors, already listed; the rest are audio tables
+    shapes.update({name: audio for name in table_files(config.spec).values() if name not in shapes})
+    return shapes
+
+
+def check_tensors(checkpoint: SafetensorsCheckpoint, config: CheckpointConfig) -> None:
+    """Refuse missing, unexpected and wrongly shaped tensors, naming a few of each."""
+    expected = expected_tensor_shapes(config)
+    present = checkpoint.tensors
+    problems = []
+    missing = [n for n in expected if n not in present]
+    if missing:
+        problems.append(f"{len(missing)} tensor(s) missing ({_some(missing)}): the download or the save is incomplete")
+    unexpected = [n for n in present if n not in expected]
+    if unexpected:
+        problems.append(
+            f"{len(unexpected)} unexpected tensor(s) ({_some(unexpected)}): not the MOSS-TTS-Delay layout "
+            "this converter knows"
+        )
+    wrong = [
+        f"{n} is {list(present[n].shape)}, expected {list(dims)}"
+        for n, dims in expected.items()
+        if n in present and present[n].shape != dims
+    ]
+    if wrong:
+        problems.append(
+            f"{len(wrong)} tensor(s) of the wrong shape ({_some(wrong)}): config.json and the weights disagree"
+        )
+    if problems:
+        raise ConversionError(f"{checkpoint.directory} cannot be converted: " + "; ".join(problems))
+
+
+def check_tokenizer(checkpoint_dir: Path, spec: ModelSpec, vocab: int) -> None:
+    """The runtime looks special tokens up by id in tokenizer.json: each must exist and have an embedding."""
+    from tokenizers import Tokenizer  # deferred: the CLI imports this module for --help
+
+    path = Path(checkpoint_dir) / "tokenizer.json"
+    if not path.is_file():
+        raise ConversionError(f"no tokenizer.json in {checkpoint_dir}: copy the model's tokenizer files next to it")
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises a bare Exception for malformed files
+        raise ConversionError(f"{path}: not a readable tokenizer.json ({exc})") from exc
+    for field, token_id in spec.special_token_ids.items():
+        if token_id >= vocab or tokenizer.id_to_token(token_id) is None:
+            raise ConversionError(
+                f"{field} {token_id} (config.json) is not a token of {path} with an embedding row "
+                f"(vocab {vocab}): the config and the tokenizer belong to different models"
+            )
+
+
+def check_quantization(shape: Qwen3Shape, gguf_type: str) -> None:
+    """llama.cpp quantizes rows in blocks; refuse a type whose block does not divide every row length."""
+    rows = {
+        "hidden_size": shape.hidden,
+        "heads x head_dim": shape.heads * shape.head_dim,
+        "intermediate_size": shape.ffn,
+    }
+    block = GGUF_TYPES[gguf_type].row_multiple
+    bad = [f"{name} {size}" for name, size in rows.items() if size % block]
+    if bad:
+        fitting = [t for t, g in GGUF_TYPES.items() if all(size % g.row_multiple == 0 for size in rows.values())]
+        raise ConversionError(
+            f"{gguf_type} needs every weight row to be a multiple of {block} values, but this model has "
+            f"{', '.join(bad)}: choose {' or '.join(fitting)}"
+        )
+
+
+def estimate_gguf_bytes(shape: Qwen3Shape, gguf_type: str) -> int:
+    """Size of the backbone GGUF: matrices at the type's bits per weight, norm vectors in F32."""
+    dims = qwen3_tensor_shapes(shape).values()
+    matrices = sum(int(np.prod(d)) for d in dims if len(d) == 2)
+    vectors = sum(int(np.prod(d)) for d in dims if len(d) == 1)
+    return int(matrices * GGUF_TYPES[gguf_type].bits_per_weight / 8) + 4 * vectors + _GGUF_METADATA_BYTES
+
+
+def estimate_output_bytes(config: CheckpointConfig, gguf_type: str, tokenizer_bytes: int) -> tuple[int, int]:
+    """(final size, peak size during the conversion) of the output, in bytes.
+
+    The peak adds the F16 intermediate GGUF that exists next to the quantized one until it is removed.
+    """
+    shape, spec = config.shape, config.spec
+    tables = 2 * (2 * shape.vocab * shape.hidden + 2 * spec.n_vq * spec.audio_rows * shape.hidden)
+    final = estimate_gguf_bytes(shape, gguf_type) + tables + tokenizer_bytes
+    intermediate = estimate_gguf_bytes(shape, "F16") if GGUF_TYPES[gguf_type].ftype is not None else 0
+    return final, final + intermediate
+
+
+def check_output_dir(out_dir: Path, checkpoint_dir: Path, force: bool) -> None:
+    """Never convert into the checkpoint itself; never overwrite weights unless asked to."""
+    if out_dir.resolve() == Path(checkpoint_dir).resolve():
+        raise ConversionError(f"{out_dir} is the checkpoint directory itself: choose another output directory")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConversionError(f"{out_dir} exists and is not a directory")
+    if force or not out_dir.is_dir():
+        return
+    found = sorted(p.name for p in out_dir.iterdir() if p.name in _OUTPUT_MARKERS or p.suffix == ".gguf")
+    if found:
+        raise ConversionError(
+            f"{out_dir} already holds MOSS-TTS weights ({', '.join(found)}): choose an empty directory, "
+            "or pass --force to overwrite them"
+        )
+
+
+def check_disk_space(out_dir: Path, needed: int, what: str) -> None:
+    """Compare the estimated peak ``needed`` bytes (of ``what``, for the message) with the free space of the
+    file system the output goes to."""
+    existing = out_dir
+    while not existing.exists():
+        existing = existing.parent
+    free = shutil.disk_usage(existing).free
+    if needed * _DISK_MARGIN > free:
+        raise ConversionError(
+            f"{what} needs about {_gb(needed * _DISK_MARGIN)} free in {existing}, but only {_gb(free)} is free: "
+            "free some space or choose an output directory on another disk"
+        )
+
+
+def quantize_gguf(source: Path, target: Path, gguf_type: str, n_threads: int = 0) -> None:
+    """Quantize an F32/F16 GGUF with llama.cpp's own ``llama_model_quantize`` (as ``llama-quantize`` does)."""
+    from moss_tts_node.llama.bridge import load_bridge_library  # deferred: compiles the bridge on first use
+
+    ftype = GGUF_TYPES[gguf_type].ftype
+    if ftype is None:
+        raise ValueError(f"{gguf_type} is not a quantized type")
+    lib = load_bridge_library()
+    status = lib.moss_bridge_quantize(str(source).encode(), str(target).encode(), ftype, n_threads)
+    if status != 0:
+        detail = lib.moss_bridge_last_error(None).decode(errors="replace")
+        raise BridgeError(f"{lib.moss_bridge_status_string(status).decode()}: {detail}")
+
+
+class Progress:
+    """What a long conversion is doing: one self-rewriting line on a terminal, a line per 10 % otherwise
+    (logs), nothing when ``stream`` is None.
+
+    Two kinds of progress: bytes read from the checkpoint (``advance``), and the growth of a file that
+    llama.cpp writes while quantizing (``watching``), which is the only sign of life a C call gives.
+    """
+
+    def __init__(self, total_bytes: int, stream: TextIO | None) -> None:
+        self.total, self.done, self.stream = total_bytes, 0, stream
+        self.started = time.perf_counter()
+        self.tty = stream is not None and stream.isatty()
+        self._decile = 0
+
+    def say(self, text: str) -> None:
+        """A line of its own (ending a progress line); the next progress counts its tenths anew."""
+        if self.stream is not None:
+            print(("\r\x1b[K" if self.tty else "") + text, file=self.stream, flush=True)
+        self._decile = 0
+
+    def advance(self, nbytes: int, label: str) -> None:
+        self.done += nbytes
+        self._show(self.done, self.total, label)
+
+    @contextmanager
+    def watching(self, path: Path, expected_bytes: int, label: str) -> Iterator[None]:
+        """Report ``path``'s size against ``expected_bytes`` every second while the body runs."""
+        stop = threading.Event()
+
+        def watch() -> None:
+            while not stop.wait(1.0):
+                size = path.stat().st_size if path.exists() else 0
+                self._show(min(size, int(expected_bytes * 0.999)), expected_bytes, label)  # an estimate: never 100 %
+
+        thread = threading.Thread(target=watch, name="convert-progress", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+    def _show(self, done: int, total: int, label: str) -> None:
+        if self.stream is None:
+            return
+        percent = 100.0 * done / max(total, 1)
+        line = f"  {percent:5.1f} %  {_gb(done)} / {_gb(total)}  {time.perf_counter() - self.started:6.1f} s"
+        if self.tty:
+            print(f"\r\x1b[K{line}  {label}", end="", file=self.stream, flush=True)
+        elif percent >= 10 * (self._decile + 1):
+            self._decile = int(percent // 10)
+            print(f"{line}  {label}", file=self.stream, flush=True)
+
+
+def convert_checkpoint(
+    checkpoint_dir: Path | str,
+    out_dir: Path | str,
+    gguf_type: str = "Q4_K_M",
+    *,
+    force: bool = False,
+    n_threads: int = 0,
+    progress_stream: TextIO | None = None,
+) -> Path:
+    """Convert the checkpoint into ``out_dir``; returns the GGUF's path. See the module docstring."""
+    checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
+    if gguf_type not in GGUF_TYPES:
+        raise ConversionError(f"unknown output type {gguf_type!r}: choose one of {', '.join(GGUF_TYPES)}")
+    config = read_checkpoint_config(checkpoint_dir)
+    checkpoint = SafetensorsCheckpoint(checkpoint_dir)
+    check_tensors(checkpoint, config)
+    check_tokenizer(checkpoint_dir, config.spec, config.shape.vocab)
+    check_quantization(config.shape, gguf_type)
+    check_output_dir(out_dir, checkpoint_dir, force)
+    _remove_leftovers(out_dir)
+    tokenizer_files = [checkpoint_dir / n for n in TOKENIZER_FILES if (checkpoint_dir / n).is_file()]
+    final_bytes, peak_bytes = estimate_output_bytes(config, gguf_type, sum(p.stat().st_size for p in tokenizer_files))
+    check_disk_space(out_dir, peak_bytes, "the conversion (the output plus, when quantizing, an F16 intermediate)")
+
+    tables = table_files(config.spec)
+    backbone_bytes = sum(
+        checkpoint.tensors[checkpoint_tensor_name(n)].nbytes for n in qwen3_tensor_shapes(config.shape)
+    )
+    progress = Progress(backbone_bytes + sum(checkpoint.tensors[n].nbytes for n in tables.values()), progress_stream)
+    progress.say(
+        f"converting {checkpoint_dir} ({len(checkpoint.tensors)} tensors, {_gb(checkpoint.nbytes)}) into {out_dir} "
+        f"as {gguf_type} (about {_gb(final_bytes)})"
+    )
+    for sub in ("embeddings", "lm_heads", "tokenizer"):
+        (out_dir / sub).mkdir(parents=True, exist_ok=True)
+    gguf_path = out_dir / gguf_file_name(gguf_type)
+    quantized = GGUF_TYPES[gguf_type].ftype is not None
+    direct_path = out_dir / f".{gguf_file_name('F16')}.for-{gguf_type}.tmp" if quantized else gguf_path
+    try:
+        _write_backbone(checkpoint, config.shape, direct_path, "f16" if quantized else gguf_type.lower(), progress)
+        for relative, name in tables.items():
+            np.save(out_dir / relative, checkpoint.read(name, np.float16))
+            progress.advance(checkpoint.tensors[name].nbytes, relative)
+        if quantized:
+            partial = gguf_path.with_name(f".{gguf_path.name}.partial")
+            progress.say(f"quantizing to {gguf_type} with llama.cpp (the longest step; --verbose shows each tensor)")
+            try:
+                with progress.watching(partial, estimate_gguf_bytes(config.shape, gguf_type), gguf_path.name):
+                    quantize_gguf(direct_path, partial, gguf_type, n_threads)
+                partial.replace(gguf_path)
+            finally:
+                partial.unlink(missing_ok=True)
+    finally:
+        if quantized:
+            direct_path.unlink(missing_ok=True)
+    for path in tokenizer_files:
+        shutil.copyfile(path, out_dir / "tokenizer" / path.name)
+    merged = {**config.raw, **config.spec.to_json()}  # the ModelSpec keys explicit, defaults included
+    (out_dir / "config.json").write_text(json.dumps(merged, indent=2) + "\n", encoding="utf-8")
+    progress.say(
+        f"done in {time.perf_counter() - progress.started:.1f} s: {gguf_path} ({_gb(gguf_path.stat().st_size)})"
+    )
+    return gguf_path
+
+
+def _write_backbone(
+    checkpoint: SafetensorsCheckpoint, shape: Qwen3Shape, path: Path, dtype: str, progress: Progress
+) -> None:
+    """Stream the backbone into a GGUF, one tensor in memory at a time, in the file's own order."""
+    matrix_dtype = np.float16 if dtype == "f16" else np.float32
+
+    def tensors() -> Iterator[tuple[str, np.ndarray]]:
+        for name, dims in qwen3_tensor_shapes(shape).items():
+            source = checkpoint_tensor_name(name)
+            yield name, checkpoint.read(source, matrix_dtype if len(dims) == 2 else np.float32)
+            progress.advance(checkpoint.tensors[source].nbytes, source)
+
+    write_qwen3_gguf(path, shape, tensors(), dtype=dtype, name="MOSS-TTS-Delay backbone")
+
+
+def _remove_leftovers(out_dir: Path) -> None:
+    """Hidden temporary files of a conversion that was killed (an F16 intermediate can be 16 GB)."""
+    if out_dir.is_dir():
+        for path in out_dir.glob(".*MOSS_TTS_*.gguf*"):
+            path.unlink()
+
+
+def _some(items: list[str], limit: int = 4) -> str:
+    return ", ".join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def _gb(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e8 else f"{nbytes / 1e6:.1f} MB"
+
+
+# ---- command line -----------------------------------------------------------------------------------
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add the ``convert`` subcommand (see cli.EXTRA_COMMAND_MODULES)."""
+    parser = commands.add_parser(
+        "convert",
+        help="turn an original MOSS-TTS-Delay checkpoint into a weights directory (GGUF + .npy)",
+        description="Convert a Hugging Face MOSS-TTS-Delay checkpoint (config.json, *.safetensors, "
+        "tokenizer.json) into the MOSS-TTS-GGUF layout, optionally quantized. Torch-free.",
+    )
+    parser.add_argument("checkpoint", type=Path, metavar="CHECKPOINT_DIR", help="the original checkpoint directory")
+    parser.add_argument("output", type=Path, metavar="OUT_DIR", help="the weights directory to write")
+    parser.add_argument(
+        "--quantize", choices=list(GGUF_TYPES), default="Q4_K_M", help="backbone type (default: Q4_K_M, as published)"
+    )
+    parser.add_argument("--force", action="store_true", help="overwrite weights already in OUT_DIR")
+    parser.add_argument("--threads", type=int, default=0, help="quantization threads (default: all cores)")
+    parser.add_argument("--verbose", action="store_true", help="show llama.cpp's log, one line per quantized tensor")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.verbose:
+        from moss_tts_node.llama.backbone import set_llama_verbose
+
+        set_llama_verbose(True)
+    gguf_path = convert_checkpoint(
+        args.checkpoint,
+        args.output,
+        args.quantize,
+        force=args.force,
+        n_threads=args.threads,
+        progress_stream=sys.stderr,
+    )
+    print(
+        f"wrote {args.output}; in your params file set model.weights_dir: {args.output.resolve()} "
+        f"and model.backbone_gguf: {gguf_path.name}"
+    )
+    return 0

@@ -1,0 +1,273 @@
+"""``python -m moss_tts_node doctor [--config FILE]``: what is installed here, and whether it is usable.
+
+Setting up a Jetson goes wrong in quiet ways: llama.cpp built without CUDA runs every layer on
+the CPU, an onnxruntime without the CUDA provider falls back to the CPU, engines built by
+another TensorRT refuse to load. The doctor prints one line per component, each marked ``ok``,
+``--`` (not installed, not needed), ``warn`` (works, but not as configured) or ``FAIL``; with a
+config it also checks that config's weights, codec and engines. It exits 1 if anything FAILs.
+It loads no model, so it is quick and safe to run on a busy robot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import importlib
+import importlib.metadata
+import platform
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from moss_tts_node.errors import MossTTSError
+
+_JETSON_RELEASE = Path("/etc/nv_tegra_release")
+_REQUIRED = ("numpy", "pyyaml", "tokenizers", "soundfile", "gguf", "threadpoolctl")
+_DISTRIBUTIONS = {"pycuda": "pycuda", "cuda-python": "cuda-bindings", "llama.cpp": "llama_cpp_python"}
+
+
+@dataclass(frozen=True)
+class Check:
+    status: str  # "ok", "--", "warn" or "FAIL"
+    what: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class _Environment:
+    """What the checks found that the config checks need."""
+
+    gpu_offload: bool | None  # None: llama.cpp not loadable
+    onnx_providers: tuple[str, ...]
+    tensorrt_version: str | None
+    gpu: Any  # cuda.GpuInfo, or None without a usable GPU
+
+
+def diagnose(config_path: Path | None = None) -> list[Check]:
+    """Every check, in print order."""
+    checks: list[Check] = []
+    environment = _check_environment(checks)
+    if config_path is not None:
+        _check_config(config_path, environment, checks)
+    return checks
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _check_environment(checks: list[Check]) -> _Environment:
+    python = f"{platform.python_version()} on {platform.machine()} ({sys.executable})"
+    checks.append(Check("ok", "python", python))
+    if _JETSON_RELEASE.is_file():
+        release = _JETSON_RELEASE.read_text(errors="replace").splitlines()[0].lstrip("# ")
+        checks.append(Check("ok", "jetson", f"{release} (L4T R36 = JetPack 6, R35 = JetPack 5)"))
+    for name in _REQUIRED:
+        version = _version(name)
+        checks.append(
+            Check("ok", name, version) if version else Check("FAIL", name, f"not installed: pip install {name}")
+        )
+    gpu_offload = _check_llama(checks)
+    providers = _check_onnxruntime(checks)
+    tensorrt_version = _check_tensorrt(checks)
+    gpu = _check_gpu(checks)
+    return _Environment(gpu_offload, providers, tensorrt_version, gpu)
+
+
+def _check_llama(checks: list[Check]) -> bool | None:
+    """The bridge library, and whether the llama.cpp it links was built with GPU offload."""
+    from moss_tts_node.llama.bridge import load_bridge_library
+
+    version = _version(_DISTRIBUTIONS["llama.cpp"])
+    checks.append(Check("ok" if version else "--", "llama-cpp-python", version or "not installed"))
+    try:
+        library = load_bridge_library()
+    except MossTTSError as error:
+        checks.append(Check("FAIL", "llama.cpp bridge", str(error)))
+        return None
+    checks.append(Check("ok", "llama.cpp bridge", library._name))
+    # The bridge links libllama, so its handle resolves llama.cpp's own symbols too.
+    supports_gpu = library.llama_supports_gpu_offload
+    supports_gpu.restype = ctypes.c_bool
+    system_info = library.llama_print_system_info
+    system_info.restype = ctypes.c_char_p
+    offload = bool(supports_gpu())
+    detail = "yes" if offload else "no: a CPU-only build (rebuild with CMAKE_ARGS=-DGGML_CUDA=on)"
+    checks.append(Check("ok" if offload else "--", "llama.cpp GPU offload", detail))
+    checks.append(Check("ok", "llama.cpp system", system_info().decode(errors="replace").strip(" |")))
+    return offload
+
+
+def _check_onnxruntime(checks: list[Check]) -> tuple[str, ...]:
+    try:
+        import onnxruntime
+    except ImportError as error:
+        checks.append(Check("--", "onnxruntime", f"not installed ({error}); needed for audio.backend onnx"))
+        return ()
+    providers = tuple(onnxruntime.get_available_providers())
+    checks.append(Check("ok", "onnxruntime", f"{onnxruntime.__version__}, providers {', '.join(providers)}"))
+    return providers
+
+
+def _check_tensorrt(checks: list[Check]) -> str | None:
+    from moss_tts_node.codec.engines import import_tensorrt
+
+    try:
+        version = str(import_tensorrt().__version__)
+    except MossTTSError as error:
+        checks.append(Check("--", "tensorrt", str(error).split(". ")[0]))
+        return None
+    checks.append(Check("ok", "tensorrt", version))
+    return version
+
+
+def _check_gpu(checks: list[Check]) -> Any:
+    """The CUDA bindings installed, and device 0 as one of them sees it."""
+    from moss_tts_node.codec.cuda import cuda_api
+
+    for name in ("pycuda", "cuda-python"):
+        version = _version(_DISTRIBUTIONS[name])  # cuda-python's runtime API ships as cuda-bindings
+        checks.append(Check("ok" if version else "--", name, version or "not installed"))
+    try:
+        api = cuda_api()
+    except MossTTSError as error:
+        checks.append(Check("--", "cuda device", str(error)))
+        return None
+    try:
+        gpu = api.gpu()
+    finally:
+        api.release()
+    memory = f", {gpu.memory_bytes / 2**30:.1f} GiB" if gpu.memory_bytes else ""
+    detail = f"{gpu.name}, compute capability {gpu.compute_capability}{memory} (via {api.name})"
+    checks.append(Check("ok", "cuda device", detail))
+    return gpu
+
+
+def _check_config(path: Path, environment: _Environment, checks: list[Check]) -> None:
+    from moss_tts_node.config import backbone_path, load_config
+
+    try:
+        config = load_config(path)
+    except MossTTSError as error:
+        checks.append(Check("FAIL", "config", str(error)))
+        return
+    checks.append(Check("ok", "config", str(path)))
+    _check_weights(Path(config.model.weights_dir), backbone_path(config), checks)
+    _check_heads(config, environment, checks)
+    if config.llama.n_gpu_layers != 0 and environment.gpu_offload is False:
+        checks.append(
+            Check("warn", "llama.n_gpu_layers", f"{config.llama.n_gpu_layers}, but llama.cpp has no GPU: CPU only")
+        )
+    if config.audio.backend == "tensorrt":
+        _check_engines(Path(config.model.engine_dir), environment, checks)
+        return
+    codec_dir = Path(config.model.codec_dir)
+    encoder = codec_dir / "encoder.onnx"
+    detail = f"{codec_dir}: decoder.onnx" + (", encoder.onnx" if encoder.is_file() else " (no encoder.onnx)")
+    checks.append(Check("ok", "codec (onnx)", detail))
+    if config.audio.onnx_provider == "cuda" and "CUDAExecutionProvider" not in environment.onnx_providers:
+        checks.append(Check("FAIL", "audio.onnx_provider", "cuda, but this onnxruntime has no CUDA provider"))
+
+
+def _check_weights(weights: Path, gguf: Path, checks: list[Check]) -> None:
+    """The weight files the synthesizer reads, by name (nothing is loaded)."""
+    from moss_tts_node.model.spec import ModelSpec
+
+    try:
+        n_vq = ModelSpec.load(weights).n_vq
+    except MossTTSError as error:
+        checks.append(Check("FAIL", "weights", str(error)))
+        return
+    size = f"{gguf.stat().st_size / 1e6:,.0f} MB" if gguf.is_file() else "missing"
+    checks.append(Check("ok" if gguf.is_file() else "FAIL", "backbone gguf", f"{gguf} ({size})"))
+    groups = {
+        "tokenizer": ["tokenizer/tokenizer.json"],
+        "embeddings": ["embeddings/embed_tokens.npy"] + [f"embeddings/emb_ext_{k:02d}.npy" for k in range(n_vq)],
+    }
+    for what, names in groups.items():
+        found = sum((weights / name).is_file() for name in names)
+        checks.append(Check("ok" if found == len(names) else "FAIL", what, f"{found}/{len(names)} files in {weights}"))
+
+
+def _check_heads(config: Any, environment: _Environment, checks: list[Check]) -> None:
+    """Where the 32 audio heads will run (what ``auto`` resolves to) and whether their weights are there."""
+    from moss_tts_node.config import backbone_path
+    from moss_tts_node.llama.gguf import GgufHeadsInfo
+    from moss_tts_node.model.heads import resolve_heads_backend
+    from moss_tts_node.model.layout import attach_heads_command
+    from moss_tts_node.model.spec import ModelSpec
+
+    weights, gguf = Path(config.model.weights_dir), backbone_path(config)
+    try:
+        carried = GgufHeadsInfo(gguf).audio_heads is not None
+        n_vq = ModelSpec.load(weights).n_vq
+    except MossTTSError as error:
+        checks.append(Check("FAIL", "audio heads", str(error)))
+        return
+    on_gpu = config.llama.n_gpu_layers != 0 and bool(environment.gpu_offload)
+    backend = resolve_heads_backend(config.audio.heads_backend, carried, on_gpu)
+    attach = attach_heads_command(weights, gguf.name)
+    if backend == "gguf":
+        if carried:
+            where = "on the GPU" if on_gpu else "on the CPU"
+            checks.append(Check("ok", "audio heads", f"gguf: in {gguf.name}'s output matrix, {where}"))
+        else:
+            checks.append(
+                Check("FAIL", "audio heads", f"heads_backend gguf, but {gguf.name} does not carry them: {attach}")
+            )
+        return
+    found = sum((weights / f"lm_heads/lm_head_audio_{k:02d}.npy").is_file() for k in range(n_vq))
+    if found < n_vq:
+        checks.append(Check("FAIL", "audio heads", f"{backend}: {found}/{n_vq} files in {weights / 'lm_heads'}"))
+    elif on_gpu:
+        checks.append(Check("warn", "audio heads", f"{backend}, on the CPU while the layers run on the GPU: {attach}"))
+    else:
+        checks.append(Check("ok", "audio heads", f"{backend}: {n_vq} files in {weights / 'lm_heads'}"))
+
+
+def _check_engines(engine_dir: Path, environment: _Environment, checks: list[Check]) -> None:
+    from moss_tts_node.codec.engines import check_compatible, read_engine_set
+
+    try:
+        engines = read_engine_set(engine_dir)
+    except MossTTSError as error:
+        checks.append(Check("FAIL", "codec engines", str(error)))
+        return
+    built = f"{', '.join(engines.engines)} for {engines.gpu.name}, TensorRT {engines.tensorrt_version}"
+    detail = f"{engine_dir}: {built}, up to {engines.max_seconds:g} s, {engines.precision}"
+    if environment.tensorrt_version is None or environment.gpu is None:
+        checks.append(Check("FAIL", "codec engines", f"{detail}; but TensorRT or the GPU is not usable here"))
+        return
+    try:
+        check_compatible(engines, environment.tensorrt_version, environment.gpu)
+    except MossTTSError as error:
+        checks.append(Check("FAIL", "codec engines", str(error)))
+        return
+    checks.append(Check("ok", "codec engines", detail))
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add ``doctor`` to the CLI (cli.EXTRA_COMMAND_MODULES)."""
+    parser = commands.add_parser(
+        "doctor",
+        help="show what is installed and usable (llama.cpp GPU, onnxruntime, TensorRT, CUDA, weights)",
+        description="Check this machine's setup; with --config, also that config's weights, codec and engines.",
+    )
+    parser.add_argument("--config", type=Path, help="params file to check as well")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    checks = diagnose(args.config)
+    width = max(len(check.what) for check in checks)
+    for check in checks:
+        print(f"[{check.status:>4}] {check.what:<{width}}  {check.detail}")
+    failed = [check.what for check in checks if check.status == "FAIL"]
+    if failed:
+        print(f"doctor: {len(failed)} problem(s): {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0

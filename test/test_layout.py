@@ -1,0 +1,86 @@
+"""The package tree is the architecture: the runtime never imports the tools, and no module imports itself back.
+
+Read from the source with ``ast`` (every import, deferred ones included), so a circle or a tool import that
+only happens on some code path is caught too.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1] / "moss_tts_node"
+TOOLS = "moss_tts_node.tools"
+ROS = "moss_tts_node.ros"
+ENTRY_POINT = "moss_tts_node.__main__"  # `python -m moss_tts_node` is the CLI
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    modules = {_module_name(p): p for p in PACKAGE_DIR.rglob("*.py") if "bridge_src" not in p.parts}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                candidates = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            elif isinstance(node, ast.Import):
+                candidates = [alias.name for alias in node.names]
+            else:
+                continue
+            targets.update(c for c in candidates if c in modules and c != name)
+        graph[name] = targets
+    return graph
+
+
+GRAPH = _import_graph()
+
+
+def test_every_import_is_absolute() -> None:
+    relative = [
+        f"{path.relative_to(PACKAGE_DIR.parent)}:{node.lineno}"
+        for path in PACKAGE_DIR.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.level > 0
+    ]
+    assert not relative, f"use `from moss_tts_node.x import y`: {relative}"
+
+
+def test_the_runtime_never_imports_the_tools_or_the_ros_adapter() -> None:
+    wrong = sorted(
+        f"{source} -> {target}"
+        for source, targets in GRAPH.items()
+        if not source.startswith((TOOLS, ROS)) and source != ENTRY_POINT
+        for target in targets
+        if target.startswith((TOOLS, ROS))
+    )
+    assert not wrong, wrong
+
+
+def test_no_import_circles() -> None:
+    def reaches(start: str, goal: str) -> list[str] | None:
+        stack, seen = [[start]], {start}
+        while stack:
+            path = stack.pop()
+            for nxt in GRAPH[path[-1]]:
+                if nxt == goal:
+                    return [*path, nxt]
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append([*path, nxt])
+        return None
+
+    # A package's __init__ may name its own modules; a module importing its package's __init__ is not a circle.
+    circles = []
+    for module in GRAPH:
+        for target in GRAPH[module]:
+            if module.startswith(target + "."):
+                continue
+            back = reaches(target, module)
+            if back and not any(b.startswith(module + ".") or module.startswith(b + ".") for b in back[1:-1]):
+                circles.append(" -> ".join([module, *back]))
+    assert not circles, circles[:5]
