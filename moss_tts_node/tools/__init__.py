@@ -1,0 +1,1 @@
+"""Commands around the runtime (CLI, conversion, bench, demo models, doctor); the runtime never imports these."""
