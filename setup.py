@@ -13,7 +13,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     # The C bridge ships inside the package so an installed copy can compile it on first use.
-    packages=[PACKAGE, f"{PACKAGE}.bridge_src"],
+    packages=[PACKAGE, f"{PACKAGE}.codec", f"{PACKAGE}.tools", f"{PACKAGE}.bridge_src"],
     package_dir={f"{PACKAGE}.bridge_src": "bridge"},
     package_data={f"{PACKAGE}.bridge_src": ["*.c", "*.h"]},
     data_files=[

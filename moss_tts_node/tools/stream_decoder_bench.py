@@ -10,7 +10,6 @@ that the load of a shared machine hits both alike; the 1-minute load average is 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 import zlib
@@ -22,7 +21,7 @@ import numpy as np
 from moss_tts_node.codec import CODEBOOK_SIZE, FRAMES_PER_SECOND, AudioCodec
 from moss_tts_node.codec.stream_decoder import StreamDecoder
 from moss_tts_node.safetensors_io import write_safetensors
-from moss_tts_node.tools.stream_decoder_build import _Patch, build_stream_decoder, read_codec_config
+from moss_tts_node.tools.stream_decoder_build import Patch, build_stream_decoder, read_codec_config
 
 CHUNKS = (1, 2, 5)
 STATELESS_NEW, STATELESS_CONTEXT = 5, 25  # the scheme the stream decoder replaces
@@ -54,8 +53,6 @@ class _RandomTensor:
 def write_random_codec(config_path: Path, out_dir: Path) -> Path:
     """A checkpoint directory with ``config_path``'s config and random decode-path weights in the published layout."""
     spec = read_codec_config(config_path)
-    config = json.loads(config_path.read_text(encoding="utf-8"))
-    quantizer = config["quantizer_kwargs"]
     tensors: dict[str, _RandomTensor] = {}
 
     def add(name: str, shape: tuple[int, ...], kind: str = "matrix") -> None:
@@ -66,12 +63,12 @@ def write_random_codec(config_path: Path, out_dir: Path) -> Path:
         add(f"{prefix}.parametrizations.weight.original0", (out_dim, 1, 1), "ones")
         add(f"{prefix}.parametrizations.weight.original1", (out_dim, in_dim, 1))
 
-    for i in range(quantizer["num_quantizers"]):
+    for i in range(AudioCodec.n_quantizers):  # read_codec_config refuses any other count
         add(f"quantizer.quantizers.{i}.codebook.weight", (CODEBOOK_SIZE, spec.codebook_dim))
         add_weight_normed(f"quantizer.quantizers.{i}.out_proj", spec.rvq_dim, spec.codebook_dim)
     add_weight_normed("quantizer.output_proj", spec.quantizer_output_dim, spec.rvq_dim)
     for stage in spec.decoder:
-        if isinstance(stage, _Patch):
+        if isinstance(stage, Patch):
             continue
         width = stage.d_model
         if stage.input_dim != width:

@@ -13,6 +13,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -81,7 +82,7 @@ _TRANSFORMER_SUPPORTED = {
 
 
 @dataclass(frozen=True)
-class _Transformer:
+class TransformerStage:
     """One decoder Transformer stage as the config describes it, plus its attention span in positions."""
 
     prefix: str  # tensor name prefix, "decoder.<index>"
@@ -101,18 +102,20 @@ class _Transformer:
 
 
 @dataclass(frozen=True)
-class _Patch:
+class Patch:
     """A PatchedPretransform: splits each position's channels into ``size`` consecutive positions."""
 
     size: int
 
 
 @dataclass(frozen=True)
-class _CodecSpec:
+class CodecSpec:
+    """The decode path's shapes: the quantizer's widths, then the decoder modules in order."""
+
     codebook_dim: int
     rvq_dim: int
     quantizer_output_dim: int
-    decoder: tuple[_Transformer | _Patch, ...]
+    decoder: tuple[TransformerStage | Patch, ...]
 
 
 def build_stream_decoder(
@@ -150,10 +153,12 @@ def build_stream_decoder(
             extra_options={"MatMulConstBOnly": True},
             nodes_to_exclude=[_CODEBOOK_PROJECTIONS],
         )
+        if external:  # the quantizer creates its side file owner-only; give it the fp32 file's permissions
+            shutil.copymode(fp32_path.with_name(f"{fp32_path.name}.data"), out_path.with_name(f"{out_path.name}.data"))
     return out_path
 
 
-def read_codec_config(path: Path) -> _CodecSpec:
+def read_codec_config(path: Path) -> CodecSpec:
     """The decode path's shapes from the codec's config.json; WeightsError names any key it cannot use."""
     if not path.is_file():
         raise WeightsError(
@@ -191,7 +196,7 @@ def read_codec_config(path: Path) -> _CodecSpec:
     for index, entry in enumerate(reader.entries(config, "encoder_kwargs")):
         if entry.get("module_type") == "PatchedPretransform":
             rate /= reader.integer(entry, "patch_size", f"encoder_kwargs[{index}]")
-    modules: list[_Transformer | _Patch] = []
+    modules: list[TransformerStage | Patch] = []
     channels, positions = output_dim, 1
     for index, entry in enumerate(reader.entries(config, "decoder_kwargs")):
         where = f"decoder_kwargs[{index}]"
@@ -202,7 +207,7 @@ def read_codec_config(path: Path) -> _CodecSpec:
                 raise WeightsError(
                     f"{path}: {where}.patch_size {size} does not divide the {channels} channels before it"
                 )
-            modules.append(_Patch(size))
+            modules.append(Patch(size))
             channels, positions, rate = channels // size, positions * size, rate * size
         elif module_type == "Transformer":
             stage = reader.transformer(entry, where, f"decoder.{index}", int(rate * duration))
@@ -220,7 +225,7 @@ def read_codec_config(path: Path) -> _CodecSpec:
             f"expected {downsample_rate} samples of 1 channel"
         )
     codebook_dim = reader.integer(quantizer, "codebook_dim", "quantizer_kwargs")
-    return _CodecSpec(codebook_dim, rvq_dim, output_dim, tuple(modules))
+    return CodecSpec(codebook_dim, rvq_dim, output_dim, tuple(modules))
 
 
 class _ConfigReader:
@@ -270,7 +275,7 @@ class _ConfigReader:
                 "use the published decoder.onnx for this codec, or extend moss_tts_node.tools.stream_decoder_build",
             )
 
-    def transformer(self, entry: Mapping[str, Any], where: str, prefix: str, context: int) -> _Transformer:
+    def transformer(self, entry: Mapping[str, Any], where: str, prefix: str, context: int) -> TransformerStage:
         unknown = sorted(set(entry) - set(_TRANSFORMER_KEYS))
         if unknown:
             raise self._fail(
@@ -289,7 +294,7 @@ class _ConfigReader:
             )
         if context < 1:
             raise self._fail("causal_transformer_context_duration", f"gives {prefix} an attention span of {context}")
-        return _Transformer(
+        return TransformerStage(
             prefix=prefix,
             input_dim=dims["input_dimension"],
             output_dim=dims["output_dimension"],
@@ -355,7 +360,7 @@ class _Graph:
         return self.weight(hint, np.asarray(value, dtype=dtype))
 
     def weight(self, hint: str, array: np.ndarray) -> str:
-        from onnx import TensorProto, external_data_helper, helper, numpy_helper
+        from onnx import TensorProto, helper, numpy_helper
 
         name = self.name(hint)
         array = np.ascontiguousarray(array)
@@ -367,8 +372,9 @@ class _Graph:
         self._data_file.seek(offset)
         self._data_file.write(array.tobytes())
         tensor = TensorProto(name=name, dims=array.shape, data_type=helper.np_dtype_to_tensor_dtype(array.dtype))
-        external_data_helper.set_external_data(tensor, self._data_name, offset=offset, length=array.nbytes)
         tensor.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", self._data_name), ("offset", offset), ("length", array.nbytes)):
+            tensor.external_data.add(key=key, value=str(value))
         self.initializers.append(tensor)
         return name
 
@@ -384,22 +390,28 @@ class _Graph:
         return names[0] if len(names) == 1 else names
 
 
-def _write_graph(spec: _CodecSpec, checkpoint: SafetensorsCheckpoint, out_path: Path, attention: str) -> bool:
+def _write_graph(spec: CodecSpec, checkpoint: SafetensorsCheckpoint, out_path: Path, attention: str) -> bool:
     """Write the fp32 graph to ``out_path``; return whether its weights went to a side file."""
     import onnx
     from onnx import helper
 
-    weight_bytes = 4 * sum(
+    weight_bytes = 4 * sum(  # the graph is float32 whatever the checkpoint stores
         int(np.prod(info.shape))
         for name, info in checkpoint.tensors.items()
         if name.startswith(("decoder.", "quantizer."))
     )
     external = weight_bytes > _EXTERNAL_DATA_BYTES
     data_name = f"{out_path.name}.data"
-    with contextlib.ExitStack() as stack:
-        data_file = stack.enter_context(out_path.with_name(data_name).open("wb")) if external else None
-        graph = _Graph(data_file, data_name)
-        inputs, outputs = _decode_path(graph, _Weights(checkpoint), spec, attention)
+    data_path = out_path.with_name(data_name)
+    try:
+        with contextlib.ExitStack() as stack:
+            data_file = stack.enter_context(data_path.open("wb")) if external else None
+            graph = _Graph(data_file, data_name)
+            inputs, outputs = _decode_path(graph, _Weights(checkpoint), spec, attention)
+    except BaseException:
+        if external:
+            data_path.unlink(missing_ok=True)  # gigabytes of weights for a graph that will not exist
+        raise
     body = helper.make_graph(graph.nodes, "moss_stream_decoder", inputs, outputs, graph.initializers)
     model = helper.make_model(body, opset_imports=[helper.make_opsetid("", OPSET)], producer_name=__name__)
     properties = {FORMAT_KEY: FORMAT_VERSION, "attention": attention}
@@ -411,21 +423,21 @@ def _write_graph(spec: _CodecSpec, checkpoint: SafetensorsCheckpoint, out_path: 
     return external
 
 
-def _ring_max_frames(spec: _CodecSpec) -> int:
+def _ring_max_frames(spec: CodecSpec) -> int:
     """Most frames per call in ring mode: a chunk longer than a stage's span overwrites keys it still needs.
 
     That is the codec's own rule (its streaming chunks may not exceed the attention duration).
     """
     spans, positions_per_frame = [], 1
     for module in spec.decoder:
-        if isinstance(module, _Patch):
+        if isinstance(module, Patch):
             positions_per_frame *= module.size
         else:
             spans.append(module.context // positions_per_frame)
     return min(spans)
 
 
-def _decode_path(graph: _Graph, weights: _Weights, spec: _CodecSpec, attention: str) -> tuple[list[Any], list[Any]]:
+def _decode_path(graph: _Graph, weights: _Weights, spec: CodecSpec, attention: str) -> tuple[list[Any], list[Any]]:
     """Add the whole decode to ``graph``; return the graph's input and output declarations."""
     from onnx import TensorProto, helper
 
@@ -442,7 +454,7 @@ def _decode_path(graph: _Graph, weights: _Weights, spec: _CodecSpec, attention: 
     positions_per_frame = 1
     stage = 0
     for module in spec.decoder:
-        if isinstance(module, _Patch):
+        if isinstance(module, Patch):
             channels //= module.size
             x = _unpatch(graph, x, channels, module.size)
             positions_per_frame *= module.size
@@ -476,7 +488,7 @@ def _decode_path(graph: _Graph, weights: _Weights, spec: _CodecSpec, attention: 
     return inputs, outputs
 
 
-def _quantizer_decode(graph: _Graph, weights: _Weights, spec: _CodecSpec) -> str:
+def _quantizer_decode(graph: _Graph, weights: _Weights, spec: CodecSpec) -> str:
     """Codes (32, 1, n) -> (n, channels): each codebook's vector, projected, summed, projected again."""
     count, width, rvq = AudioCodec.n_quantizers, spec.codebook_dim, spec.rvq_dim
     prefix = "quantizer.quantizers"
@@ -520,7 +532,9 @@ class _Clock:
     visible: str  # (T, span + T) bool: the cached keys, then the new ones
 
 
-def _stage_clock(graph: _Graph, stage: _Transformer, index: int, frames: str, per_frame: int, attention: str) -> _Clock:
+def _stage_clock(
+    graph: _Graph, stage: TransformerStage, index: int, frames: str, per_frame: int, attention: str
+) -> _Clock:
     """Positions of this call at one stage, the visibility mask, rotary tables, and the ring slots to write."""
     from onnx import TensorProto
 
@@ -572,7 +586,7 @@ def _stage_clock(graph: _Graph, stage: _Transformer, index: int, frames: str, pe
     )
 
 
-def _transformer(graph: _Graph, weights: _Weights, stage: _Transformer, index: int, clock: _Clock, x: str) -> str:
+def _transformer(graph: _Graph, weights: _Weights, stage: TransformerStage, index: int, clock: _Clock, x: str) -> str:
     """One decoder Transformer stage on (T, input_dim); outputs its cache rows by the contract's names."""
     width = stage.d_model
     if stage.input_dim != width:  # the codec has no projection where the widths agree
@@ -604,7 +618,7 @@ def _transformer(graph: _Graph, weights: _Weights, stage: _Transformer, index: i
 
 
 def _layer(
-    graph: _Graph, weights: _Weights, stage: _Transformer, index: int, layer: int, clock: _Clock, x: str
+    graph: _Graph, weights: _Weights, stage: TransformerStage, index: int, layer: int, clock: _Clock, x: str
 ) -> tuple[str, str, str]:
     """One pre-norm layer: x + scale * attention(norm(x)), then x + scale * ffn(norm(x)).
 
