@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class _TensorSpec:
+class TensorSpec:
     """What one graph input or output must look like; None dims are free (dynamic)."""
 
     name: str | None  # None: outputs are read by position, their names do not matter
@@ -26,26 +26,26 @@ class _TensorSpec:
 
 
 _ENCODER_INPUTS = (
-    _TensorSpec("input_values", "tensor(float)", (None, 1, None)),
-    _TensorSpec("n_quantizers", "tensor(int64)", ()),
+    TensorSpec("input_values", "tensor(float)", (None, 1, None)),
+    TensorSpec("n_quantizers", "tensor(int64)", ()),
 )
 
 
 _ENCODER_OUTPUTS = (
-    _TensorSpec(None, "tensor(int64)", (AudioCodec.n_quantizers, None, None)),
-    _TensorSpec(None, "tensor(int64)", (None,)),
+    TensorSpec(None, "tensor(int64)", (AudioCodec.n_quantizers, None, None)),
+    TensorSpec(None, "tensor(int64)", (None,)),
 )
 
 
 _DECODER_INPUTS = (
-    _TensorSpec("audio_codes", "tensor(int64)", (AudioCodec.n_quantizers, None, None)),
-    _TensorSpec("n_quantizers", "tensor(int64)", ()),
+    TensorSpec("audio_codes", "tensor(int64)", (AudioCodec.n_quantizers, None, None)),
+    TensorSpec("n_quantizers", "tensor(int64)", ()),
 )
 
 
 _DECODER_OUTPUTS = (
-    _TensorSpec(None, "tensor(float)", (None, 1, None)),
-    _TensorSpec(None, "tensor(int64)", (None,)),
+    TensorSpec(None, "tensor(float)", (None, 1, None)),
+    TensorSpec(None, "tensor(int64)", (None,)),
 )
 
 
@@ -131,7 +131,7 @@ class OnnxCodec(AudioCodec):
         if self._closed:
             raise CodecError("this codec was closed; create a new OnnxCodec")
 
-    def _load(self, path: Path, inputs: tuple[_TensorSpec, ...], outputs: tuple[_TensorSpec, ...]) -> Any:
+    def _load(self, path: Path, inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...]) -> Any:
         """Create a session for ``path`` and check its I/O against the published graphs."""
         import onnxruntime as ort  # imported here so TensorRT-only installs can use AudioCodec
 
@@ -183,7 +183,7 @@ def _existing_file(path: Path, role: str) -> Path:
     return path
 
 
-def _check_io(path: Path, kind: str, actual: list[Any], expected: tuple[_TensorSpec, ...]) -> None:
+def _check_io(path: Path, kind: str, actual: list[Any], expected: tuple[TensorSpec, ...]) -> None:
     """Raise CodecError naming ``path`` unless the graph's inputs/outputs match ``expected``.
 
     Inputs are fed by name, so their names must match exactly; outputs are read by
@@ -203,10 +203,10 @@ def _check_io(path: Path, kind: str, actual: list[Any], expected: tuple[_TensorS
         pairs = list(zip(actual[: len(expected)], expected, strict=True))
     for position, (arg, spec) in enumerate(pairs):
         label = f"{kind} {arg.name!r}" if spec.name else f"{kind} #{position} ({arg.name!r})"
-        _check_tensor(path, label, arg, spec)
+        check_tensor(path, label, arg, spec)
 
 
-def _check_tensor(path: Path, label: str, arg: Any, spec: _TensorSpec) -> None:
+def check_tensor(path: Path, label: str, arg: Any, spec: TensorSpec) -> None:
     """Check one graph tensor's element type, rank and static dims against ``spec``."""
     if arg.type != spec.onnx_type:
         raise CodecError(f"{path}: {label} has type {arg.type}, expected {spec.onnx_type}")

@@ -1,0 +1,156 @@
+"""Time the stream decoder at the codec's full size, by hand: ``python -m moss_tts_node.tools.stream_decoder_bench``.
+
+Writes a random-weight checkpoint of the published shape (decode path only; its audio means nothing),
+builds the fp32 and int8 stream decoder graphs from it, and prints the real-time factor (decode time /
+audio time) of streaming in chunks of 1, 2 and 5 frames, next to the stateless scheme that re-decodes
+25 frames of left context with every 5 new ones. Measurements of the two graphs are interleaved so
+that the load of a shared machine hits both alike; the 1-minute load average is printed with them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from moss_tts_node.codec.base import CODEBOOK_SIZE, FRAMES_PER_SECOND, AudioCodec
+from moss_tts_node.codec.stream_decoder import StreamDecoder
+from moss_tts_node.tools.safetensors_io import write_safetensors
+from moss_tts_node.tools.stream_decoder_build import Patch, build_stream_decoder, read_codec_config
+
+CHUNKS = (1, 2, 5)
+STATELESS_NEW, STATELESS_CONTEXT = 5, 25  # the scheme the stream decoder replaces
+LAYER_SCALE_INIT = 0.01  # the published codec's layer_scale
+
+
+@dataclass(frozen=True)
+class _RandomTensor:
+    """A tensor made only when written, so a 3.5 GB checkpoint never sits in memory whole."""
+
+    shape: tuple[int, ...]
+    kind: str  # "matrix" (scaled by 1/sqrt(fan in)), "ones", "zeros", "scale"
+    seed: int
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape))
+
+    def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
+        if self.kind == "matrix":
+            values = np.random.default_rng(self.seed).standard_normal(self.shape, dtype=np.float32)
+            values *= np.float32(1 / np.sqrt(np.prod(self.shape[1:])))
+        else:
+            fill = {"ones": 1.0, "zeros": 0.0, "scale": LAYER_SCALE_INIT}[self.kind]
+            values = np.full(self.shape, fill, dtype=np.float32)
+        return values if dtype is None else values.astype(dtype)
+
+
+def write_random_codec(config_path: Path, out_dir: Path) -> Path:
+    """A checkpoint directory with ``config_path``'s config and random decode-path weights in the published layout."""
+    spec = read_codec_config(config_path)
+    tensors: dict[str, _RandomTensor] = {}
+
+    def add(name: str, shape: tuple[int, ...], kind: str = "matrix") -> None:
+        tensors[name] = _RandomTensor(shape, kind, zlib.crc32(name.encode()))
+
+    def add_weight_normed(prefix: str, out_dim: int, in_dim: int) -> None:
+        add(f"{prefix}.bias", (out_dim,), "zeros")
+        add(f"{prefix}.parametrizations.weight.original0", (out_dim, 1, 1), "ones")
+        add(f"{prefix}.parametrizations.weight.original1", (out_dim, in_dim, 1))
+
+    for i in range(AudioCodec.n_quantizers):  # read_codec_config refuses any other count
+        add(f"quantizer.quantizers.{i}.codebook.weight", (CODEBOOK_SIZE, spec.codebook_dim))
+        add_weight_normed(f"quantizer.quantizers.{i}.out_proj", spec.rvq_dim, spec.codebook_dim)
+    add_weight_normed("quantizer.output_proj", spec.quantizer_output_dim, spec.rvq_dim)
+    for stage in spec.decoder:
+        if isinstance(stage, Patch):
+            continue
+        width = stage.d_model
+        if stage.input_dim != width:
+            add(f"{stage.prefix}.input_proj.weight", (width, stage.input_dim))
+        if stage.output_dim != width:
+            add(f"{stage.prefix}.output_proj.weight", (stage.output_dim, width))
+        for layer in range(stage.layers):
+            prefix = f"{stage.prefix}.transformer.layers.{layer}"
+            add(f"{prefix}.self_attn.in_projs.0.weight", (3 * width, width))
+            add(f"{prefix}.self_attn.out_projs.0.weight", (width, width))
+            add(f"{prefix}.linear1.weight", (stage.ffn, width))
+            add(f"{prefix}.linear2.weight", (width, stage.ffn))
+            for norm in ("norm1", "norm2"):
+                add(f"{prefix}.{norm}.weight", (width,), "ones")
+                add(f"{prefix}.{norm}.bias", (width,), "zeros")
+            if stage.layer_scale:
+                add(f"{prefix}.layer_scale_1.scale", (width,), "scale")
+                add(f"{prefix}.layer_scale_2.scale", (width,), "scale")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(config_path.read_text(encoding="utf-8"), encoding="utf-8")
+    write_safetensors(out_dir / "model.safetensors", tensors, "F32")  # array-likes, made as they are written
+    return out_dir
+
+
+def _seconds_per_call(decoder: StreamDecoder, pieces: list[np.ndarray], reset_each_call: bool) -> float:
+    """Median wall time of one ``decode`` call over ``pieces`` fed in order (the first call is untimed)."""
+    decoder.reset()
+    decoder.decode(pieces[0])
+    times = []
+    for piece in pieces[1:]:
+        if reset_each_call:
+            decoder.reset()
+        began = time.perf_counter()
+        decoder.decode(piece)
+        times.append(time.perf_counter() - began)
+    return float(np.median(times))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config", type=Path, help="the codec's config.json (e.g. codec-tiny/real-config.json)")
+    parser.add_argument("work_dir", type=Path, help="where the random checkpoint and the graphs go (about 8 GB)")
+    parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
+    parser.add_argument("--frames", type=int, default=31, help="frames streamed per measurement (at least 30)")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds over both graphs")
+    args = parser.parse_args()
+
+    checkpoint = args.work_dir / "checkpoint"
+    if not (checkpoint / "model.safetensors").is_file():
+        write_random_codec(args.config, checkpoint)
+    graphs = {}
+    for label, int8 in (("fp32", False), ("int8", True)):
+        path = args.work_dir / f"stream-decoder-{label}.onnx"
+        if not path.is_file():
+            began = time.perf_counter()
+            build_stream_decoder(checkpoint, path, int8=int8)
+            print(f"built {path} in {time.perf_counter() - began:.0f} s", flush=True)
+        graphs[label] = path
+    decoders = {label: StreamDecoder(path, threads=args.threads) for label, path in graphs.items()}
+    print(f"state (attention caches): {decoders['fp32'].state_bytes / 1e6:.1f} MB per decoder")
+
+    frame_seconds = 1 / FRAMES_PER_SECOND
+    codes = np.random.default_rng(0).integers(0, CODEBOOK_SIZE, (args.frames, AudioCodec.n_quantizers))
+    window = STATELESS_CONTEXT + STATELESS_NEW
+    results: dict[tuple[str, str], list[float]] = {}
+    for round_index in range(args.rounds):
+        print(f"round {round_index + 1}: load average {os.getloadavg()[0]:.2f}", flush=True)
+        for label, decoder in decoders.items():
+            for chunk in CHUNKS:
+                pieces = [codes[start : start + chunk] for start in range(0, args.frames - chunk + 1, chunk)]
+                rtf = _seconds_per_call(decoder, pieces, reset_each_call=False) / (chunk * frame_seconds)
+                results.setdefault((label, f"stream, chunk {chunk}"), []).append(rtf)
+            # Stateless: each call decodes 25 old frames again to produce 5 new ones.
+            seconds = _seconds_per_call(decoder, [codes[:window]] * 3, reset_each_call=True)
+            results.setdefault((label, f"stateless {STATELESS_NEW}+{STATELESS_CONTEXT}"), []).append(
+                seconds / (STATELESS_NEW * frame_seconds)
+            )
+    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
+    print("real-time factor (decode time / audio time; below 1 is faster than real time), per round:")
+    for (label, scheme), values in results.items():
+        print(f"  {label:5s} {scheme:18s} " + "  ".join(f"{value:.3f}" for value in values))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""The stream decoder against the codec's own PyTorch outputs on codec-tiny (real architecture, tiny, random).
+
+codec-tiny's reference.npz holds the offline decode of 48 frames and the codec's stateful streaming
+decode in chunks of 1 and 5 frames; its attention span is 0.8 s (10 frames), so 48 frames wrap every
+ring. The shared folder is found through MOSS_SHARED_DIR, by default ``shared`` beside the repository.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moss_tts_node.codec.base import AudioCodec
+from moss_tts_node.codec.stream_decoder import StreamDecoder
+from moss_tts_node.errors import CodecError, WeightsError
+from moss_tts_node.tools.stream_decoder_build import build_stream_decoder
+
+SHARED = Path(os.environ.get("MOSS_SHARED_DIR", Path(__file__).resolve().parents[1].parent / "shared"))
+TINY = SHARED / "codec-tiny"
+pytestmark = pytest.mark.skipif(
+    not (TINY / "reference.npz").is_file(), reason=f"{TINY} not found (set MOSS_SHARED_DIR to the shared folder)"
+)
+
+# Float32 rounding differs between PyTorch and ONNX Runtime kernels; the audio peaks at 1.1e-2.
+ATOL = 1e-6
+SPAN_FRAMES = 10  # codec-tiny attends over 0.8 s at 12.5 frames/s
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, np.ndarray]:
+    with np.load(TINY / "reference.npz") as data:
+        return dict(data)
+
+
+@pytest.fixture(scope="module")
+def codes(reference: dict[str, np.ndarray]) -> np.ndarray:
+    """The 48 reference frames in this package's layout, (frames, codebooks)."""
+    return np.ascontiguousarray(reference["codes"][:, 0, :].T)
+
+
+@pytest.fixture(scope="module")
+def graphs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("stream-decoder")
+    return {
+        "window": build_stream_decoder(TINY, out / "window.onnx"),
+        "ring": build_stream_decoder(TINY, out / "ring.onnx", attention="ring"),
+        "int8": build_stream_decoder(TINY, out / "int8.onnx", int8=True),
+    }
+
+
+def stream(decoder: StreamDecoder, codes: np.ndarray, chunk: int) -> np.ndarray:
+    return np.concatenate([decoder.decode(codes[start : start + chunk]) for start in range(0, len(codes), chunk)])
+
+
+@pytest.mark.parametrize("chunk", [1, 5])
+def test_ring_attention_matches_the_codecs_own_streaming(graphs, reference, codes, chunk: int) -> None:
+    audio = stream(StreamDecoder(graphs["ring"]), codes, chunk)
+    np.testing.assert_allclose(audio, reference[f"audio_stream_C{chunk}"], rtol=0, atol=ATOL)
+    # Like the codec's streaming, it equals the offline decode until the rings are full.
+    before_full = SPAN_FRAMES * AudioCodec.samples_per_frame
+    np.testing.assert_allclose(audio[:before_full], reference["audio_full"][:before_full], rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 48])
+def test_window_attention_matches_the_offline_decode_at_any_chunk_size(graphs, reference, codes, chunk: int) -> None:
+    audio = stream(StreamDecoder(graphs["window"]), codes, chunk)
+    np.testing.assert_allclose(audio, reference["audio_full"], rtol=0, atol=ATOL)
+
+
+def test_int8_stays_close_to_the_offline_decode(graphs, reference, codes) -> None:
+    full = reference["audio_full"]
+    error = stream(StreamDecoder(graphs["int8"]), codes, 5) - full
+    snr_db = 10 * np.log10(np.sum(full**2) / np.sum(error**2))
+    assert snr_db > 15, f"int8 SNR {snr_db:.1f} dB"  # about 20 dB on this random model
+
+
+def test_reset_makes_the_next_utterance_decode_exactly_like_the_first(graphs, codes) -> None:
+    decoder = StreamDecoder(graphs["window"])
+    first = stream(decoder, codes, 5)
+    assert decoder.frames_done == len(codes)
+    decoder.reset()
+    assert decoder.frames_done == 0
+    np.testing.assert_array_equal(stream(decoder, codes, 5), first)
+
+
+def test_state_is_the_attention_caches_of_every_layer(graphs) -> None:
+    # 4 stages of 2 layers, keys and values of 4 heads x 16 dims over 10, 20, 40, 80 positions.
+    assert StreamDecoder(graphs["window"]).state_bytes == 2 * 2 * 4 * 16 * (10 + 20 + 40 + 80) * 4
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (np.zeros((32, 3), dtype=np.int64), r"shape \(frames, 32\)"),
+        (np.zeros((0, 32), dtype=np.int64), "at least one frame"),
+        (np.zeros((2, 32), dtype=np.float32), "integer codes"),
+        (np.full((2, 32), 1024), "pad code 1024 must be removed"),
+    ],
+)
+def test_bad_codes_are_refused_with_a_reason(graphs, bad: np.ndarray, message: str) -> None:
+    decoder = StreamDecoder(graphs["window"])
+    with pytest.raises(CodecError, match=message):
+        decoder.decode(bad)
+    assert decoder.frames_done == 0
+
+
+def test_ring_attention_refuses_chunks_longer_than_its_span(graphs, codes) -> None:
+    decoder = StreamDecoder(graphs["ring"])
+    assert decoder.max_frames == SPAN_FRAMES
+    with pytest.raises(CodecError, match=r"at most 10 frames per call.*attention='window'"):
+        decoder.decode(codes[: SPAN_FRAMES + 1])
+
+
+def test_other_graphs_are_refused_at_load(tmp_path: Path) -> None:
+    with pytest.raises(CodecError, match=r"not a stream decoder graph.*stream_decoder_build"):
+        StreamDecoder(TINY / "decoder.onnx")
+    with pytest.raises(CodecError, match="not found"):
+        StreamDecoder(tmp_path / "missing.onnx")
+
+
+def tiny_copy(tmp_path: Path, edit) -> Path:
+    """codec-tiny's checkpoint with its config.json changed by ``edit(config)``."""
+    config = json.loads((TINY / "config.json").read_text())
+    edit(config)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    shutil.copy(TINY / "model.safetensors", tmp_path / "model.safetensors")
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda c: c["decoder_kwargs"][1].update(module_type="Conv"), r"decoder_kwargs\[1\]\.module_type = 'Conv'"),
+        (
+            lambda c: c["decoder_kwargs"][0].update(positional_embedding="sin"),
+            r"decoder_kwargs\[0\]\.positional_embedding = 'sin' is not supported",
+        ),
+        (lambda c: c["decoder_kwargs"][2].update(weights_per_step=4), r"decoder_kwargs\[2\]\.weights_per_step"),
+        (lambda c: c["quantizer_kwargs"].update(quantizer_type="rvq"), r"quantizer_type = 'rvq' is not supported"),
+        (lambda c: c.pop("causal_transformer_context_duration"), "causal_transformer_context_duration is missing"),
+        (lambda c: c["decoder_kwargs"][0].update(num_layers=3), "tensor decoder.0.transformer.layers.2.* is missing"),
+        (lambda c: c["decoder_kwargs"][0].update(dim_feedforward=96), r"linear1\.weight has shape \[128, 64\]"),
+    ],
+)
+def test_unsupported_or_inconsistent_checkpoints_are_refused_naming_the_key(tmp_path: Path, edit, message) -> None:
+    with pytest.raises(WeightsError, match=message):
+        build_stream_decoder(tiny_copy(tmp_path, edit), tmp_path / "out.onnx")
+
+
+def test_a_missing_checkpoint_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(WeightsError, match=r"config\.json not found"):
+        build_stream_decoder(tmp_path, tmp_path / "out.onnx")
