@@ -35,6 +35,7 @@ from moss_tts_node.codec.base import AudioCodec
 from moss_tts_node.codec.onnx import TensorSpec, check_tensor
 from moss_tts_node.errors import CodecError
 
+STREAM_DECODER_FILE = "decoder_stream.onnx"  # looked for beside decoder.onnx in model.codec_dir
 CODES_INPUT = "audio_codes"
 FRAMES_INPUT = "frames_done"
 AUDIO_OUTPUT = "audio"
@@ -66,7 +67,7 @@ def write_slots_name(stage: int) -> str:
     return f"write_slots.s{stage}"
 
 
-_BUILD_HINT = "build one from the codec checkpoint with moss_tts_node.tools.stream_decoder_build"
+_BUILD_HINT = "build one from the codec checkpoint with `python -m moss_tts_node build-stream-decoder`"
 
 
 @dataclass

@@ -73,7 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Commands that live in their own modules: each has ``register(commands)``, which adds its
 # subparser and sets ``run``, and keeps heavy imports inside ``run`` so `--help` stays fast.
-EXTRA_COMMAND_MODULES: tuple[str, ...] = ("convert", "attach_heads", "bench", "build_engines", "doctor")
+EXTRA_COMMAND_MODULES: tuple[str, ...] = (
+    "convert",
+    "attach_heads",
+    "bench",
+    "build_engines",
+    "stream_decoder_build",
+    "doctor",
+)
 
 
 def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ state and how each attention mode relates to the codec's offline and streaming d
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import math
@@ -31,6 +32,7 @@ from moss_tts_node.codec.stream_decoder import (
     FRAMES_INPUT,
     FRAMES_OUTPUT,
     MAX_FRAMES_KEY,
+    STREAM_DECODER_FILE,
     key_cache_name,
     new_keys_name,
     new_values_name,
@@ -714,3 +716,39 @@ def _layer(
     key_row = graph.op("Unsqueeze", graph.op("Slice", key_t, newest, end, graph.constant("axis", [2])), first)
     value_row = graph.op("Unsqueeze", graph.op("Slice", value, newest, end, graph.constant("axis", [1])), first)
     return x, key_row, value_row
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``build-stream-decoder`` to the CLI (tools/cli.py's EXTRA_COMMAND_MODULES)."""
+    parser = commands.add_parser(
+        "build-stream-decoder",
+        help="build the stateful streaming decoder graph from the codec checkpoint",
+        description=(
+            "Write the codec's streaming decoder (attention state kept between calls, so each chunk decodes "
+            "only its new frames) from the MOSS-Audio-Tokenizer checkpoint: config.json + model.safetensors."
+        ),
+    )
+    parser.add_argument("checkpoint", type=Path, help="codec checkpoint directory (config.json, model.safetensors)")
+    parser.add_argument(
+        "--out",
+        required=True,
+        type=Path,
+        help=f"graph to write; put it in the config's model.codec_dir as {STREAM_DECODER_FILE} to have it used",
+    )
+    parser.add_argument("--int8", action="store_true", help="int8 weights: faster on a CPU, slightly less exact")
+    parser.add_argument(
+        "--attention",
+        choices=ATTENTION_MODES,
+        default=ATTENTION_MODES[0],
+        help="window: equals the offline decode (default); ring: reproduces the codec's own streaming",
+    )
+    parser.add_argument("--force", action="store_true", help="overwrite an existing output")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.out.exists() and not args.force:
+        raise WeightsError(f"{args.out} exists; pass --force to overwrite it")
+    path = build_stream_decoder(args.checkpoint, args.out, int8=args.int8, attention=args.attention)
+    print(f"wrote {path} ({'int8' if args.int8 else 'fp32'}, {args.attention} attention)")
+    return 0
