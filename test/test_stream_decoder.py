@@ -117,7 +117,7 @@ def test_ring_attention_refuses_chunks_longer_than_its_span(graphs, codes) -> No
 
 
 def test_other_graphs_are_refused_at_load(tmp_path: Path) -> None:
-    with pytest.raises(CodecError, match=r"not a stream decoder graph.*stream_decoder_build"):
+    with pytest.raises(CodecError, match=r"not a stream decoder graph.*build-stream-decoder"):
         StreamDecoder(TINY / "decoder.onnx")
     with pytest.raises(CodecError, match="not found"):
         StreamDecoder(tmp_path / "missing.onnx")
