@@ -155,3 +155,16 @@ def test_unsupported_or_inconsistent_checkpoints_are_refused_naming_the_key(tmp_
 def test_a_missing_checkpoint_is_refused(tmp_path: Path) -> None:
     with pytest.raises(WeightsError, match=r"config\.json not found"):
         build_stream_decoder(tmp_path, tmp_path / "out.onnx")
+
+
+def test_the_build_command_writes_a_graph_that_equals_the_offline_decode(
+    tmp_path: Path, codes: np.ndarray, reference: dict[str, np.ndarray], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from moss_tts_node.tools.cli import main
+
+    out = tmp_path / "decoder_stream.onnx"
+    assert main(["build-stream-decoder", str(TINY), "--out", str(out)]) == 0
+    assert f"wrote {out}" in capsys.readouterr().out
+    np.testing.assert_allclose(stream(StreamDecoder(out), codes, 5), reference["audio_full"], atol=ATOL)
+    assert main(["build-stream-decoder", str(TINY), "--out", str(out)]) == 2  # no silent overwrite
+    assert "--force" in capsys.readouterr().err
