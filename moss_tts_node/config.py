@@ -111,14 +111,14 @@ class AudioConfig:
     chunk_frames: int = _option(
         5,
         "Frames (80 ms each) per streamed chunk after the first (always one frame, right after step 32): "
-        "smaller arrives more evenly, costs more codec calls.",
+        'smaller arrives more evenly, costs more codec calls (README "Streaming": the trade-off).',
         min=1,
         max=500,
     )
     left_context_frames: int = _option(
-        25,
-        "Frames of already-played codes re-decoded before each chunk so it joins smoothly (exact at the "
-        "decoder's receptive field); each chunk decodes this many frames more.",
+        5,
+        "Frames of already-played codes re-decoded before each streamed chunk so it joins smoothly; each "
+        "chunk decodes this many frames more. Whole-utterance outputs are decoded offline and ignore it.",
         min=0,
         max=500,
     )

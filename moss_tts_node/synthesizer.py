@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 
 from moss_tts_node.codec.audio_io import load_reference_audio
-from moss_tts_node.codec.base import AudioCodec, frames_for_seconds
+from moss_tts_node.codec.base import AudioCodec
 from moss_tts_node.codec.factory import open_codec
-from moss_tts_node.codec.streaming import StreamingDecoder
+from moss_tts_node.codec.streaming import OfflineDecoding, SegmentDecoder, SegmentDecoding, WindowedStreamDecoding
 from moss_tts_node.config import Config, SamplingConfig, backbone_path, load_config
 from moss_tts_node.errors import Cancelled, RequestError
 from moss_tts_node.llama.backbone import Backbone, BackboneParams
@@ -94,7 +94,8 @@ class Synthesizer:
     With ``model.low_memory`` (8 GB boards) the three stages take turns in memory: the codec's
     encoder (only to encode a reference clip), then the backbone with its embedding tables and
     heads, then the codec's decoder. Each request reloads them and decodes only once generation
-    is over, so nothing streams; start-up loads each stage once so bad files still fail early.
+    is over, so nothing streams (``stream`` yields each piece's offline decode); start-up loads each
+    stage once so bad files still fail early.
     """
 
     def __init__(self, config: Config) -> None:
@@ -242,14 +243,18 @@ class Synthesizer:
         max_new_tokens: int | None = None,
         sampling: SamplingConfig | None = None,
         cancel: CancelFlag = None,
+        streaming: bool = True,
     ) -> AudioStream:
         """Validate the request now (errors raise here, not mid-stream), then stream its audio.
 
         ``reference=None`` uses the configured default voice, ``""`` none. Fields left ``None``
-        take the config's generation defaults. A text whose speech would not fit the context
-        (or one codec window) is split at sentence boundaries and spoken piece by piece in the
-        same stream. ``max_new_tokens`` applies to each piece and is clamped to what n_ctx
-        leaves after its prompt; a prompt that leaves no room for one frame is refused.
+        take the config's generation defaults. ``streaming=False`` (for whole-utterance outputs)
+        yields the codec's offline decode of each piece once it is generated, instead of chunks
+        decoded with ``audio.left_context_frames`` of context as they are generated. A text whose
+        speech would not fit the context (or one codec window) is split at sentence boundaries and
+        spoken piece by piece in the same stream. ``max_new_tokens`` applies to each piece and is
+        clamped to what n_ctx leaves after its prompt; a prompt that leaves no room for one frame is
+        refused.
         """
         gen = self.config.generation
         fields = PromptFields(
@@ -265,11 +270,13 @@ class Synthesizer:
         if seed < 0:
             seed = secrets.randbits(63)
         sampling = replace(sampling, seed=seed)
-        return AudioStream(pieces[0].prompt, lambda stream: self._chunks(stream, pieces, sampling, _flag(cancel)))
+        return AudioStream(
+            pieces[0].prompt, lambda stream: self._chunks(stream, pieces, sampling, _flag(cancel), streaming)
+        )
 
     def synthesize(self, text: str, **request: Any) -> Synthesis:
-        """The whole utterance at once; raises ``Cancelled`` if the cancel flag was set."""
-        stream = self.stream(text, **request)
+        """The whole utterance at once, as the codec decodes it; raises ``Cancelled`` if the cancel flag was set."""
+        stream = self.stream(text, streaming=False, **request)
         chunks = [chunk.samples for chunk in stream]
         if stream.cancelled:
             raise Cancelled("synthesis cancelled")
@@ -294,7 +301,12 @@ class Synthesizer:
         return text
 
     def _chunks(
-        self, stream: AudioStream, pieces: list[Piece], sampling: SamplingConfig, cancelled: Callable[[], bool]
+        self,
+        stream: AudioStream,
+        pieces: list[Piece],
+        sampling: SamplingConfig,
+        cancelled: Callable[[], bool],
+        streaming: bool,
     ) -> Iterator[AudioChunk]:
         """Generate and decode every piece as one stream: indices and offsets run on, one final chunk."""
         spec, audio = self.spec, self.config.audio
@@ -315,14 +327,16 @@ class Synthesizer:
             self._frames(piece, replace(sampling, seed=(sampling.seed + number) % 2**63), cancelled, clock)
             for number, piece in enumerate(pieces)
         )
-        chunk_frames = audio.chunk_frames
         if self.codec is None:  # low_memory: generate every piece, then load the decoder
             generated = iter(self._generate_staged(generated, pieces))
-            chunk_frames = frames_for_seconds(audio.max_codec_seconds)  # nothing to stream: fewest decodes
+            streaming = False  # nothing left to stream
         codes: list[np.ndarray] = []
         with self._codec_stage(encoder=False) as codec:
+            decoding: SegmentDecoding = (
+                WindowedStreamDecoding(codec, audio.left_context_frames) if streaming else OfflineDecoding(codec)
+            )
             for piece, frames in zip(pieces, generated, strict=False):
-                decoder = StreamingDecoder(codec, chunk_frames, audio.left_context_frames)
+                decoder = SegmentDecoder(decoding, audio.chunk_frames, spec.n_vq)
                 for frame in frames:
                     with clock.stage("codec"):
                         samples = decoder.end_segment() if frame is None else decoder.push(frame)
@@ -349,6 +363,8 @@ class Synthesizer:
             steps=len(rows),
             frames=stream.codes.shape[0],
             audio_seconds=emitted / spec.sampling_rate,
+            codec_decode=decoding.name,
+            streamed=decoding.streams,
             stop_reason=next(stop for stop in ("cancelled", "max_new_tokens", "end") if stop in stops),
         )
 

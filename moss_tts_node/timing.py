@@ -35,7 +35,13 @@ class StageClock:
 
 @dataclass(frozen=True)
 class TimingReport:
-    """One request's figures. real_time_factor = wall time / audio time (below 1 is faster than real time)."""
+    """One request's figures. real_time_factor = wall time / audio time (below 1 is faster than real time).
+
+    ``codec_decode`` names how the audio was decoded (``SegmentDecoding.name``: "offline", or a
+    streaming strategy) and ``codec_rtf`` = codec time / audio time. ``codec_stalls``: the audio
+    was streamed and ``codec_rtf`` is above 1, so the codec alone cannot keep up with playback on
+    this machine; ``format`` says so.
+    """
 
     seed: int
     prompt_rows: int
@@ -48,6 +54,9 @@ class TimingReport:
     heads_ms_per_step: float
     sampling_ms_per_step: float
     codec_ms: float
+    codec_decode: str
+    codec_rtf: float | None
+    codec_stalls: bool
     steps_per_second: float
     time_to_first_audio_s: float | None
     wall_s: float
@@ -65,9 +74,12 @@ class TimingReport:
         steps: int,
         frames: int,
         audio_seconds: float,
+        codec_decode: str,
+        streamed: bool,
         stop_reason: str,
     ) -> TimingReport:
         wall = clock.elapsed()
+        codec_rtf = clock.seconds["codec"] / audio_seconds if audio_seconds > 0 else None
         per_step = 1000.0 / max(steps, 1)
         loop_s = sum(clock.seconds[s] for s in ("backbone", "heads", "sampling"))
         return cls(
@@ -82,6 +94,9 @@ class TimingReport:
             heads_ms_per_step=clock.seconds["heads"] * per_step,
             sampling_ms_per_step=clock.seconds["sampling"] * per_step,
             codec_ms=clock.seconds["codec"] * 1000.0,
+            codec_decode=codec_decode,
+            codec_rtf=codec_rtf,
+            codec_stalls=streamed and codec_rtf is not None and codec_rtf > 1.0,
             steps_per_second=steps / loop_s if loop_s > 0 else 0.0,
             time_to_first_audio_s=clock.first_audio,
             wall_s=wall,
@@ -95,6 +110,15 @@ class TimingReport:
     def format(self) -> str:
         ttfa = "-" if self.time_to_first_audio_s is None else f"{self.time_to_first_audio_s * 1000:.0f} ms"
         rtf = "-" if self.real_time_factor is None else f"{self.real_time_factor:.2f}"
+        codec_rtf = "-" if self.codec_rtf is None else f"{self.codec_rtf:.2f}"
+        warning = (
+            [
+                f"warning            the codec streams at {codec_rtf}x real time on this machine: playback will "
+                'stall; raise audio.chunk_frames or lower audio.left_context_frames (README "Streaming")'
+            ]
+            if self.codec_stalls
+            else []
+        )
         return "\n".join(
             [
                 f"prompt rows        {self.prompt_rows}",
@@ -104,7 +128,8 @@ class TimingReport:
                 f"steps/s            {self.steps_per_second:.2f}",
                 f"ms per step        backbone {self.backbone_ms_per_step:.2f} | heads {self.heads_ms_per_step:.2f}"
                 f" | sampling {self.sampling_ms_per_step:.2f}",
-                f"codec              {self.codec_ms:.1f} ms",
+                f"codec              {self.codec_ms:.1f} ms ({self.codec_decode}, real-time factor {codec_rtf})",
+                *warning,
                 f"time to 1st audio  {ttfa}",
                 f"wall               {self.wall_s:.2f} s (real-time factor {rtf})",
                 f"seed               {self.seed}",

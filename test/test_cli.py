@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from moss_tts_node.codec.audio_io import write_wav
+from moss_tts_node.codec.audio_io import float_to_pcm16, load_reference_audio, write_wav
+from moss_tts_node.codec.onnx import OnnxCodec
 
 
 def run(*args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -56,6 +57,25 @@ def test_encode_voice_then_clone_it(demo_config: Path, tmp_path: Path) -> None:
     done = run("synth", "--config", demo_config, "--text", "Hi.", "--output", out, "--reference", voice, "--seed", "1")
     assert done.returncode == 0, done.stderr
     assert out.is_file()
+
+
+def test_encode_voice_takes_set_and_synth_writes_the_offline_decode_on_codec_tiny(
+    demo_config: Path, codec_tiny_dir: Path, tmp_path: Path
+) -> None:
+    codec = OnnxCodec(codec_tiny_dir / "decoder.onnx", codec_tiny_dir / "encoder.onnx", provider="cpu")
+    tiny = f"model.codec_dir={codec_tiny_dir}"
+    clip, voice = tmp_path / "ref.wav", tmp_path / "voice.npy"
+    write_wav(clip, 0.2 * np.sin(np.arange(24000) * 0.05), 24000)
+    done = run("encode-voice", "--config", demo_config, "--set", tiny, clip, voice)
+    assert done.returncode == 0, done.stderr
+    np.testing.assert_array_equal(np.load(voice), codec.encode(load_reference_audio(clip)))
+    out, tokens = tmp_path / "out.wav", tmp_path / "tokens.npz"
+    args = ("--text", "Hello robot.", "--seed", "3", "--reference", voice, "--save-tokens", tokens)
+    done = run("synth", "--config", demo_config, "--set", tiny, "--output", out, *args)
+    assert done.returncode == 0, done.stderr
+    written, _ = sf.read(out, dtype="int16")
+    expected = float_to_pcm16(codec.decode(np.load(tokens)["codes"]))
+    np.testing.assert_allclose(written, np.frombuffer(expected, "<i2"), atol=1)  # one LSB of rounding
 
 
 def bad_input_message(*args: str | Path) -> str:

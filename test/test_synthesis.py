@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from moss_tts_node.codec.audio_io import write_wav
+from moss_tts_node.codec.onnx import OnnxCodec
 from moss_tts_node.errors import RequestError, WeightsError
 from moss_tts_node.model.delay import remove_delay
 from moss_tts_node.synthesizer import Synthesizer
+from moss_tts_node.timing import StageClock, TimingReport
 
 TEXT = "Hello! I am a robot."
 SPF = 1920
@@ -30,6 +33,27 @@ def test_stream_equals_offline_decode_and_keeps_the_last_chunk(synth: Synthesize
     assert [c.is_final for c in chunks] == [False] * (len(chunks) - 1) + [True]
     starts = np.cumsum([0] + [c.samples.shape[0] for c in chunks[:-1]]) / 24000
     np.testing.assert_allclose([c.start_s for c in chunks], starts)
+
+
+@pytest.fixture(scope="module")
+def tiny_codec_synth(demo_config: Path, codec_tiny_dir: Path) -> Iterator[Synthesizer]:
+    """The demo model speaking through codec-tiny (the real codec architecture)."""
+    with Synthesizer.from_config_file(demo_config, {"model.codec_dir": str(codec_tiny_dir)}) as loaded:
+        yield loaded
+
+
+def test_whole_utterance_is_the_codecs_offline_decode_on_codec_tiny(
+    tiny_codec_synth: Synthesizer, codec_tiny_dir: Path
+) -> None:
+    result = tiny_codec_synth.synthesize(TEXT, seed=1)
+    one_call = OnnxCodec(codec_tiny_dir / "decoder.onnx", provider="cpu").decode(result.codes)
+    np.testing.assert_allclose(result.audio, one_call, atol=1e-6)  # float32 round-off, 1e-2 peaks
+    assert result.report.codec_decode == "offline" and not result.report.codec_stalls
+    streamed = tiny_codec_synth.stream(TEXT, seed=1)
+    audio = np.concatenate([chunk.samples for chunk in streamed])
+    assert streamed.report is not None and streamed.report.codec_decode == "windowed stream"
+    np.testing.assert_array_equal(streamed.codes, result.codes)
+    assert np.abs(audio - one_call).max() > 1e-3  # stitched chunks are not what the codec decodes
 
 
 def test_generated_rows_de_delay_to_the_decoded_codes(synth: Synthesizer) -> None:
@@ -164,3 +188,30 @@ def test_broken_weight_files_are_named(
         np.save(tmp_path / target, content)
     with pytest.raises(WeightsError, match=message):
         Synthesizer.from_config_file(config)
+
+
+@pytest.mark.parametrize(
+    ("decode", "streamed", "codec_s", "warned"),
+    [("windowed stream", True, 1.5, True), ("windowed stream", True, 0.5, False), ("offline", False, 1.5, False)],
+)
+def test_timing_report_warns_when_the_codec_cannot_keep_up_with_a_stream(
+    decode: str, streamed: bool, codec_s: float, warned: bool
+) -> None:
+    clock = StageClock()
+    clock.seconds["codec"] = codec_s
+    report = TimingReport.from_clock(
+        clock,
+        seed=0,
+        prompt_rows=1,
+        max_new_tokens=1,
+        steps=1,
+        frames=12,
+        audio_seconds=0.96,
+        codec_decode=decode,
+        streamed=streamed,
+        stop_reason="end",
+    )
+    assert report.codec_rtf == pytest.approx(codec_s / 0.96)
+    assert report.codec_stalls is warned
+    assert f"({decode}, real-time factor {codec_s / 0.96:.2f})" in report.format()
+    assert ("warning" in report.format()) is warned

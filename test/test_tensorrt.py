@@ -165,12 +165,22 @@ def test_build_engines_checks_its_inputs_first(tmp_path: Path) -> None:
         build_engines(tmp_path / "absent.onnx", tmp_path / "out", -1.0)
 
 
-def test_frozen_quantizers_graph_computes_what_the_original_does_with_32(tmp_path: Path) -> None:
-    """What TensorRT parses: n_quantizers a constant, the weights still read from the original's folder."""
+@pytest.mark.parametrize("codec", ["demo", "codec-tiny"])
+def test_frozen_quantizers_graph_computes_what_the_original_does_with_32(
+    request: pytest.FixtureRequest, codec: str, tmp_path: Path
+) -> None:
+    """What TensorRT parses: n_quantizers a constant, the weights still read from the original's folder.
+
+    codec-tiny's graphs have the published files' patterns (n_quantizers gating every codebook).
+    """
     import onnx
     import onnxruntime as ort
 
-    encoder, decoder = write_demo_codec(tmp_path / "plain")
+    if codec == "demo":
+        encoder, decoder = write_demo_codec(tmp_path / "plain")
+    else:
+        tiny = request.getfixturevalue("codec_tiny_dir")
+        encoder, decoder = tiny / "encoder.onnx", tiny / "decoder.onnx"
     split = tmp_path / "external"  # as published: weights in a data file beside the graph
     split.mkdir()
     rng = np.random.default_rng(0)

@@ -14,6 +14,7 @@ so that a (32, 32) matrix can never be transposed by guesswork."""
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
@@ -37,9 +38,25 @@ CODEBOOK_SIZE = 1024
 FRAMES_PER_SECOND = 12.5
 
 
-# The real codec's transformers attend over 10 s per stage: a window that starts this many
-# frames before the audio it keeps sees what a whole-sequence call would have seen.
-WINDOW_CONTEXT_FRAMES = 125
+# The file of a codec checkpoint's settings, as the codec's save_pretrained writes it, and the key that
+# holds how far back (seconds) each of its Transformer layers attends.
+CHECKPOINT_CONFIG = "config.json"
+ATTENTION_SPAN_KEY = "causal_transformer_context_duration"
+
+
+# The published codec's attention span (10 s), used when no config.json sits beside the graphs (the
+# ONNX repository and TensorRT engine directories may carry none).
+PUBLISHED_ATTENTION_SPAN_FRAMES = 125
+
+
+# Long audio is coded in windows that overlap by this many attention spans. The layers stack, so a
+# frame's receptive field is (layers x span) and no affordable window reaches it at full size; the
+# error of each overlap, measured on codec-tiny, is in README "Long audio: windows".
+WINDOW_OVERLAP_SPANS = 5
+
+
+# ... capped so that a window always brings at least this share of new frames (a bound on the cost).
+WINDOW_MIN_NEW_SHARE = 4
 
 
 _Codec = TypeVar("_Codec", bound="AudioCodec")
@@ -50,21 +67,46 @@ def frames_for_seconds(seconds: float) -> int:
     return max(1, int(seconds * FRAMES_PER_SECOND + 1e-9))
 
 
+def read_attention_span(directory: Path | None) -> int:
+    """Frames each Transformer layer of the codec attends back, from ``directory/config.json``.
+
+    Without that file (or without a directory) the published codec's span: the graphs carry it only
+    as a constant inside their attention masks. A file that is there but unreadable is an error.
+    """
+    path = None if directory is None else Path(directory) / CHECKPOINT_CONFIG
+    if path is None or not path.is_file():
+        return PUBLISHED_ATTENTION_SPAN_FRAMES
+    try:
+        seconds = json.loads(path.read_text(encoding="utf-8"))[ATTENTION_SPAN_KEY]
+        frames = round(float(seconds) * FRAMES_PER_SECOND)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise CodecError(
+            f"{path}: no readable {ATTENTION_SPAN_KEY!r} in seconds ({error!r}); "
+            "restore the codec checkpoint's config.json or remove it to use the published codec's span"
+        ) from error
+    if frames < 1:
+        raise CodecError(f"{path}: {ATTENTION_SPAN_KEY} {seconds} is shorter than one frame (80 ms)")
+    return frames
+
+
+def window_context(limit: int, attention_span: int) -> int:
+    """Frames of left context each window after the first re-codes: the chosen overlap, capped by the limit."""
+    return max(0, min(WINDOW_OVERLAP_SPANS * attention_span, limit - max(1, limit // WINDOW_MIN_NEW_SHARE)))
+
+
 def run_windowed(
-    frames: np.ndarray, limit: int | None, run: Callable[[np.ndarray], np.ndarray], context: int | None = None
+    frames: np.ndarray, limit: int | None, run: Callable[[np.ndarray], np.ndarray], context: int
 ) -> np.ndarray:
     """Apply a causal per-frame graph ``run`` to ``frames`` (T, ...) in calls of at most ``limit`` frames.
 
     ``run`` maps (n, ...) inputs to (n, ...) outputs, one output row per frame. Each window
-    starts ``context`` frames (default: the codec's attention span, at most half the limit)
-    before the first frame it contributes, and only its new frames are kept, so for a causal
-    graph whose receptive field fits in the context the result equals one whole call.
+    starts ``context`` frames before the first frame it contributes, and only its new frames
+    are kept, so for a causal graph whose receptive field fits in the context the result
+    equals one whole call.
     """
     total = frames.shape[0]
     if limit is None or total <= limit:
         return run(frames)
-    if context is None:
-        context = min(WINDOW_CONTEXT_FRAMES, limit // 2)
     if not 0 <= context < limit:
         raise ValueError(f"window context {context} must be in [0, {limit})")
     pieces = []
@@ -91,6 +133,8 @@ class AudioCodec(ABC):
     # Most frames one graph call may take (a configured bound on memory and latency);
     # None: unbounded. Longer input is processed in windows by encode/decode.
     max_frames: int | None = None
+    # Frames each Transformer layer attends back (read_attention_span): sets the windows' overlap.
+    attention_span_frames: int = PUBLISHED_ATTENTION_SPAN_FRAMES
 
     def encode(self, waveform: np.ndarray) -> np.ndarray:
         """Encode float mono 24 kHz samples (n,), n a positive multiple of 1920.
@@ -99,7 +143,7 @@ class AudioCodec(ABC):
         limit is encoded in windows with left context.
         """
         frames = self._checked_waveform(waveform).reshape(-1, self.samples_per_frame)
-        return run_windowed(frames, self._frame_limit("encoder"), lambda window: self._encode(window.reshape(-1)))
+        return self._windowed(frames, "encoder", lambda window: self._encode(window.reshape(-1)))
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
         """Decode codes (T, 32), T >= 1, integers in [0, 1023], to float32 samples (T * 1920,).
@@ -111,7 +155,13 @@ class AudioCodec(ABC):
             return self._decode(window).reshape(-1, self.samples_per_frame)
 
         codes = self._checked_codes(codes)
-        return run_windowed(codes, self._frame_limit("decoder"), decode_window).reshape(-1)
+        return self._windowed(codes, "decoder", decode_window).reshape(-1)
+
+    def _windowed(self, frames: np.ndarray, graph: str, run: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """``run`` over ``frames`` in calls within ``graph``'s frame limit, overlapping by the chosen context."""
+        limit = self._frame_limit(graph)
+        context = 0 if limit is None else window_context(limit, self.attention_span_frames)
+        return run_windowed(frames, limit, run, context)
 
     def _frame_limit(self, graph: str) -> int | None:
         """Most frames one call of ``graph`` ("encoder" or "decoder") may take.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from moss_tts_node.codec.base import AudioCodec, frames_for_seconds
+from moss_tts_node.codec.base import AudioCodec, frames_for_seconds, read_attention_span
 from moss_tts_node.codec.onnx import OnnxCodec
 
 if TYPE_CHECKING:
@@ -25,7 +25,15 @@ def open_codec(config: Config, *, encoder: bool = True, decoder: bool = True) ->
     if audio.backend == "tensorrt":
         from moss_tts_node.codec.tensorrt import TensorRTCodec  # needs TensorRT: import only when chosen
 
-        return TensorRTCodec(Path(config.model.engine_dir), encoder=encoder, decoder=decoder, max_frames=max_frames)
+        # The engines carry no settings of their own: the ONNX directory they were built from may.
+        span = read_attention_span(Path(config.model.codec_dir) if config.model.codec_dir else None)
+        return TensorRTCodec(
+            Path(config.model.engine_dir),
+            encoder=encoder,
+            decoder=decoder,
+            max_frames=max_frames,
+            attention_span_frames=span,
+        )
     codec_dir = Path(config.model.codec_dir)
     encoder_path = codec_dir / "encoder.onnx"
     return OnnxCodec(

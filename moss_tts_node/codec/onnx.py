@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from moss_tts_node.codec.base import ONNX_SOURCE, AudioCodec
+from moss_tts_node.codec.base import ONNX_SOURCE, AudioCodec, read_attention_span
 from moss_tts_node.errors import CodecError, WeightsError
 
 if TYPE_CHECKING:
@@ -60,7 +60,8 @@ class OnnxCodec(AudioCodec):
 
     ``provider``: ``auto`` (CUDA when this onnxruntime build has it, else CPU), ``cpu`` or
     ``cuda``. ``threads``: intra-op CPU threads, 0 lets onnxruntime choose. ``max_frames``:
-    most frames per graph call; longer audio is processed in windows.
+    most frames per graph call; longer audio is processed in windows, overlapping by a multiple
+    of the attention span that the ``config.json`` beside the graphs states (``read_attention_span``).
     """
 
     def __init__(
@@ -77,6 +78,8 @@ class OnnxCodec(AudioCodec):
         self.max_frames = max_frames
         self._decoder_path = None if decoder_path is None else _existing_file(Path(decoder_path), "decoder")
         self._encoder_path = None if encoder_path is None else _existing_file(Path(encoder_path), "encoder")
+        graph = self._decoder_path or self._encoder_path
+        self.attention_span_frames = read_attention_span(None if graph is None else graph.parent)
         self._decoder: Any = None
         if self._decoder_path is not None:
             self._decoder = self._load(self._decoder_path, _DECODER_INPUTS, _DECODER_OUTPUTS)

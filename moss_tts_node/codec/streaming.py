@@ -1,66 +1,127 @@
-"""From generated rows to audio, as soon as it can be heard.
+"""From generated rows to audio: one offline decode per segment, or a stream as soon as it can be heard.
 
 ``FrameAssembler`` undoes the delay pattern online: frame t is complete at generated row
-t + n_vq - 1, when its last codebook arrives. ``StreamingDecoder`` turns complete frames into
-samples: the codec graphs are stateless and the decoder is causal, so it decodes a window of
-``left_context`` already-played frames plus the new ones and keeps only the new samples.
-With a left context at least as long as the decoder's receptive field the stream equals the
-offline decode; a shorter one trades exactness at chunk joins for less work per chunk.
+t + n_vq - 1, when its last codebook arrives. ``SegmentDecoder`` turns the complete frames of
+an audio segment (the frames between gaps) into samples, a chunk at a time, by a
+``SegmentDecoding`` strategy:
+
+- ``OfflineDecoding``: nothing until the segment ends, then the codec's decode of the whole
+  segment (in windows when longer than one codec call allows): what the codec says the audio is.
+- ``WindowedStreamDecoding``: the codec graphs are stateless and the decoder is causal, so each
+  chunk decodes ``left_context`` already-played frames plus the new ones and keeps only the new
+  samples. The real codec's Transformer layers stack attention spans, so no affordable context
+  reaches the offline decode: the stream differs from it at every chunk (README "Streaming" has
+  the error per setting).
+
+A decoder that keeps state between calls plugs in as another ``SegmentDecoding``: it decodes
+only the new frames and resets at each segment's end.
 """
 
 from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
 
 import numpy as np
 
 from moss_tts_node.codec.base import AudioCodec
 
 
-class StreamingDecoder:
-    """Decodes frames in chunks with left context; emits each sample once."""
+class SegmentDecoding(ABC):
+    """How the frames of one segment become samples; ``name`` is what the timing report calls it."""
 
-    def __init__(self, codec: AudioCodec, chunk_frames: int, left_context: int) -> None:
+    name: ClassVar[str]
+    streams: ClassVar[bool]  # False: decodes only once the segment has ended
+
+    @abstractmethod
+    def decode(self, segment: np.ndarray, start: int) -> np.ndarray:
+        """Samples of ``segment[start:]``, given the segment's frames so far (T, n_vq), T > start."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """The segment has ended: the next frames do not continue its audio."""
+
+
+class OfflineDecoding(SegmentDecoding):
+    """The codec's decode of each whole segment, decoded once it has ended."""
+
+    name = "offline"
+    streams = False
+
+    def __init__(self, codec: AudioCodec) -> None:
         self.codec = codec
-        self.chunk_frames = chunk_frames
+
+    def decode(self, segment: np.ndarray, start: int) -> np.ndarray:
+        return self.codec.decode(segment)[start * self.codec.samples_per_frame :]
+
+    def reset(self) -> None:
+        pass  # the codec graphs are stateless
+
+
+class WindowedStreamDecoding(SegmentDecoding):
+    """Each chunk re-decoded with ``left_context`` frames before it; only its own samples are kept."""
+
+    name = "windowed stream"
+    streams = True
+
+    def __init__(self, codec: AudioCodec, left_context: int) -> None:
+        self.codec = codec
         self.left_context = left_context
+
+    def decode(self, segment: np.ndarray, start: int) -> np.ndarray:
+        left = max(0, start - self.left_context)
+        return self.codec.decode(segment[left:])[(start - left) * self.codec.samples_per_frame :]
+
+    def reset(self) -> None:
+        pass  # each call carries its own context
+
+
+class SegmentDecoder:
+    """Feeds complete frames to a ``SegmentDecoding``; emits each sample once, in order.
+
+    A streaming strategy gets chunks: the first chunk of an utterance leaves with its first
+    frame, so a listener hears audio one decode after the first frame completes; later chunks
+    gather ``chunk_frames``. The offline strategy gets each whole segment when it ends.
+    """
+
+    def __init__(self, decoding: SegmentDecoding, chunk_frames: int, n_vq: int) -> None:
+        self.decoding = decoding
+        self.chunk_frames = chunk_frames
+        self.n_vq = n_vq
         self.segment: list[np.ndarray] = []  # frames of the current segment
         self.emitted = 0  # frames of the current segment already turned into samples
         self.chunks_out = 0
         self.frames: list[np.ndarray] = []  # every frame of the utterance, for callers that keep codes
 
     def push(self, frame: np.ndarray) -> np.ndarray | None:
-        """Add a complete frame; returns samples when a chunk is due.
-
-        The first chunk of an utterance leaves with its first frame, so a listener hears
-        audio one decode after the first frame completes; later chunks gather chunk_frames.
-        """
+        """Add a complete frame; returns samples when a chunk is due."""
         self.segment.append(frame)
         self.frames.append(frame)
+        if not self.decoding.streams:
+            return None
         due = 1 if self.chunks_out == 0 else self.chunk_frames
         if len(self.segment) - self.emitted >= due:
             return self._decode_pending()
         return None
 
     def end_segment(self) -> np.ndarray | None:
-        """A gap: flush what is pending; the next frames do not continue this audio."""
+        """A gap or the end: what is pending; the next frames do not continue this audio."""
         samples = self._decode_pending()
         self.segment = []
         self.emitted = 0
+        self.decoding.reset()
         return samples
 
     def _decode_pending(self) -> np.ndarray | None:
-        pending = len(self.segment) - self.emitted
-        if pending == 0:
+        if len(self.segment) == self.emitted:
             return None
-        start = max(0, self.emitted - self.left_context)
-        window = np.stack(self.segment[start:])
-        samples = self.codec.decode(window)
-        new = samples[(self.emitted - start) * self.codec.samples_per_frame :]
+        samples = self.decoding.decode(np.stack(self.segment), self.emitted)
         self.emitted = len(self.segment)
         self.chunks_out += 1
-        return new
+        return samples
 
     def codes(self) -> np.ndarray:
         """(T, n_vq) every frame pushed, gaps excluded."""
         if not self.frames:
-            return np.empty((0, self.codec.n_quantizers), dtype=np.int64)
+            return np.empty((0, self.n_vq), dtype=np.int64)
         return np.stack(self.frames)

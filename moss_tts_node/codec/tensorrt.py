@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from moss_tts_node.codec.base import AudioCodec
+from moss_tts_node.codec.base import PUBLISHED_ATTENTION_SPAN_FRAMES, AudioCodec
 from moss_tts_node.codec.cuda import CudaApi, cuda_api
 from moss_tts_node.codec.engines import (
     DATA_INPUTS,
@@ -140,7 +140,8 @@ class TensorRTCodec(AudioCodec):
     decoder engine, so a wrong or stale engine fails at start-up. The encoder engine, needed
     only to clone voices from clips, loads on first use. ``encoder``/``decoder`` = False leave
     a graph out (``low_memory`` holds one at a time). ``max_frames`` (from config) can lower
-    the engines' own limit; longer audio is windowed either way. ``cuda``: which CUDA binding
+    the engines' own limit; longer audio is windowed either way, overlapping by a multiple of
+    ``attention_span_frames`` (``read_attention_span``). ``cuda``: which CUDA binding
     (``auto``, ``pycuda``, ``cuda-python``).
     """
 
@@ -151,12 +152,14 @@ class TensorRTCodec(AudioCodec):
         encoder: bool = True,
         decoder: bool = True,
         max_frames: int | None = None,
+        attention_span_frames: int = PUBLISHED_ATTENTION_SPAN_FRAMES,
         cuda: str = "auto",
     ) -> None:
         self._runners: dict[str, _EngineRunner] = {}  # set first: close() must work if __init__ fails
         self._lock = threading.Lock()
         self._closed = False
         self.max_frames = max_frames
+        self.attention_span_frames = attention_span_frames
         trt = import_tensorrt()
         self._engines = read_engine_set(Path(engine_dir))
         self._cuda = cuda

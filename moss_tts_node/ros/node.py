@@ -277,6 +277,7 @@ class TtsNode(Node):
             reference=request.reference_audio or None,
             seed=request.seed,
             cancel=cancel,
+            streaming=not collect,  # a whole-utterance answer is the codec's offline decode
         )
         job = Job(stream, request_id, self._settings.output_encoding, [] if collect else None)
         ticket = Ticket(job, cancel, on_update)

@@ -50,15 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--max-new-tokens", type=int, help="overrides generation.max_new_tokens")
     synth.add_argument("--save-tokens", type=Path, help="write prompt, generated and codes (int64) to this .npz")
     synth.add_argument("--profile", action="store_true", help="print the timing report")
-    synth.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="any config key, e.g. llama.n_threads=2"
-    )
+    add_set_option(synth)
     synth.set_defaults(run=run_synth)
 
     voice = commands.add_parser("encode-voice", help="encode a reference clip into a .npy of codes")
     voice.add_argument("--config", required=True, type=Path, help="params file naming model.codec_dir")
     voice.add_argument("audio", type=Path, help="WAV/FLAC clip of the voice")
     voice.add_argument("output", type=Path, help=".npy file to write, (frames, 32) int64")
+    add_set_option(voice)
     voice.set_defaults(run=run_encode_voice)
 
     demo = commands.add_parser("demo-weights", help="write a tiny random model (noise, not speech) for tests")
@@ -80,7 +79,15 @@ EXTRA_COMMAND_MODULES: tuple[str, ...] = (
     "build_engines",
     "stream_decoder_build",
     "doctor",
+    "codec_fidelity",
 )
+
+
+def add_set_option(parser: argparse.ArgumentParser) -> None:
+    """``--set KEY=VALUE`` (repeatable): config overrides, read by ``parse_overrides``."""
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="any config key, e.g. llama.n_threads=2"
+    )
 
 
 def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
@@ -114,6 +121,7 @@ def run_synth(args: argparse.Namespace) -> int:
             instruction=args.instruction,
             reference=args.reference,
             seed=args.seed,
+            streaming=False,  # a file: the codec's decode of the whole utterance, not the stitched stream
         )
         chunks = []
         progress = Progress()
@@ -141,7 +149,7 @@ def run_encode_voice(args: argparse.Namespace) -> int:
     from moss_tts_node.codec.factory import open_codec
     from moss_tts_node.config import load_config
 
-    config = load_config(args.config)
+    config = load_config(args.config, parse_overrides(args.set))
     with open_codec(config, decoder=False) as codec:
         codes = codec.encode(load_reference_audio(args.audio))
     np.save(args.output, codes)
