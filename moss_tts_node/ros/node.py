@@ -133,8 +133,13 @@ class SpeechRequest(Protocol):
 
 @dataclass(frozen=True)
 class Settings:
-    """The node-only parameters, checked."""
+    """Every parameter, checked: the synthesizer's config and the node's own.
 
+    Immutable and replaced whole on a parameter change, so a request accepted under one keeps it
+    (its snapshot) whatever changes while it waits or runs.
+    """
+
+    config: Config
     queue_size: int
     queue_policy: str
     output_encoding: str
@@ -167,7 +172,8 @@ class TtsNode(Node):
         self.declare_parameters(
             "", [(o.key, o.default, _descriptor(o, _read_only(o.key))) for o in ALL_OPTIONS.values()]
         )
-        config, self._settings = self._checked(self._parameter_values())
+        self._settings = self._checked(self._parameter_values())
+        config = self._settings.config
         started = time.monotonic()
         self._synth = Synthesizer(config)
         self._load_s = time.monotonic() - started
@@ -225,7 +231,7 @@ class TtsNode(Node):
     def _parameter_values(self) -> dict[str, Any]:
         return {key: self.get_parameter(key).value for key in ALL_OPTIONS}
 
-    def _checked(self, values: Mapping[str, Any]) -> tuple[Config, Settings]:
+    def _checked(self, values: Mapping[str, Any]) -> Settings:
         """Validate every parameter as the CLI validates a config file; raises ConfigError."""
         source = f"{self.get_name()} parameters"
         checked = {key: check_value(ALL_OPTIONS[key], value, source) for key, value in values.items()}
@@ -233,8 +239,8 @@ class TtsNode(Node):
         if not all(isinstance(language, str) and language for language in languages):
             raise ConfigError(f"{source}: 'languages' must be a list of language tags, got {languages!r}")
         config = from_flat({key: checked[key] for key in OPTIONS}, Path.cwd(), source)
-        settings = Settings(**{o.key: checked[o.key] for o in NODE_OPTIONS} | {"languages": tuple(languages)})
-        return config, settings
+        node_values = {o.key: checked[o.key] for o in NODE_OPTIONS} | {"languages": tuple(languages)}
+        return Settings(config=config, **node_values)
 
     def _check_new_parameters(self, parameters: list[Parameter]) -> SetParametersResult:
         try:
@@ -244,8 +250,8 @@ class TtsNode(Node):
         return SetParametersResult(successful=True)
 
     def _apply_parameters(self, _parameters: list[Parameter]) -> None:
-        config, self._settings = self._checked(self._parameter_values())
-        self._synth.config = config  # read by the next request's stream()
+        self._settings = self._checked(self._parameter_values())  # for requests accepted from now on
+        self._synth.config = self._settings.config
         self._queue.policy = self._settings.queue_policy
 
     # -- requests -----------------------------------------------------------------------------
@@ -262,8 +268,10 @@ class TtsNode(Node):
 
         ``stream()`` checks the request now (text, reference, room in the context) without
         generating, so a bad request never takes a turn, nor interrupts the one being spoken.
+        The request is checked and runs with the parameters in force now (one Settings object).
         """
-        languages = self._settings.languages
+        settings = self._settings
+        languages = settings.languages
         if request.language and languages and request.language not in languages:
             raise RequestError(
                 f"unknown language {request.language!r}: this node accepts {', '.join(languages)} "
@@ -277,8 +285,9 @@ class TtsNode(Node):
             reference=request.reference_audio or None,
             seed=request.seed,
             cancel=cancel,
+            config=settings.config,
         )
-        job = Job(stream, request_id, self._settings.output_encoding, [] if collect else None)
+        job = Job(stream, request_id, settings.output_encoding, [] if collect else None)
         ticket = Ticket(job, cancel, on_update)
         self._queue.submit(ticket)
         return ticket
