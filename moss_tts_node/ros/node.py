@@ -332,17 +332,20 @@ class TtsNode(Node):
                 self._pending -= 1
                 self._pending_changed.notify_all()
 
-    def _refuse(self, err: Exception) -> str:
-        """Count and log a request that never took a turn; returns the reason for its answer."""
+    def _refuse(self, interface: str, err: Exception) -> str:
+        """Count and log a request that never took a turn; returns the reason for its answer.
+
+        For ~/text this log line and the diagnostics counter are the only trace: a topic has no answer.
+        """
         self._refused += 1
-        self.get_logger().warning(f"request refused: {err}")
+        self.get_logger().warning(f"{interface} request refused: {err}")
         return str(err)
 
     def _on_text(self, msg: String) -> None:
         try:
             self._submit(Speak.Goal(text=msg.data), uuid.uuid4().hex, collect=False)
         except (MossTTSError, Rejected) as err:
-            self._refuse(err)
+            self._refuse("~/text", err)
 
     def _on_synthesize(self, request: Synthesize.Request, response: Synthesize.Response) -> Synthesize.Response:
         response.sample_rate = self._synth.spec.sampling_rate
@@ -353,7 +356,7 @@ class TtsNode(Node):
             try:
                 ticket = self._submit(request, uuid.uuid4().hex, collect=True)
             except (MossTTSError, Rejected) as err:
-                response.message = self._refuse(err)
+                response.message = self._refuse("~/synthesize", err)
                 return response
             outcome = ticket.wait()
             job = ticket.job
@@ -376,7 +379,7 @@ class TtsNode(Node):
             )
         except (MossTTSError, Rejected) as err:
             # Accepted all the same and aborted by _execute_goal: a rejected goal cannot say why.
-            self._goals[goal_id] = self._refuse(err)
+            self._goals[goal_id] = self._refuse("~/speak", err)
         goal_handle.execute()
 
     def _cancel_goal(self, goal_handle: ServerGoalHandle) -> CancelResponse:
