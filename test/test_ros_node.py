@@ -166,6 +166,34 @@ def test_queue_policy_serves_in_order_and_refuses_when_full(netns: LoopbackNames
     assert "queue is full" in fourth["message"] and "queue_size 2" in fourth["message"]
 
 
+def test_a_request_runs_with_the_parameters_it_was_accepted_under(netns: LoopbackNamespace, node: NodeProcess) -> None:
+    """Two goals wait behind a long one while the parameters change under them: each runs with
+    those in force when it was accepted. Greedy text runs every goal to max_new_tokens, so its
+    step count says which value it ran with."""
+    answer = netns.client(
+        "speak",
+        goals=[
+            {"text": "one"},
+            {"text": "two", "params": {"generation.max_new_tokens": 40, "audio.chunk_frames": 5}},
+            {
+                "text": "three",
+                "params": {"generation.max_new_tokens": 45, "audio.chunk_frames": 2, "output_encoding": "float32"},
+            },
+        ],
+        then={"goal": 0, "chunks": 1, "do": "cancel", "cancel": [0]},
+        params={**LONG, "output_encoding": "pcm_s16le"},
+    )
+    first, second, third = answer["goals"]
+    assert first["status"] == CANCELED
+    assert second["status"] == SUCCEEDED and third["status"] == SUCCEEDED, answer["goals"]
+    assert (second["timing"]["steps"], second["timing"]["stop_reason"]) == (40, "max_new_tokens")
+    assert (third["timing"]["steps"], third["timing"]["stop_reason"]) == (45, "max_new_tokens")
+    for goal, encoding, width, chunk_frames in ((second, "pcm_s16le", 2, 5), (third, "float32", 4, 2)):
+        chunks = chunks_of(answer, goal["id"])
+        assert {c["encoding"] for c in chunks} == {encoding}
+        assert max(c["bytes"] for c in chunks) == chunk_frames * SAMPLES_PER_FRAME * width
+
+
 def test_interrupt_policy_cuts_the_current_utterance(netns: LoopbackNamespace, node: NodeProcess) -> None:
     answer = netns.client(
         "speak",

@@ -152,6 +152,11 @@ class Client(Node):
             verdicts.append({"name": name, "successful": verdict.successful, "reason": verdict.reason})
         return verdicts
 
+    def set_params_or_fail(self, values: dict[str, Any]) -> None:
+        for verdict in self.set_params(list(values.items())):
+            if not verdict["successful"]:
+                raise RuntimeError(f"could not set {verdict['name']}: {verdict['reason']}")
+
     def get_params(self, names: list[str]) -> dict[str, Any]:
         params = self.param_client()
         response = self.result(params.get_parameters(names), 10, "parameters")
@@ -222,10 +227,12 @@ def run_synthesize(client: Client, args: dict[str, Any]) -> dict[str, Any]:
 def run_speak(client: Client, args: dict[str, Any]) -> dict[str, Any]:
     """Send goals in order, each once the previous one is accepted, and collect everything.
 
-    A goal's ``wait_chunks``: send it only once the previous goal has published that many chunks.
+    A goal's ``wait_chunks``: send it only once the previous goal has published that many chunks;
+    its ``params``: set them just before sending it (restored at the end).
     ``then``: ``{"goal": i, "chunks": n, "do": "cancel" | "SIGINT" | "SIGTERM", "pid": node pid}``:
-    once goal i has published n chunks, cancel every goal (the last first, so the waiting ones
-    leave the line before the current one stops), or send the node that signal.
+    once goal i has published n chunks, cancel every goal, or those listed in ``"cancel"`` (the
+    last first, so the waiting ones leave the line before the current one stops), or send the
+    node that signal.
     """
     action = ActionClient(client, Speak, f"{NODE}/speak")
     if not action.wait_for_server(MATCH_TIMEOUT):
@@ -236,12 +243,14 @@ def run_speak(client: Client, args: dict[str, Any]) -> dict[str, Any]:
     for request in args["goals"]:
         if goals and request.get("wait_chunks"):
             client.wait_chunks(goals[-1]["id"], request["wait_chunks"], timeout)
+        client.set_params_or_fail(request.get("params", {}))
         goals.append(client.send_goal(action, request))
     then = args.get("then")
     if then is not None:
         client.wait_chunks(goals[then["goal"]]["id"], then["chunks"], timeout)
         if then["do"] == "cancel":
-            for record in reversed(goals):
+            for index in reversed(then.get("cancel", range(len(goals)))):
+                record = goals[index]
                 record["cancel_sent"] = client.now()
                 client.result(record["handle"].cancel_goal_async(), 10, "the cancel response")
         else:
@@ -507,10 +516,9 @@ def main() -> int:
     client = Client()
     try:
         changed = args.get("params", {})
-        saved = client.get_params(list(changed)) if changed else {}
-        for verdict in client.set_params(list(changed.items())):
-            if not verdict["successful"]:
-                raise RuntimeError(f"could not set {verdict['name']}: {verdict['reason']}")
+        names = set(changed).union(*(goal.get("params", {}) for goal in args.get("goals", [])))
+        saved = client.get_params(sorted(names)) if names else {}
+        client.set_params_or_fail(changed)
         try:
             answer = COMMANDS[command](client, args)
         finally:
