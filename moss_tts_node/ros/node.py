@@ -251,7 +251,7 @@ class TtsNode(Node):
 
     def _apply_parameters(self, _parameters: list[Parameter]) -> None:
         self._settings = self._checked(self._parameter_values())  # for requests accepted from now on
-        self._synth.config = self._settings.config
+        self._synth.config = self._settings.config  # what the synthesizer reads on its own (the default voice)
         self._queue.policy = self._settings.queue_policy
 
     # -- requests -----------------------------------------------------------------------------
