@@ -22,6 +22,7 @@ from ros_helpers import require_ros
 from ros_helpers.netns import LoopbackNamespace, NodeProcess
 
 from moss_tts_node.config import flatten, load_config, write_params_file
+from moss_tts_node.ros.queue import FULL
 
 require_ros()
 
@@ -33,7 +34,6 @@ QUEUED, GENERATING, DONE = 0, 1, 2  # Speak feedback states
 # more than a slow DDS discovery can take to deliver the first chunk. Tests cut these short.
 LONG = {"sampling.text_temperature": 0.0, "generation.max_new_tokens": 8000}
 LONG_ARGS = [arg for key, value in LONG.items() for arg in ("-p", f"{key}:={value}")]
-FULL = "the queue is full: {waiting} requests are waiting behind the one being spoken (queue_size {size})"
 FILE_SEED = 5
 
 
@@ -404,7 +404,7 @@ def test_a_burst_from_several_clients_is_served_first_come_first_served(
         served, refused = goals[: queue_size + 1], goals[queue_size + 1 :]
         for goal in refused:
             assert goal["status"] == ABORTED and not goal["feedback"], (number, goal)
-            assert goal["message"].startswith(FULL.format(waiting=queue_size, size=queue_size)), (number, goal)
+            assert goal["message"] == FULL.format(waiting=queue_size, size=queue_size), (number, goal)
         first = [(g["feedback"][0]["state"], g["feedback"][0]["ahead"]) for g in served]
         assert first == [(GENERATING, 0)] + [(QUEUED, ahead) for ahead in range(1, queue_size + 1)], number
         for goal in served:

@@ -22,6 +22,13 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 POLICIES = ("queue", "interrupt")
+# The reasons the line gives; FULL is formatted with the number waiting and queue_size.
+FULL = (
+    "the queue is full: {waiting} requests are waiting behind the one being spoken (queue_size {size}); "
+    "retry later, raise queue_size, or set queue_policy to interrupt"
+)
+INTERRUPTED = "interrupted by a newer request (queue_policy interrupt)"
+DROPPED = "dropped from the queue by a newer request (queue_policy interrupt)"
 
 Job = TypeVar("Job")
 
@@ -100,8 +107,9 @@ class RequestQueue(Generic[Job]):
 
     The rules (README "Requests"):
 
-    - with policy ``queue``, a ticket is refused as full only when ``size`` tickets are already
-      waiting behind the current one; ``size`` 0 means "speak when idle, refuse while speaking";
+    - with policy ``queue``, a ticket is refused as full only when ``size`` tickets (more, after a
+      spell of ``interrupt``) are already waiting behind the current one; ``size`` 0 means "speak
+      when idle, refuse while speaking";
     - tickets become current in the order ``submit`` accepted them;
     - with policy ``interrupt``, ``submit`` cancels the current ticket and drops the waiting ones;
     - every ticket accepted ends exactly once (``Ticket.finish``), with the outcome of its work or
@@ -145,14 +153,10 @@ class RequestQueue(Generic[Job]):
                 raise Rejected(self._closed)
             if self.policy == "interrupt":
                 if self._current is not None:
-                    self._current.cancel("interrupted by a newer request (queue_policy interrupt)")
-                self._drop_waiting("dropped from the queue by a newer request (queue_policy interrupt)")
+                    self._current.cancel(INTERRUPTED)
+                self._drop_waiting(DROPPED)
             elif self._current is not None and len(self._waiting) >= self.size:
-                raise Rejected(
-                    f"the queue is full: {len(self._waiting)} requests are waiting behind the one being "
-                    f"spoken (queue_size {self.size}); retry later, raise queue_size, or set queue_policy "
-                    "to interrupt"
-                )
+                raise Rejected(FULL.format(waiting=len(self._waiting), size=self.size))
             if self._current is None:
                 self._make_current(ticket)
                 self._lock.notify()
