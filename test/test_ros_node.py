@@ -381,7 +381,7 @@ def test_a_burst_from_several_clients_is_served_first_come_first_served(
                     sync_dir=str(sync),
                     name=str(number),
                     clients=BURST_CLIENTS,
-                    goals=BURST_GOALS,
+                    per_round=BURST_GOALS,
                     rounds=BURST_ROUNDS,
                 )
                 for number in range(BURST_CLIENTS)

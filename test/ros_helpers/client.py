@@ -332,7 +332,7 @@ def run_audio_common(client: Client, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_burst(client: Client, args: dict[str, Any]) -> dict[str, Any]:
-    """Rounds of ``goals`` Speak goals sent at once, in step with the other burst clients.
+    """Rounds of ``per_round`` Speak goals sent at once, in step with the other burst clients.
 
     The files in ``sync_dir`` keep the clients in step (each is ``name``, one of ``clients``):
     ``matched-NAME`` once this client sees the node; the test then writes ``go-R`` for round R.
@@ -361,7 +361,7 @@ def _burst_round(
     timeout = args.get("timeout", 30)
     futures = [
         action.send_goal_async(Speak.Goal(text=f"round {number}, goal {index} of {args['name']}"))
-        for index in range(args["goals"])
+        for index in range(args["per_round"])
     ]
     client.spin_until(lambda: all(f.done() for f in futures), timeout, "goal acceptance")
     handles = [f.result() for f in futures]
