@@ -25,7 +25,7 @@ from moss_tts_node.codec.audio_io import load_reference_audio
 from moss_tts_node.codec.base import AudioCodec
 from moss_tts_node.codec.factory import open_codec
 from moss_tts_node.codec.streaming import OfflineDecoding, SegmentDecoder, SegmentDecoding, WindowedStreamDecoding
-from moss_tts_node.config import Config, SamplingConfig, backbone_path, load_config
+from moss_tts_node.config import AudioConfig, Config, SamplingConfig, backbone_path, load_config
 from moss_tts_node.errors import Cancelled, RequestError
 from moss_tts_node.llama.backbone import Backbone, BackboneParams
 from moss_tts_node.model.delay import DelayState, FrameAssembler
@@ -244,6 +244,7 @@ class Synthesizer:
         sampling: SamplingConfig | None = None,
         cancel: CancelFlag = None,
         streaming: bool = True,
+        config: Config | None = None,
     ) -> AudioStream:
         """Validate the request now (errors raise here, not mid-stream), then stream its audio.
 
@@ -255,23 +256,29 @@ class Synthesizer:
         spoken piece by piece in the same stream. ``max_new_tokens`` applies to each piece and is
         clamped to what n_ctx leaves after its prompt; a prompt that leaves no room for one frame is
         refused.
+
+        ``config`` holds the settings the request runs with (generation defaults, sampling, audio
+        chunking), by default ``self.config`` now: they are read here once, so replacing
+        ``self.config`` later does not change a stream already made (the node queues streams).
         """
-        gen = self.config.generation
+        config = config if config is not None else self.config
+        gen = config.generation
         fields = PromptFields(
-            text=self._clean_text(text),
+            text=self._clean_text(text, gen.normalize_text),
             language=language if language is not None else gen.language or None,
             instruction=instruction if instruction is not None else gen.instruction or None,
             quality=quality if quality is not None else gen.quality or None,
             tokens=tokens,
         )
         pieces = self.planner.plan(fields, self._voice(reference), max_new_tokens or gen.max_new_tokens)
-        sampling = sampling or self.config.sampling
+        sampling = sampling or config.sampling
         seed = seed if seed is not None and seed >= 0 else sampling.seed
         if seed < 0:
             seed = secrets.randbits(63)
         sampling = replace(sampling, seed=seed)
         return AudioStream(
-            pieces[0].prompt, lambda stream: self._chunks(stream, pieces, sampling, _flag(cancel), streaming)
+            pieces[0].prompt,
+            lambda stream: self._chunks(stream, pieces, sampling, config.audio, _flag(cancel), streaming),
         )
 
     def synthesize(self, text: str, **request: Any) -> Synthesis:
@@ -291,10 +298,10 @@ class Synthesizer:
             codes=stream.codes,
         )
 
-    def _clean_text(self, text: str) -> str:
+    def _clean_text(self, text: str, normalize: bool) -> str:
         if not isinstance(text, str) or not text.strip():
             raise RequestError("the text is empty: give at least one word to speak")
-        if self.config.generation.normalize_text:
+        if normalize:
             text = normalize_text(text)
             if not text.strip():
                 raise RequestError("the text is empty after normalization (only markup or control characters)")
@@ -305,11 +312,12 @@ class Synthesizer:
         stream: AudioStream,
         pieces: list[Piece],
         sampling: SamplingConfig,
+        audio: AudioConfig,
         cancelled: Callable[[], bool],
         streaming: bool,
     ) -> Iterator[AudioChunk]:
         """Generate and decode every piece as one stream: indices and offsets run on, one final chunk."""
-        spec, audio = self.spec, self.config.audio
+        spec = self.spec
         clock = StageClock()
         emitted = 0  # samples so far
         index = 0

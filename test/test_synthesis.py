@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -105,6 +106,31 @@ def test_max_new_tokens_stops_generation(synth: Synthesizer) -> None:
     assert result.report.stop_reason == "max_new_tokens"
     assert result.generated.shape[0] == 40
     assert result.codes.shape[0] == 40 - 31  # frames whose last codebook arrived
+
+
+def test_a_stream_keeps_the_settings_it_was_made_with(synth: Synthesizer) -> None:
+    """The node makes a stream when it accepts a request and runs it later: a config replaced in
+    between (``ros2 param set``) must not reach it."""
+    before = synth.config
+    after = replace(
+        before,
+        audio=replace(before.audio, chunk_frames=before.audio.chunk_frames + 3, left_context_frames=0),
+        sampling=replace(before.sampling, text_temperature=0.0, audio_temperature=0.3),
+        generation=replace(before.generation, max_new_tokens=35, normalize_text=False),
+    )
+    reference = [c.samples for c in synth.stream(TEXT, seed=3)]  # made and run under ``before``
+    queued = synth.stream(TEXT, seed=3)
+    synth.config = after
+    try:
+        ran = [c.samples for c in queued]
+        changed = synth.stream(TEXT, seed=3)
+        changed_chunks = [c.samples for c in changed]
+    finally:
+        synth.config = before
+    assert [c.shape for c in ran] == [c.shape for c in reference]
+    np.testing.assert_array_equal(np.concatenate(ran), np.concatenate(reference))
+    assert changed.report is not None and changed.report.steps == 35  # the new settings do apply to new streams
+    assert [c.shape for c in changed_chunks] != [c.shape for c in reference]
 
 
 @pytest.mark.parametrize("text", ["", "   \n\t"])

@@ -133,8 +133,13 @@ class SpeechRequest(Protocol):
 
 @dataclass(frozen=True)
 class Settings:
-    """The node-only parameters, checked."""
+    """Every parameter, checked: the synthesizer's config and the node's own.
 
+    Immutable and replaced whole on a parameter change, so a request accepted under one keeps it
+    (its snapshot) whatever changes while it waits or runs.
+    """
+
+    config: Config
     queue_size: int
     queue_policy: str
     output_encoding: str
@@ -167,7 +172,8 @@ class TtsNode(Node):
         self.declare_parameters(
             "", [(o.key, o.default, _descriptor(o, _read_only(o.key))) for o in ALL_OPTIONS.values()]
         )
-        config, self._settings = self._checked(self._parameter_values())
+        self._settings = self._checked(self._parameter_values())
+        config = self._settings.config
         started = time.monotonic()
         self._synth = Synthesizer(config)
         self._load_s = time.monotonic() - started
@@ -225,7 +231,7 @@ class TtsNode(Node):
     def _parameter_values(self) -> dict[str, Any]:
         return {key: self.get_parameter(key).value for key in ALL_OPTIONS}
 
-    def _checked(self, values: Mapping[str, Any]) -> tuple[Config, Settings]:
+    def _checked(self, values: Mapping[str, Any]) -> Settings:
         """Validate every parameter as the CLI validates a config file; raises ConfigError."""
         source = f"{self.get_name()} parameters"
         checked = {key: check_value(ALL_OPTIONS[key], value, source) for key, value in values.items()}
@@ -233,8 +239,8 @@ class TtsNode(Node):
         if not all(isinstance(language, str) and language for language in languages):
             raise ConfigError(f"{source}: 'languages' must be a list of language tags, got {languages!r}")
         config = from_flat({key: checked[key] for key in OPTIONS}, Path.cwd(), source)
-        settings = Settings(**{o.key: checked[o.key] for o in NODE_OPTIONS} | {"languages": tuple(languages)})
-        return config, settings
+        node_values = {o.key: checked[o.key] for o in NODE_OPTIONS} | {"languages": tuple(languages)}
+        return Settings(config=config, **node_values)
 
     def _check_new_parameters(self, parameters: list[Parameter]) -> SetParametersResult:
         try:
@@ -244,8 +250,8 @@ class TtsNode(Node):
         return SetParametersResult(successful=True)
 
     def _apply_parameters(self, _parameters: list[Parameter]) -> None:
-        config, self._settings = self._checked(self._parameter_values())
-        self._synth.config = config  # read by the next request's stream()
+        self._settings = self._checked(self._parameter_values())  # for requests accepted from now on
+        self._synth.config = self._settings.config  # what the synthesizer reads on its own (the default voice)
         self._queue.policy = self._settings.queue_policy
 
     # -- requests -----------------------------------------------------------------------------
@@ -262,8 +268,10 @@ class TtsNode(Node):
 
         ``stream()`` checks the request now (text, reference, room in the context) without
         generating, so a bad request never takes a turn, nor interrupts the one being spoken.
+        The request is checked and runs with the parameters in force now (one Settings object).
         """
-        languages = self._settings.languages
+        settings = self._settings
+        languages = settings.languages
         if request.language and languages and request.language not in languages:
             raise RequestError(
                 f"unknown language {request.language!r}: this node accepts {', '.join(languages)} "
@@ -278,8 +286,9 @@ class TtsNode(Node):
             seed=request.seed,
             cancel=cancel,
             streaming=not collect,  # a whole-utterance answer is the codec's offline decode
+            config=settings.config,
         )
-        job = Job(stream, request_id, self._settings.output_encoding, [] if collect else None)
+        job = Job(stream, request_id, settings.output_encoding, [] if collect else None)
         ticket = Ticket(job, cancel, on_update)
         self._queue.submit(ticket)
         return ticket
@@ -324,17 +333,20 @@ class TtsNode(Node):
                 self._pending -= 1
                 self._pending_changed.notify_all()
 
-    def _refuse(self, err: Exception) -> str:
-        """Count and log a request that never took a turn; returns the reason for its answer."""
+    def _refuse(self, interface: str, err: Exception) -> str:
+        """Count and log a request that never took a turn; returns the reason for its answer.
+
+        For ~/text this log line and the diagnostics counter are the only trace: a topic has no answer.
+        """
         self._refused += 1
-        self.get_logger().warning(f"request refused: {err}")
+        self.get_logger().warning(f"{interface} request refused: {err}")
         return str(err)
 
     def _on_text(self, msg: String) -> None:
         try:
             self._submit(Speak.Goal(text=msg.data), uuid.uuid4().hex, collect=False)
         except (MossTTSError, Rejected) as err:
-            self._refuse(err)
+            self._refuse("~/text", err)
 
     def _on_synthesize(self, request: Synthesize.Request, response: Synthesize.Response) -> Synthesize.Response:
         response.sample_rate = self._synth.spec.sampling_rate
@@ -345,7 +357,7 @@ class TtsNode(Node):
             try:
                 ticket = self._submit(request, uuid.uuid4().hex, collect=True)
             except (MossTTSError, Rejected) as err:
-                response.message = self._refuse(err)
+                response.message = self._refuse("~/synthesize", err)
                 return response
             outcome = ticket.wait()
             job = ticket.job
@@ -368,7 +380,7 @@ class TtsNode(Node):
             )
         except (MossTTSError, Rejected) as err:
             # Accepted all the same and aborted by _execute_goal: a rejected goal cannot say why.
-            self._goals[goal_id] = self._refuse(err)
+            self._goals[goal_id] = self._refuse("~/speak", err)
         goal_handle.execute()
 
     def _cancel_goal(self, goal_handle: ServerGoalHandle) -> CancelResponse:

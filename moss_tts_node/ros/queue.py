@@ -22,6 +22,13 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 POLICIES = ("queue", "interrupt")
+# The reasons the line gives; FULL is formatted with the number waiting and queue_size.
+FULL = (
+    "the queue is full: {waiting} requests are waiting behind the one being spoken (queue_size {size}); "
+    "retry later, raise queue_size, or set queue_policy to interrupt"
+)
+INTERRUPTED = "interrupted by a newer request (queue_policy interrupt)"
+DROPPED = "dropped from the queue by a newer request (queue_policy interrupt)"
 
 Job = TypeVar("Job")
 
@@ -92,6 +99,22 @@ class Ticket(Generic[Job]):
 class RequestQueue(Generic[Job]):
     """Runs ``work(ticket)`` for one ticket at a time, in a worker thread, in line order.
 
+    The line is ``current`` (the ticket being spoken, or handed to the worker to speak next)
+    and ``waiting`` (the tickets behind it). Every change to them happens under one lock, in the
+    same step as the decision that makes it: ``submit`` makes a ticket current at once when the
+    line is empty, and the worker makes the next waiting ticket current in the same step as it
+    ends the previous one. So there is no ticket "taken by nobody yet" for ``submit`` to miscount.
+
+    The rules (README "Requests"):
+
+    - with policy ``queue``, a ticket is refused as full only when ``size`` tickets (more, after a
+      spell of ``interrupt``) are already waiting behind the current one; ``size`` 0 means "speak
+      when idle, refuse while speaking";
+    - tickets become current in the order ``submit`` accepted them;
+    - with policy ``interrupt``, ``submit`` cancels the current ticket and drops the waiting ones;
+    - every ticket accepted ends exactly once (``Ticket.finish``), with the outcome of its work or
+      the reason it was cancelled, dropped or closed; a refused one raises ``Rejected`` instead.
+
     ``work`` streams the job and returns its Outcome; it must check ``ticket.cancel_flag`` often
     (the synthesizer does, every step). An exception from it ends that ticket as failed and the
     queue keeps serving.
@@ -100,6 +123,8 @@ class RequestQueue(Generic[Job]):
     def __init__(self, work: Callable[[Ticket[Job]], Outcome], size: int, policy: str = "queue") -> None:
         if policy not in POLICIES:
             raise ValueError(f"queue policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        if size < 0:
+            raise ValueError(f"queue size must be 0 or more, got {size}")
         self.size = size
         self.policy = policy
         self._work = work
@@ -128,21 +153,20 @@ class RequestQueue(Generic[Job]):
                 raise Rejected(self._closed)
             if self.policy == "interrupt":
                 if self._current is not None:
-                    self._current.cancel("interrupted by a newer request (queue_policy interrupt)")
-                self._drop_waiting("dropped from the queue by a newer request (queue_policy interrupt)")
-            elif len(self._waiting) >= self.size:
-                raise Rejected(
-                    f"the queue is full: {len(self._waiting)} requests are waiting behind the one being "
-                    f"spoken (queue_size {self.size}); retry later, raise queue_size, or set queue_policy "
-                    "to interrupt"
-                )
-            self._waiting.append(ticket)
-            ticket.ahead = len(self._waiting) - 1 + (self._current is not None)
-            ticket.updated()
-            self._lock.notify()
+                    self._current.cancel(INTERRUPTED)
+                self._drop_waiting(DROPPED)
+            elif self._current is not None and len(self._waiting) >= self.size:
+                raise Rejected(FULL.format(waiting=len(self._waiting), size=self.size))
+            if self._current is None:
+                self._make_current(ticket)
+                self._lock.notify()
+            else:
+                self._waiting.append(ticket)
+                ticket.ahead = len(self._waiting)
+                ticket.updated()
 
     def cancel(self, ticket: Ticket[Job], reason: str) -> None:
-        """Stop a ticket: a waiting one ends now, the one generating within one step."""
+        """Stop a ticket: a waiting one ends now, the current one within one step of its work."""
         with self._lock:
             if ticket in self._waiting:
                 self._waiting.remove(ticket)
@@ -165,35 +189,38 @@ class RequestQueue(Generic[Job]):
     # Tickets are updated with the lock held, so that each one's updates (and so an action's
     # feedback) come in the order they happened; ``on_update`` must not wait on another thread.
 
+    def _make_current(self, ticket: Ticket[Job]) -> None:
+        self._current = ticket
+        ticket.state = State.GENERATING
+        ticket.ahead = 0
+        ticket.updated()
+
     def _drop_waiting(self, reason: str) -> None:
         while self._waiting:
             self._waiting.popleft().finish(Outcome(False, reason))
 
     def _renumber(self) -> None:
-        running = self._current is not None
-        for index, ticket in enumerate(self._waiting):
-            if ticket.ahead != index + running:
-                ticket.ahead = index + running
+        for index, ticket in enumerate(self._waiting, start=1):  # the current one is ahead of all
+            if ticket.ahead != index:
+                ticket.ahead = index
                 ticket.updated()
 
     def _serve(self) -> None:
         while True:
             with self._lock:
-                while not self._waiting and self._closed is None:
+                while self._current is None and self._closed is None:
                     self._lock.wait()
-                if self._closed is not None:
-                    return
-                ticket = self._current = self._waiting.popleft()
-                ticket.state = State.GENERATING
-                ticket.ahead = 0
-                ticket.updated()
-                self._renumber()
+                ticket = self._current
+            if ticket is None:  # closed, and nothing left to end
+                return
             try:
                 outcome = self._work(ticket)
             except Exception as exc:  # a failed request must not stop the node from serving
                 logging.getLogger(__name__).exception("synthesis failed")
                 outcome = Outcome(False, f"synthesis failed: {exc}")
             with self._lock:
-                self._current = None
                 ticket.finish(outcome)
-                self._renumber()
+                self._current = None
+                if self._waiting:
+                    self._make_current(self._waiting.popleft())
+                    self._renumber()

@@ -10,6 +10,8 @@ it saw. Commands:
 - ``params``      get, then set parameters (each set reported separately)
 - ``diagnostics`` wait for a /diagnostics status with the model loaded
 - ``audio_common`` like ``text``, also collecting the audio_common topics (needs audio_common_msgs)
+- ``burst``       rounds of Speak goals sent all at once, in step with other burst clients
+- ``soak``        hundreds of mixed requests (topic, service, action, cancels, bad input), one after another
 
 Every command waits for the node's interfaces to match first (never a fixed sleep). ``params``
 given to speak/text/synthesize are set before the scenario and restored after it.
@@ -24,9 +26,11 @@ import signal
 import sys
 import time
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import rclpy
+from action_msgs.msg import GoalStatus
 from diagnostic_msgs.msg import DiagnosticArray
 from moss_tts_msgs.action import Speak
 from moss_tts_msgs.msg import AudioChunk
@@ -41,13 +45,14 @@ from std_msgs.msg import String
 
 NODE = "/moss_tts_node"
 MATCH_TIMEOUT = 20.0
+QUEUED, GENERATING = Speak.Feedback.STATE_QUEUED, Speak.Feedback.STATE_GENERATING
+CANCELED = GoalStatus.STATUS_CANCELED
 
 
 class Client(Node):
     def __init__(self) -> None:
         super().__init__("moss_tts_test_client")
         self.chunks: list[dict[str, Any]] = []
-        self.started = time.monotonic()
         self.feedback: dict[str, list[dict[str, Any]]] = defaultdict(list)  # by goal id
         self.received = 0  # messages of either kind, to tell when the node has gone quiet
         # Deep queues: the demo model makes a chunk and a feedback every few milliseconds.
@@ -98,7 +103,8 @@ class Client(Node):
         return future.result()
 
     def now(self) -> float:
-        return time.monotonic() - self.started
+        """The system's monotonic clock: the same in every process, so clients' times compare."""
+        return time.monotonic()
 
     def wait_chunks(self, request_id: str, count: int, timeout: float) -> None:
         self.spin_until(
@@ -145,6 +151,11 @@ class Client(Node):
             verdict = response.results[0]
             verdicts.append({"name": name, "successful": verdict.successful, "reason": verdict.reason})
         return verdicts
+
+    def set_params_or_fail(self, values: dict[str, Any]) -> None:
+        for verdict in self.set_params(list(values.items())):
+            if not verdict["successful"]:
+                raise RuntimeError(f"could not set {verdict['name']}: {verdict['reason']}")
 
     def get_params(self, names: list[str]) -> dict[str, Any]:
         params = self.param_client()
@@ -216,10 +227,12 @@ def run_synthesize(client: Client, args: dict[str, Any]) -> dict[str, Any]:
 def run_speak(client: Client, args: dict[str, Any]) -> dict[str, Any]:
     """Send goals in order, each once the previous one is accepted, and collect everything.
 
-    A goal's ``wait_chunks``: send it only once the previous goal has published that many chunks.
+    A goal's ``wait_chunks``: send it only once the previous goal has published that many chunks;
+    its ``params``: set them just before sending it (restored at the end).
     ``then``: ``{"goal": i, "chunks": n, "do": "cancel" | "SIGINT" | "SIGTERM", "pid": node pid}``:
-    once goal i has published n chunks, cancel every goal (the last first, so the waiting ones
-    leave the line before the current one stops), or send the node that signal.
+    once goal i has published n chunks, cancel every goal, or those listed in ``"cancel"`` (the
+    last first, so the waiting ones leave the line before the current one stops), or send the
+    node that signal.
     """
     action = ActionClient(client, Speak, f"{NODE}/speak")
     if not action.wait_for_server(MATCH_TIMEOUT):
@@ -230,12 +243,14 @@ def run_speak(client: Client, args: dict[str, Any]) -> dict[str, Any]:
     for request in args["goals"]:
         if goals and request.get("wait_chunks"):
             client.wait_chunks(goals[-1]["id"], request["wait_chunks"], timeout)
+        client.set_params_or_fail(request.get("params", {}))
         goals.append(client.send_goal(action, request))
     then = args.get("then")
     if then is not None:
         client.wait_chunks(goals[then["goal"]]["id"], then["chunks"], timeout)
         if then["do"] == "cancel":
-            for record in reversed(goals):
+            for index in reversed(then.get("cancel", range(len(goals)))):
+                record = goals[index]
                 record["cancel_sent"] = client.now()
                 client.result(record["handle"].cancel_goal_async(), 10, "the cancel response")
         else:
@@ -316,6 +331,173 @@ def run_audio_common(client: Client, args: dict[str, Any]) -> dict[str, Any]:
     return answer | {"raw": raw, "stamped": stamped, "info": info[-1]}
 
 
+def run_burst(client: Client, args: dict[str, Any]) -> dict[str, Any]:
+    """Rounds of ``per_round`` Speak goals sent at once, in step with the other burst clients.
+
+    The files in ``sync_dir`` keep the clients in step (each is ``name``, one of ``clients``):
+    ``matched-NAME`` once this client sees the node; the test then writes ``go-R`` for round R.
+    Each client sends its goals without waiting between them, and once every goal has an answer
+    (feedback: in line; or a result: refused) writes ``answered-R-NAME``. When all clients have,
+    each cancels its goals one by one as they start generating, so the line is spoken through in
+    its own order, and writes ``done-R-NAME``. Every goal's acceptance stamp (the node's clock),
+    status, message and feedback come back, per round.
+    """
+    sync = Path(args["sync_dir"])
+    action = ActionClient(client, Speak, f"{NODE}/speak")
+    if not action.wait_for_server(MATCH_TIMEOUT):
+        raise TimeoutError("~/speak did not appear")
+    (sync / f"matched-{args['name']}").touch()
+    rounds = []
+    for number in range(args["rounds"]):
+        client.spin_until((sync / f"go-{number}").exists, args.get("timeout", 30), f"go-{number}")
+        rounds.append(_burst_round(client, action, sync, number, args))
+        (sync / f"done-{number}-{args['name']}").touch()
+    return {"rounds": rounds}
+
+
+def _burst_round(
+    client: Client, action: ActionClient, sync: Path, number: int, args: dict[str, Any]
+) -> list[dict[str, Any]]:
+    timeout = args.get("timeout", 30)
+    futures = [
+        action.send_goal_async(Speak.Goal(text=f"round {number}, goal {index} of {args['name']}"))
+        for index in range(args["per_round"])
+    ]
+    client.spin_until(lambda: all(f.done() for f in futures), timeout, "goal acceptance")
+    handles = [f.result() for f in futures]
+    results = [handle.get_result_async() for handle in handles]
+    feedback = [client.feedback[bytes(handle.goal_id.uuid).hex()] for handle in handles]  # filled as it comes
+
+    def answered() -> bool:  # a result (refused) or feedback (in line)
+        return all(result.done() or bool(fb) for result, fb in zip(results, feedback, strict=True))
+
+    client.spin_until(answered, timeout, "an answer to every goal")
+    (sync / f"answered-{number}-{args['name']}").touch()
+    client.spin_until(
+        lambda: len(list(sync.glob(f"answered-{number}-*"))) == args["clients"], timeout, "the other clients"
+    )
+    cancelled: set[int] = set()
+
+    def cancel_speaking() -> bool:
+        for index, handle in enumerate(handles):
+            if index not in cancelled and any(f["state"] == GENERATING for f in feedback[index]):
+                cancelled.add(index)
+                handle.cancel_goal_async()
+        return all(result.done() for result in results)
+
+    client.spin_until(cancel_speaking, timeout, "every goal's result")
+    return [
+        {
+            "id": bytes(handle.goal_id.uuid).hex(),
+            "stamp_ns": handle.stamp.sec * 10**9 + handle.stamp.nanosec,
+            "accepted": handle.accepted,
+            "status": result.result().status,
+            "message": result.result().result.message,
+            "feedback": goal_feedback,
+        }
+        for handle, result, goal_feedback in zip(handles, results, feedback, strict=True)
+    ]
+
+
+class Soak:
+    """The requests of ``soak``, each answered before the next starts; tallies what came back."""
+
+    def __init__(self, client: Client, timeout: float) -> None:
+        self.client = client
+        self.timeout = timeout
+        self.service = client.create_client(Synthesize, f"{NODE}/synthesize")
+        self.action = ActionClient(client, Speak, f"{NODE}/speak")
+        self.text = client.create_publisher(String, f"{NODE}/text", 10)
+        if not self.service.wait_for_service(MATCH_TIMEOUT) or not self.action.wait_for_server(MATCH_TIMEOUT):
+            raise TimeoutError("~/synthesize or ~/speak did not appear")
+        client.spin_until(lambda: self.text.get_subscription_count() > 0, MATCH_TIMEOUT, "the ~/text subscriber")
+        client.wait_audio_matched()
+        self.counts = {"requests": 0, "succeeded": 0, "cancelled": 0, "refused": 0}
+        self.unexpected: list[str] = []
+
+    def check(self, what: str, ok: bool, detail: Any) -> bool:
+        if not ok:
+            self.unexpected.append(f"{what}: {detail}")
+        return ok
+
+    def texts(self, *texts: str) -> None:
+        """Publish at once; each must be spoken to its final chunk."""
+        finals = self.final_chunks() + len(texts)
+        for words in texts:
+            self.text.publish(String(data=words))
+        self.counts["requests"] += len(texts)
+        self.client.spin_until(lambda: self.final_chunks() == finals, self.timeout, "the final chunks")
+        self.counts["succeeded"] += len(texts)
+
+    def bad_text(self, words: str) -> None:
+        """Refused: only the node's log and diagnostics say so."""
+        self.text.publish(String(data=words))
+        self.counts["requests"] += 1
+        self.counts["refused"] += 1
+
+    def final_chunks(self) -> int:
+        return sum(c["is_final"] for c in self.client.chunks)
+
+    def call(self, request: Synthesize.Request, refusal: str | None = None) -> None:
+        self.counts["requests"] += 1
+        response = self.client.result(self.service.call_async(request), self.timeout, "a synthesize response")
+        self.tally(f"synthesize {request.text!r}", response.success, response.message, refusal)
+
+    def send(self, goal: Speak.Goal) -> Any:
+        self.counts["requests"] += 1
+        return self.client.result(self.action.send_goal_async(goal), self.timeout, "goal acceptance")
+
+    def result(self, handle: Any, refusal: str | None = None) -> None:
+        response = self.client.result(handle.get_result_async(), self.timeout, "a result")
+        result = response.result
+        self.tally(f"goal {bytes(handle.goal_id.uuid).hex()[:8]}", result.success, result.message, refusal)
+
+    def tally(self, what: str, success: bool, message: str, refusal: str | None) -> None:
+        if refusal is None:
+            self.counts["succeeded"] += self.check(what, success, message)
+        else:
+            self.counts["refused"] += self.check(what, not success and refusal in message, message)
+
+    def cancel_when(self, handle: Any, state: int) -> None:
+        """Cancel a goal once its feedback says ``state``; it must end cancelled, never spoken if waiting."""
+        self.client.spin_until(lambda: state in self.states(handle), self.timeout, f"feedback state {state}")
+        self.client.result(handle.cancel_goal_async(), self.timeout, "the cancel response")
+        response = self.client.result(handle.get_result_async(), self.timeout, "a result")
+        ok = response.status == CANCELED and response.result.message == "canceled by the client"
+        self.counts["cancelled"] += self.check("cancel", ok, (response.status, response.result.message))
+        if state == QUEUED:
+            self.check("a goal cancelled while waiting was spoken", GENERATING not in self.states(handle), "")
+
+    def states(self, handle: Any) -> set[int]:
+        return {f["state"] for f in self.client.feedback[bytes(handle.goal_id.uuid).hex()]}
+
+
+def run_soak(client: Client, args: dict[str, Any]) -> dict[str, Any]:
+    """``cycles`` rounds of every request kind, each answered before the next starts.
+
+    Prints ``{"progress": requests so far}`` after each cycle (the test samples the node's memory
+    then); returns the tallies and whatever went other than expected. The node must run with
+    ``languages:=[en]``. No good request may be refused, so two texts at once (two requests) are
+    always followed by a single request: the second text may still be finishing then.
+    """
+    soak = Soak(client, args.get("timeout", 30))
+    for _ in range(args["cycles"]):
+        soak.texts("A text on the topic.", "And one right after it.")
+        soak.call(Synthesize.Request(text="A service call."))
+        soak.result(soak.send(Speak.Goal(text="An action goal.")))
+        soak.cancel_when(soak.send(Speak.Goal(text="A goal cancelled while it is spoken.")), GENERATING)
+        first = soak.send(Speak.Goal(text="A goal that is spoken."))
+        soak.cancel_when(soak.send(Speak.Goal(text="A goal cancelled while it waits.")), QUEUED)
+        soak.result(first)
+        soak.call(Synthesize.Request(text=" "), refusal="text is empty")
+        soak.call(Synthesize.Request(text="Hello.", reference_audio="/nonexistent/voice.wav"), refusal="not found")
+        soak.result(soak.send(Speak.Goal(text="Bonjour.", language="fr")), refusal="unknown language 'fr'")
+        soak.result(soak.send(Speak.Goal(text="")), refusal="text is empty")
+        soak.bad_text("  ")
+        print(json.dumps({"progress": soak.counts["requests"]}), flush=True)
+    return {"counts": soak.counts, "unexpected": soak.unexpected}
+
+
 COMMANDS = {
     "text": run_text,
     "synthesize": run_synthesize,
@@ -323,6 +505,8 @@ COMMANDS = {
     "params": run_params,
     "diagnostics": run_diagnostics,
     "audio_common": run_audio_common,
+    "burst": run_burst,
+    "soak": run_soak,
 }
 
 
@@ -332,10 +516,9 @@ def main() -> int:
     client = Client()
     try:
         changed = args.get("params", {})
-        saved = client.get_params(list(changed)) if changed else {}
-        for verdict in client.set_params(list(changed.items())):
-            if not verdict["successful"]:
-                raise RuntimeError(f"could not set {verdict['name']}: {verdict['reason']}")
+        names = set(changed).union(*(goal.get("params", {}) for goal in args.get("goals", [])))
+        saved = client.get_params(sorted(names)) if names else {}
+        client.set_params_or_fail(changed)
         try:
             answer = COMMANDS[command](client, args)
         finally:

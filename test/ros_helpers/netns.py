@@ -14,7 +14,10 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,22 +56,37 @@ class LoopbackNamespace:
             ["nsenter", "-t", str(self._holder.pid), "-n", *argv], env=self.env, text=True, **kwargs
         )
 
-    def client(self, command: str, timeout: float = 60.0, **args: Any) -> Any:
-        """Run one client.py command in the namespace and return its JSON answer."""
-        process = self.popen(
-            [sys.executable, str(CLIENT), command, json.dumps(args)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        try:
-            out, err = process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            out, err = process.communicate()
-            raise AssertionError(f"client {command} timed out after {timeout} s\n{err[-3000:]}") from None
-        if process.returncode != 0:
+    def client(
+        self, command: str, timeout: float = 60.0, on_line: Callable[[Any], None] | None = None, **args: Any
+    ) -> Any:
+        """Run one client.py command in the namespace and return its JSON answer (its last line).
+
+        ``on_line`` is given each JSON line as it is printed (progress; the answer last).
+        """
+        # Errors to a file: a full pipe would block the client while stdout is read.
+        with tempfile.TemporaryFile("w+", dir=self.log_dir) as errors:
+            process = self.popen(
+                [sys.executable, str(CLIENT), command, json.dumps(args)], stdout=subprocess.PIPE, stderr=errors
+            )
+            assert process.stdout is not None
+            watchdog = threading.Timer(timeout, process.kill)
+            watchdog.start()
+            answer = None
+            try:
+                for line in process.stdout:
+                    answer = json.loads(line)
+                    if on_line is not None:
+                        on_line(answer)
+                process.wait()
+            finally:
+                watchdog.cancel()
+            errors.seek(0)
+            err = errors.read()
+        if process.returncode == -signal.SIGKILL:
+            raise AssertionError(f"client {command} timed out after {timeout} s\n{err[-3000:]}")
+        if process.returncode != 0 or answer is None:
             raise AssertionError(f"client {command} failed ({process.returncode}):\n{err[-3000:]}")
-        return json.loads(out.strip().splitlines()[-1])
+        return answer
 
     def close(self) -> None:
         if self._holder.poll() is None:
