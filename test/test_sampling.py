@@ -1,4 +1,4 @@
-"""Sampling semantics (facts page, section 6) and seed determinism."""
+"""Sampling semantics (docs/model.md, "Sampling") and seed determinism."""
 
 from __future__ import annotations
 

@@ -38,9 +38,8 @@ def generate_rows(
     The caller sees the row before the backbone consumes it, so audio can leave while the
     next step runs; the cancel flag is read before every step.
     """
-    # Idle BLAS threads busy-wait after each GEMV and starve llama.cpp's threads (measured on
-    # 2 cores: a tiny model's step went from 0.2 ms to 110 ms). One BLAS thread streams the heads;
-    # the onnx heads' threads sleep when idle instead.
+    # Idle BLAS threads busy-wait after each GEMV and starve llama.cpp's threads, which can cost many times
+    # a step on a small machine. One BLAS thread streams the heads; the onnx heads' threads sleep when idle.
     with threadpool_limits(limits=1, user_api="blas"):
         rule = state.text_rule()
         with clock.stage("prefill"):

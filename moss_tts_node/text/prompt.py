@@ -1,6 +1,6 @@
 """Prompt building: text fields and reference codes into the (S, 33) matrix the backbone reads.
 
-The layout follows the facts page (section 4) exactly: a ChatML user turn holding the
+The layout follows docs/model.md ("Prompt format") exactly: a ChatML user turn holding the
 ``<user_inst>`` block, the assistant header, then one ``audio_start`` row. Special tokens are
 looked up in the tokenizer by the ids of the model config, never by name.
 """

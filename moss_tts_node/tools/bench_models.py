@@ -8,8 +8,7 @@ real special-token ids (151643..151662), plus the tiny demo codec (its cost is n
 
 Built under ``~/.cache/moss_tts_node/bench/<shape>/`` (``$XDG_CACHE_HOME`` is honoured): an F16 GGUF is
 written from random values, quantized to Q4_K_M with llama.cpp's own quantizer (through the C bridge),
-and deleted. The 8B shape needs ~17 GB free while it builds and keeps ~8 GB; it takes about 10 minutes
-on 2 cores.
+and deleted. README ("Speed") says how long the shapes take to build and how much disk they need.
 
 Like the demo model, the weights are nudged so that generation stays in the audio phase: every text
 embedding shares one direction, and the text head reads it to favour ``gen_slot`` by a wide margin, so
@@ -205,7 +204,7 @@ def write_padded_tokenizer(directory: Path, spec: ModelSpec) -> Tokenizer:
 
 
 def _noise(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-    """Cheap float32 noise of unit variance: uniform bytes (3x faster than normal draws at 8B scale)."""
+    """Cheap float32 noise of unit variance: uniform bytes (much cheaper than normal draws at 8B scale)."""
     raw = np.frombuffer(rng.bytes(int(np.prod(shape))), dtype=np.int8).reshape(shape)
     return raw.astype(np.float32) * np.float32(1.0 / 73.9)
 

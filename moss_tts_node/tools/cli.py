@@ -1,4 +1,4 @@
-"""Command line: ``python -m moss_tts_node {synth,encode-voice,demo-weights} ...``.
+"""Command line: ``python -m moss_tts_node COMMAND ...`` (``--help`` lists the commands).
 
 A thin layer over ``Synthesizer``: it parses flags into config overrides and request fields,
 shows progress, and turns every ``MossTTSError`` into a one-line reason and exit code 2.
