@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from moss_tts_node.codec.audio_io import load_reference_audio
-from moss_tts_node.codec.base import AudioCodec, frames_for_seconds
+from moss_tts_node.codec.base import AudioCodec
 from moss_tts_node.codec.factory import open_codec
 from moss_tts_node.codec.streaming import StreamingDecoder
 from moss_tts_node.config import Config, SamplingConfig, backbone_path, load_config
@@ -32,12 +32,14 @@ from moss_tts_node.model.delay import DelayState, FrameAssembler
 from moss_tts_node.model.embeddings import EmbeddingTables
 from moss_tts_node.model.generation import generate_rows
 from moss_tts_node.model.heads import AudioHeads, load_audio_heads
+from moss_tts_node.model.layout import EMBEDDINGS_DIR, HEADS_DIR, TOKENIZER_DIR
+from moss_tts_node.model.rates import frames_for_seconds
 from moss_tts_node.model.sampling import Sampler
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.text.normalize import normalize_text
 from moss_tts_node.text.pieces import Piece, PiecePlanner
 from moss_tts_node.text.prompt import PromptBuilder, PromptFields
-from moss_tts_node.timing import StageClock, TimingReport
+from moss_tts_node.timing import StageClock, StopReason, TimingReport
 
 CancelFlag = threading.Event | Callable[[], bool] | None
 Reference = str | Path | np.ndarray | None
@@ -85,7 +87,7 @@ class AudioStream:
 
     @property
     def cancelled(self) -> bool:
-        return self.report is not None and self.report.stop_reason == "cancelled"
+        return self.report is not None and self.report.stop_reason is StopReason.CANCELLED
 
 
 class Synthesizer:
@@ -101,7 +103,7 @@ class Synthesizer:
         self.config = config
         weights = Path(config.model.weights_dir)
         self.spec = ModelSpec.load(weights)
-        self.prompts = PromptBuilder(weights / "tokenizer", self.spec)
+        self.prompts = PromptBuilder(weights / TOKENIZER_DIR, self.spec)
         self.backbone: Backbone | None = None
         self.embeddings: EmbeddingTables | None = None
         self.heads: AudioHeads | None = None
@@ -137,7 +139,7 @@ class Synthesizer:
         hidden = self.backbone.n_embd
         self.heads = load_audio_heads(
             config.audio.heads_backend,
-            weights / "lm_heads",
+            weights / HEADS_DIR,
             self.spec,
             hidden,
             backbone_path(config),
@@ -145,7 +147,7 @@ class Synthesizer:
             n_gpu_layers=llama.n_gpu_layers,
         )
         text_vocab = self.heads.text_vocab or self.backbone.n_vocab
-        self.embeddings = EmbeddingTables(weights / "embeddings", self.spec, hidden, text_vocab)
+        self.embeddings = EmbeddingTables(weights / EMBEDDINGS_DIR, self.spec, hidden, text_vocab)
 
     def _unload_generation(self) -> None:
         """Free the generation stage (llama.cpp's memory now; the NumPy tables once unreferenced)."""
@@ -329,7 +331,7 @@ class Synthesizer:
                     if samples is not None:
                         yield chunk(samples, final=False)
                 codes.append(decoder.codes())
-                if piece.stop == "cancelled":
+                if piece.stop is StopReason.CANCELLED:
                     break
                 with clock.stage("codec"):
                     rest = decoder.end_segment()
@@ -349,7 +351,9 @@ class Synthesizer:
             steps=len(rows),
             frames=stream.codes.shape[0],
             audio_seconds=emitted / spec.sampling_rate,
-            stop_reason=next(stop for stop in ("cancelled", "max_new_tokens", "end") if stop in stops),
+            stop_reason=next(
+                stop for stop in (StopReason.CANCELLED, StopReason.MAX_NEW_TOKENS, StopReason.END) if stop in stops
+            ),
         )
 
     def _frames(
@@ -372,7 +376,9 @@ class Synthesizer:
             if frame is not None:
                 yield None if frames.is_gap(frame) else frame
         full = len(piece.rows) == piece.max_steps
-        piece.stop = "end" if state.is_stopping else "max_new_tokens" if full else "cancelled"
+        piece.stop = (
+            StopReason.END if state.is_stopping else StopReason.MAX_NEW_TOKENS if full else StopReason.CANCELLED
+        )
 
     def _generate_staged(
         self, generated: Iterator[Iterator[np.ndarray | None]], pieces: list[Piece]
@@ -382,7 +388,7 @@ class Synthesizer:
         with self._generation_stage():
             for piece, frames in zip(pieces, generated, strict=False):
                 done.append(list(frames))
-                if piece.stop == "cancelled":
+                if piece.stop is StopReason.CANCELLED:
                     break
         return done
 

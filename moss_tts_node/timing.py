@@ -7,6 +7,18 @@ from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from enum import Enum
+
+
+class StopReason(str, Enum):
+    """Why a generation ended. A ``str``, so reports, JSON and ROS messages carry its value."""
+
+    END = "end"  # the model sampled im_end
+    MAX_NEW_TOKENS = "max_new_tokens"  # the step budget ran out first
+    CANCELLED = "cancelled"  # the cancel flag was set
+
+    def __str__(self) -> str:
+        return self.value
 
 
 class StageClock:
@@ -52,7 +64,7 @@ class TimingReport:
     time_to_first_audio_s: float | None
     wall_s: float
     real_time_factor: float | None
-    stop_reason: str  # "end" (im_end), "max_new_tokens" or "cancelled"
+    stop_reason: StopReason
 
     @classmethod
     def from_clock(
@@ -65,7 +77,7 @@ class TimingReport:
         steps: int,
         frames: int,
         audio_seconds: float,
-        stop_reason: str,
+        stop_reason: StopReason,
     ) -> TimingReport:
         wall = clock.elapsed()
         per_step = 1000.0 / max(steps, 1)

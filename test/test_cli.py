@@ -10,6 +10,7 @@ import numpy as np
 import soundfile as sf
 
 from moss_tts_node.codec.audio_io import write_wav
+from moss_tts_node.model.rates import SAMPLE_RATE, SAMPLES_PER_FRAME
 
 
 def run(*args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -39,11 +40,11 @@ def test_synth_writes_a_24khz_mono_wav_of_whole_frames(demo_config: Path, tmp_pa
     assert done.returncode == 0, done.stderr
     assert "steps/s" in done.stdout and "time to 1st audio" in done.stdout
     info = sf.info(out)
-    assert (info.samplerate, info.channels, info.subtype) == (24000, 1, "PCM_16")
+    assert (info.samplerate, info.channels, info.subtype) == (SAMPLE_RATE, 1, "PCM_16")
     saved = np.load(tokens)
     assert {k: saved[k].dtype for k in saved} == {k: np.dtype(np.int64) for k in ("prompt", "generated", "codes")}
     assert saved["prompt"].shape[1] == 33 and saved["generated"].shape[1] == 33 and saved["codes"].shape[1] == 32
-    assert info.frames == 1920 * saved["codes"].shape[0] > 0
+    assert info.frames == SAMPLES_PER_FRAME * saved["codes"].shape[0] > 0
 
 
 def test_encode_voice_then_clone_it(demo_config: Path, tmp_path: Path) -> None:

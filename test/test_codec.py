@@ -12,13 +12,12 @@ import soundfile as sf
 from onnx import TensorProto, helper
 
 from moss_tts_node.codec.audio_io import float_to_pcm16, load_reference_audio, resample, write_wav
-from moss_tts_node.codec.base import ONNX_SOURCE, AudioCodec
+from moss_tts_node.codec.base import ONNX_SOURCE
 from moss_tts_node.codec.onnx import OnnxCodec
 from moss_tts_node.errors import CodecError, RequestError, WeightsError
+from moss_tts_node.model.rates import SAMPLE_RATE as RATE
+from moss_tts_node.model.rates import SAMPLES_PER_FRAME as FRAME
 from moss_tts_node.tools.demo_codec import write_demo_codec
-
-FRAME = AudioCodec.samples_per_frame
-RATE = AudioCodec.sample_rate
 
 
 @pytest.fixture(scope="module")
@@ -244,7 +243,7 @@ def test_reference_padded_to_whole_frames(tmp_path: Path) -> None:
     audio = load_reference_audio(_write(tmp_path / "one_second.wav", sine(440, RATE, 1.0, 0.1)))
     assert audio.dtype == np.float32
     assert len(audio) == 13 * FRAME
-    assert not audio[24000:].any() and audio[23990:24000].any()
+    assert not audio[RATE:].any() and audio[RATE - 10 : RATE].any()
 
 
 def test_reference_stereo_mixed_to_mono_and_resampled(tmp_path: Path) -> None:

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 from moss_tts_node.codec.audio_io import write_wav
-from moss_tts_node.codec.base import AudioCodec, frames_for_seconds, run_windowed
+from moss_tts_node.codec.base import run_windowed
 from moss_tts_node.codec.onnx import OnnxCodec
 from moss_tts_node.codec.streaming import StreamingDecoder
+from moss_tts_node.model.rates import SAMPLE_RATE, SAMPLES_PER_FRAME, frames_for_seconds
 from moss_tts_node.synthesizer import Synthesizer
 from moss_tts_node.text.prompt import PromptFields
 from moss_tts_node.tools.demo_codec import write_demo_codec
 
-SPF = AudioCodec.samples_per_frame
 LONG_TEXT = (
     "The robot walks to the door. It opens the door slowly! Then it says hello to everyone in the room. "
     "Finally, it sits down and waits. Nobody answers, so it tells a story about the sea. The end."
@@ -66,7 +66,7 @@ class CountingCodec(OnnxCodec):
         return super()._decode(codes)
 
     def _encode(self, waveform: np.ndarray) -> np.ndarray:
-        self.calls.append(waveform.shape[0] // SPF)
+        self.calls.append(waveform.shape[0] // SAMPLES_PER_FRAME)
         return super()._encode(waveform)
 
 
@@ -85,7 +85,7 @@ def counting_codec(paths: tuple[Path, Path], max_frames: int | None) -> Counting
 def test_offline_decode_and_encode_longer_than_the_limit_are_windowed(codec_paths: tuple[Path, Path]) -> None:
     rng = np.random.default_rng(1)
     codes = rng.integers(0, 1024, size=(37, 32))
-    audio = (0.1 * rng.standard_normal(23 * SPF)).astype(np.float32)
+    audio = (0.1 * rng.standard_normal(23 * SAMPLES_PER_FRAME)).astype(np.float32)
     whole, limited = counting_codec(codec_paths, None), counting_codec(codec_paths, 8)
     np.testing.assert_allclose(limited.decode(codes), whole.decode(codes), atol=1e-6)
     np.testing.assert_array_equal(limited.encode(audio), whole.encode(audio))
@@ -124,10 +124,10 @@ def test_text_too_long_for_the_context_is_spoken_in_pieces_as_one_stream(small_c
     assert pieces >= 2
     assert [chunk.index for chunk in chunks] == list(range(len(chunks)))
     assert [chunk.is_final for chunk in chunks] == [False] * (len(chunks) - 1) + [True]
-    starts = np.cumsum([0] + [chunk.samples.shape[0] for chunk in chunks[:-1]]) / 24000
+    starts = np.cumsum([0] + [chunk.samples.shape[0] for chunk in chunks[:-1]]) / SAMPLE_RATE
     np.testing.assert_allclose([chunk.start_s for chunk in chunks], starts)
     audio = np.concatenate([chunk.samples for chunk in chunks])
-    assert audio.shape[0] == stream.codes.shape[0] * SPF
+    assert audio.shape[0] == stream.codes.shape[0] * SAMPLES_PER_FRAME
     assert report.steps == generated.shape[0] and report.frames == stream.codes.shape[0]
     assert report.prompt_rows > stream.prompt.shape[0]  # every piece's prompt counted
     assert stream.prompt.shape[0] + 60 <= small_context.n_ctx
@@ -171,5 +171,5 @@ def test_low_memory_loads_stages_in_turn_and_gives_the_same_speech(
         np.testing.assert_allclose(got.audio, expected.audio, atol=1e-5)
         assert staged.backbone is None and staged.codec is None
         clip = tmp_path / "voice.wav"
-        write_wav(clip, 0.3 * np.sin(2 * np.pi * 220 * np.arange(24000) / 24000), 24000)
+        write_wav(clip, 0.3 * np.sin(2 * np.pi * 220 * np.arange(SAMPLE_RATE) / SAMPLE_RATE), SAMPLE_RATE)
         np.testing.assert_array_equal(staged.encode_reference(clip), synth.encode_reference(clip))

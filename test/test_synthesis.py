@@ -11,10 +11,10 @@ import pytest
 from moss_tts_node.codec.audio_io import write_wav
 from moss_tts_node.errors import RequestError, WeightsError
 from moss_tts_node.model.delay import remove_delay
+from moss_tts_node.model.rates import SAMPLE_RATE, SAMPLES_PER_FRAME
 from moss_tts_node.synthesizer import Synthesizer
 
 TEXT = "Hello! I am a robot."
-SPF = 1920
 
 
 def test_stream_equals_offline_decode_and_keeps_the_last_chunk(synth: Synthesizer) -> None:
@@ -24,11 +24,11 @@ def test_stream_equals_offline_decode_and_keeps_the_last_chunk(synth: Synthesize
     codes = stream.codes
     assert codes is not None and codes.shape[0] > 1
     audio = np.concatenate([c.samples for c in chunks])
-    assert audio.shape == (codes.shape[0] * SPF,)
+    assert audio.shape == (codes.shape[0] * SAMPLES_PER_FRAME,)
     np.testing.assert_allclose(audio, synth.codec.decode(codes), atol=1e-5)
     assert [c.index for c in chunks] == list(range(len(chunks)))
     assert [c.is_final for c in chunks] == [False] * (len(chunks) - 1) + [True]
-    starts = np.cumsum([0] + [c.samples.shape[0] for c in chunks[:-1]]) / 24000
+    starts = np.cumsum([0] + [c.samples.shape[0] for c in chunks[:-1]]) / SAMPLE_RATE
     np.testing.assert_allclose([c.start_s for c in chunks], starts)
 
 
@@ -53,7 +53,7 @@ def test_first_chunk_leaves_right_after_the_32nd_step(synth: Synthesizer) -> Non
     stream = synth.stream(TEXT, seed=1, cancel=count_steps)
     first = next(iter(stream))
     assert steps == 32
-    assert first.samples.shape == (SPF,)
+    assert first.samples.shape == (SAMPLES_PER_FRAME,)
     list(stream)  # drain
 
 
@@ -103,9 +103,9 @@ def test_prompt_longer_than_the_context_is_refused(demo_config: Path) -> None:
 
 
 def test_reference_from_clip_and_from_codes(synth: Synthesizer, tmp_path: Path) -> None:
-    t = np.arange(24000) / 24000
+    t = np.arange(SAMPLE_RATE) / SAMPLE_RATE
     clip = tmp_path / "voice.wav"
-    write_wav(clip, 0.3 * np.sin(2 * np.pi * 220 * t), 24000)
+    write_wav(clip, 0.3 * np.sin(2 * np.pi * 220 * t), SAMPLE_RATE)
     codes = synth.encode_reference(clip)
     assert codes.shape == (13, 32) and codes.dtype == np.int64  # 1 s padded up to 13 frames
     np.save(tmp_path / "voice.npy", codes)

@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from moss_tts_node.codec.base import AudioCodec, frames_for_seconds
+from moss_tts_node.codec.base import AudioCodec
+from moss_tts_node.codec.layout import DECODER_FILE, ENCODER_FILE
 from moss_tts_node.codec.onnx import OnnxCodec
+from moss_tts_node.model.rates import frames_for_seconds
 
 if TYPE_CHECKING:
     from moss_tts_node.config import Config
@@ -27,9 +29,9 @@ def open_codec(config: Config, *, encoder: bool = True, decoder: bool = True) ->
 
         return TensorRTCodec(Path(config.model.engine_dir), encoder=encoder, decoder=decoder, max_frames=max_frames)
     codec_dir = Path(config.model.codec_dir)
-    encoder_path = codec_dir / "encoder.onnx"
+    encoder_path = codec_dir / ENCODER_FILE
     return OnnxCodec(
-        codec_dir / "decoder.onnx" if decoder else None,
+        codec_dir / DECODER_FILE if decoder else None,
         encoder_path if encoder and (encoder_path.is_file() or not decoder) else None,
         provider=audio.onnx_provider,
         threads=audio.codec_threads,

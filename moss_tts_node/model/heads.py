@@ -30,18 +30,17 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from moss_tts_node.choices import HEADS_BACKENDS
 from moss_tts_node.errors import WeightsError
 from moss_tts_node.llama.gguf import GGUF_AUDIO_HEADS_KEY, GgufHeadsInfo
 from moss_tts_node.llama.probe import llama_supports_gpu_offload
 from moss_tts_node.model.delay import TextRule
 from moss_tts_node.model.embeddings import load_matrix
+from moss_tts_node.model.layout import audio_head_file
 from moss_tts_node.model.spec import ModelSpec
 
 if TYPE_CHECKING:
     from moss_tts_node.llama.backbone import Backbone
-
-
-HEADS_BACKENDS = ("auto", "gguf", "onnx", "numpy")
 
 
 ONNX_HEADS_BLOCK = 32  # quantization block along H (MatMulNBits block_size)
@@ -292,7 +291,7 @@ def read_heads(heads_dir: Path, spec: ModelSpec, hidden: int) -> Iterator[np.nda
     """The 32 float16 heads, one at a time (memory-mapped)."""
     heads_dir = Path(heads_dir)
     for k in range(spec.n_vq):
-        yield load_matrix(heads_dir / f"lm_head_audio_{k:02d}.npy", spec.audio_rows, hidden)
+        yield load_matrix(heads_dir / audio_head_file(k), spec.audio_rows, hidden)
 
 
 def load_audio_heads(

@@ -13,11 +13,12 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from moss_tts_node.codec.base import frames_for_seconds
 from moss_tts_node.errors import RequestError
+from moss_tts_node.model.rates import frames_for_seconds
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.text.prompt import PromptBuilder, PromptFields
 from moss_tts_node.text.split import split_text
+from moss_tts_node.timing import StopReason
 
 # Speech frames (80 ms) per text token, to plan how much of the context a text will need:
 # about 3 in English and Chinese at a normal pace; 4 leaves room for slow speech.
@@ -31,7 +32,7 @@ class Piece:
     prompt: np.ndarray
     max_steps: int
     rows: list[np.ndarray] = field(default_factory=list)
-    stop: str = ""  # once generated: "end", "max_new_tokens" or "cancelled"
+    stop: StopReason | None = None  # once generated
 
 
 class PiecePlanner:

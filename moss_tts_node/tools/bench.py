@@ -35,10 +35,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from moss_tts_node.choices import HEADS_BACKENDS
 from moss_tts_node.errors import MossTTSError
+from moss_tts_node.model.layout import EMBEDDINGS_DIR, HEADS_DIR, audio_head_file
 
 BENCH_TEXT = "Hello! I am a robot, and this is my voice. It is a fine day to test speech synthesis on a small computer."
-HEADS_CHOICES = ("auto", "gguf", "onnx", "numpy")
 BUDGET_SLACK = 500 * 1024 * 1024
 
 
@@ -54,7 +55,7 @@ def register(commands: Any) -> None:
     bench.add_argument(
         "--heads",
         default="auto",
-        help=f"heads backends to compare, comma-separated, from {', '.join(HEADS_CHOICES)} (default auto)",
+        help=f"heads backends to compare, comma-separated, from {', '.join(HEADS_BACKENDS)} (default auto)",
     )
     bench.add_argument("--steps", type=int, default=160, help="generation steps per run (default 160)")
     bench.add_argument("--threads", type=int, default=2, help="llama.cpp threads (and the heads'), default 2")
@@ -78,8 +79,8 @@ def run_bench(args: argparse.Namespace) -> int:
 
     heads = [h.strip() for h in args.heads.split(",") if h.strip()]
     for h in heads:
-        if h not in HEADS_CHOICES:
-            raise RequestError(f"--heads {h!r}: choose from {', '.join(HEADS_CHOICES)}")
+        if h not in HEADS_BACKENDS:
+            raise RequestError(f"--heads {h!r}: choose from {', '.join(HEADS_BACKENDS)}")
     overrides = parse_overrides(args.set)
     targets: list[tuple[str, Path]] = []
     if args.config:
@@ -275,8 +276,8 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
     other_ms = step_ms - decode_ms - heads_ms - sampling_ms - codec_ms
     gguf = backbone_path(config)
     weights = Path(config.model.weights_dir)
-    fp16 = sum(p.stat().st_size for p in (weights / "embeddings").glob("*.npy"))
-    fp16 += sum(p.stat().st_size for p in (weights / "lm_heads").glob("lm_head_audio_*.npy"))
+    fp16 = sum(p.stat().st_size for p in (weights / EMBEDDINGS_DIR).glob("*.npy"))
+    fp16 += sum((weights / HEADS_DIR / audio_head_file(k)).stat().st_size for k in range(synth.spec.n_vq))
     kv = kv_cache_bytes(gguf, synth.backbone.n_ctx, config.llama.kv_cache_type_k, config.llama.kv_cache_type_v)
     budget = gguf.stat().st_size + fp16 + kv + BUDGET_SLACK
     ttfa_ms = None if report.time_to_first_audio_s is None else report.time_to_first_audio_s * 1000
@@ -559,8 +560,8 @@ def heads_ab(job: dict[str, Any], rounds: int = 6, block: int = 20) -> str:
         )
 
     a, b = open_backbone(GGUF_NAME), open_backbone(HEADS_GGUF_NAME)
-    heads_a = load_audio_heads("onnx", directory / "lm_heads", spec, a.n_embd, directory / GGUF_NAME, threads)
-    heads_b = load_audio_heads("gguf", directory / "lm_heads", spec, b.n_embd, directory / HEADS_GGUF_NAME)
+    heads_a = load_audio_heads("onnx", directory / HEADS_DIR, spec, a.n_embd, directory / GGUF_NAME, threads)
+    heads_b = load_audio_heads("gguf", directory / HEADS_DIR, spec, b.n_embd, directory / HEADS_GGUF_NAME)
     rule = TextRule(allowed=(spec.audio_assistant_gen_slot_token_id, spec.audio_assistant_delay_slot_token_id))
     channels = np.ones(spec.n_vq, dtype=bool)
     rng = np.random.default_rng(0)

@@ -29,8 +29,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from moss_tts_node.codec.base import CODEBOOK_SIZE, AudioCodec
+from moss_tts_node.model.rates import SAMPLES_PER_FRAME
 
-SAMPLES_PER_FRAME = AudioCodec.samples_per_frame
 N_QUANTIZERS = AudioCodec.n_quantizers
 OPSET = 17
 IR_VERSION = 8  # the oldest IR that carries opset 17: readable by older runtimes and TensorRT
