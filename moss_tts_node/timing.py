@@ -22,11 +22,13 @@ class StopReason(str, Enum):
 
 
 class StageClock:
-    """Accumulates wall time per named stage of the step loop."""
+    """Wall time per named stage of the step loop: the total, and every call's start and duration (for
+    per-step figures such as medians, which ``bench`` reads)."""
 
     def __init__(self) -> None:
         self.started = time.perf_counter()
         self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, list[tuple[float, float]]] = defaultdict(list)  # (perf_counter start, seconds)
         self.first_audio: float | None = None
 
     @contextmanager
@@ -35,7 +37,9 @@ class StageClock:
         try:
             yield
         finally:
-            self.seconds[name] += time.perf_counter() - start
+            seconds = time.perf_counter() - start
+            self.seconds[name] += seconds
+            self.calls[name].append((start, seconds))
 
     def mark_first_audio(self) -> None:
         if self.first_audio is None:

@@ -15,6 +15,7 @@ from moss_tts_node.errors import BridgeError, WeightsError
 from moss_tts_node.llama.backbone import Backbone
 from moss_tts_node.llama.gguf import GgufHeadsInfo
 from moss_tts_node.model.delay import TextRule
+from moss_tts_node.model.generation import step_logits
 from moss_tts_node.model.heads import NumpyAudioHeads, OnnxAudioHeads, load_audio_heads
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.tools.attach_heads import append_audio_heads_to_gguf
@@ -78,10 +79,12 @@ def test_numpy_heads_are_exact_and_compute_only_the_sampled_span(
     hidden = _decode_some(plain_backbone)
     reference = _reference(model["heads"], hidden)  # type: ignore[arg-type]
     heads = NumpyAudioHeads(model["root"] / "lm_heads", SPEC, SHAPE.hidden)  # type: ignore[operator]
-    np.testing.assert_allclose(heads.step(plain_backbone, TextRule(forced=GEN), ALL).audio, reference, atol=1e-5)
+    np.testing.assert_allclose(
+        step_logits(plain_backbone, heads, TextRule(forced=GEN), ALL).audio, reference, atol=1e-5
+    )
     for channels in (np.arange(SPEC.n_vq) < 3, np.arange(SPEC.n_vq) >= 29):
         heads._logits[:] = np.nan
-        audio = heads.step(plain_backbone, TextRule(forced=DELAY), channels).audio
+        audio = step_logits(plain_backbone, heads, TextRule(forced=DELAY), channels).audio
         np.testing.assert_allclose(audio[channels], reference[channels], atol=1e-5)
         assert np.isnan(audio[~channels]).all()  # the others were not computed
 
@@ -90,7 +93,7 @@ def test_onnx_heads_match_within_8_bit_rounding(model: dict[str, object], plain_
     hidden = _decode_some(plain_backbone, seed=1)
     reference = _reference(model["heads"], hidden)  # type: ignore[arg-type]
     heads = OnnxAudioHeads(model["root"] / "lm_heads", SPEC, SHAPE.hidden, threads=2)  # type: ignore[operator]
-    audio = heads.step(plain_backbone, TextRule(forced=GEN), ALL).audio
+    audio = step_logits(plain_backbone, heads, TextRule(forced=GEN), ALL).audio
     error = np.abs(audio - reference) / reference.std()  # 8-bit weights and activations, blocks of 32
     assert error.max() < 0.05 and error.mean() < 0.01
     top = np.argsort(-reference, axis=1)[:, :5]
@@ -106,7 +109,7 @@ def test_gguf_heads_come_out_of_llama_cpp(model: dict[str, object], plain_backbo
         heads = load_audio_heads("gguf", model["root"] / "lm_heads", SPEC, SHAPE.hidden, model["carrying"])  # type: ignore[operator]
         assert heads.name == "gguf" and heads.text_vocab == SHAPE.vocab
         assert heads.wants_text_head(AUDIO_RULE)
-        step = heads.step(backbone, TextRule(), ALL)
+        step = step_logits(backbone, heads, TextRule(), ALL)
         np.testing.assert_allclose(step.audio, _reference(model["heads"], hidden), atol=1e-4)  # type: ignore[arg-type]
         assert step.text is not None and step.text.shape == (SHAPE.vocab,) and step.text_ids is None
     # the text logits are the plain model's, bit for bit: the appended rows change nothing before them
@@ -131,7 +134,7 @@ def test_audio_phase_text_logits_from_the_gguf_rows_match_llama_cpp(
     assert heads.text_ids == (GEN, DELAY)
     _decode_some(plain_backbone, seed=6)
     full = plain_backbone.text_logits().copy()
-    step = heads.step(plain_backbone, AUDIO_RULE, ALL)
+    step = step_logits(plain_backbone, heads, AUDIO_RULE, ALL)
     assert step.text_ids == (GEN, DELAY)
     np.testing.assert_allclose(step.text, full[[GEN, DELAY]], atol=1e-4)
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -39,10 +39,6 @@ from moss_tts_node.model.embeddings import load_matrix
 from moss_tts_node.model.layout import audio_head_file
 from moss_tts_node.model.spec import ModelSpec
 
-if TYPE_CHECKING:
-    from moss_tts_node.llama.backbone import Backbone
-
-
 ONNX_HEADS_BLOCK = 32  # quantization block along H (MatMulNBits block_size)
 
 
@@ -54,6 +50,13 @@ class StepLogits(NamedTuple):
     text: np.ndarray | None
     text_ids: tuple[int, ...] | None
     audio: np.ndarray
+
+
+class StepInputs(NamedTuple):
+    """Which of the backbone's outputs of the last decode a step's logits are computed from."""
+
+    hidden: bool  # the final-normed hidden state
+    text_logits: bool  # llama.cpp's logits (text, and the audio heads when the GGUF carries them)
 
 
 class TextHeadInfo(NamedTuple):
@@ -97,14 +100,23 @@ class AudioHeads:
             return True
         return not all(t in self._text_index for t in rule.allowed if t not in rule.banned)
 
-    def step(self, backbone: Backbone, rule: TextRule, channels: np.ndarray) -> StepLogits:
-        """The logits a step sampled with ``rule`` and ``channels`` needs, from the backbone's last decode."""
+    def inputs(self, rule: TextRule, channels: np.ndarray) -> StepInputs:
+        """What ``step`` needs of the last decode for a step sampled with ``rule`` and ``channels``."""
+        text_logits = self.wants_text_head(rule)
+        return StepInputs(
+            hidden=bool(channels.any()) or (rule.forced is None and not text_logits), text_logits=text_logits
+        )
+
+    def step(
+        self, rule: TextRule, channels: np.ndarray, hidden: np.ndarray | None, text_logits: np.ndarray | None
+    ) -> StepLogits:
+        """The logits a step sampled with ``rule`` and ``channels`` needs, from the decode outputs that
+        ``inputs`` asked for (None for those it did not)."""
         text: np.ndarray | None = None
         ids: tuple[int, ...] | None = None
-        hidden = backbone.hidden() if channels.any() or rule.forced is None else None
         if rule.forced is None:
-            if self.wants_text_head(rule):
-                text = backbone.text_logits()[: self.text_vocab]  # [:None]: all of them
+            if text_logits is not None:
+                text = text_logits[: self.text_vocab]  # [:None]: all of them
             else:
                 assert self._text_rows is not None and hidden is not None
                 text, ids = self._text_rows @ hidden, self.text_ids
@@ -131,15 +143,20 @@ class GgufAudioHeads(AudioHeads):
         super().__init__(spec, TextHeadInfo(vocab=text_vocab))
         self.text_vocab: int = text_vocab  # never None here
 
-    def step(self, backbone: Backbone, rule: TextRule, channels: np.ndarray) -> StepLogits:
+    def inputs(self, rule: TextRule, channels: np.ndarray) -> StepInputs:
+        # text and audio logits, one copy out of llama.cpp; none when nothing is sampled
+        return StepInputs(hidden=False, text_logits=rule.forced is None or bool(channels.any()))
+
+    def step(
+        self, rule: TextRule, channels: np.ndarray, hidden: np.ndarray | None, text_logits: np.ndarray | None
+    ) -> StepLogits:
         spec = self.spec
         text = None
-        if rule.forced is None or channels.any():
-            logits = backbone.text_logits()  # text and audio logits, one copy out of llama.cpp
-            audio = logits[self.text_vocab : self.text_vocab + spec.n_vq * spec.audio_rows]
+        if text_logits is not None:
+            audio = text_logits[self.text_vocab : self.text_vocab + spec.n_vq * spec.audio_rows]
             self._logits = audio.reshape(spec.n_vq, spec.audio_rows)
             if rule.forced is None:
-                text = logits[: self.text_vocab]
+                text = text_logits[: self.text_vocab]
         return StepLogits(text, None, self._logits)
 
 

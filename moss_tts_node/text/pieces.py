@@ -9,7 +9,7 @@ with the same instruction and voice. The synthesizer speaks the pieces one after
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -18,21 +18,18 @@ from moss_tts_node.model.rates import frames_for_seconds
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.text.prompt import PromptBuilder, PromptFields
 from moss_tts_node.text.split import split_text
-from moss_tts_node.timing import StopReason
 
 # Speech frames (80 ms) per text token, to plan how much of the context a text will need:
 # about 3 in English and Chinese at a normal pace; 4 leaves room for slow speech.
 FRAMES_PER_TEXT_TOKEN = 4
 
 
-@dataclass
+@dataclass(frozen=True)
 class Piece:
-    """One part of a request's text: its prompt and step budget, then what generating it produced."""
+    """One part of a request's text: its prompt and step budget."""
 
     prompt: np.ndarray
     max_steps: int
-    rows: list[np.ndarray] = field(default_factory=list)
-    stop: StopReason | None = None  # once generated
 
 
 class PiecePlanner:

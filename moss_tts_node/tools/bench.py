@@ -206,34 +206,18 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
     load_s = time.perf_counter() - started
     request = {"language": "en", "seed": job["seed"], "reference": ""}
     list(synth.stream(job["text"], max_new_tokens=8, **request))  # warm-up: page in the weights
-    # Per-step clocks (a wrapper each, ~1 us a step): medians show the typical step on a shared machine,
-    # where another process can take a core for a few hundred ms.
-    decode_s: list[float] = []
-    step_starts: list[float] = []
-    step_method = "step" if hasattr(synth.heads, "step") else "logits"  # "logits": an older heads class
-    decode, heads_step = synth.backbone.decode, getattr(synth.heads, step_method)
-
-    def timed_decode(embedding: np.ndarray, text_logits: bool = True) -> None:
-        t = time.perf_counter()
-        decode(embedding, text_logits=text_logits)
-        decode_s.append(time.perf_counter() - t)
-
-    def timed_step(*args: Any) -> Any:
-        step_starts.append(time.perf_counter())
-        return heads_step(*args)
-
-    synth.backbone.decode = timed_decode  # type: ignore[method-assign]
-    setattr(synth.heads, step_method, timed_step)
     stream = synth.stream(job["text"], max_new_tokens=job["steps"], **request)
     chunk_times = []
     t0 = time.perf_counter()
     for _ in stream:
         chunk_times.append(time.perf_counter() - t0)
-    report, generated, prompt = stream.report, stream.generated, stream.prompt
-    assert report is not None and generated is not None
+    report, generated, prompt, clock = stream.report, stream.generated, stream.prompt, stream.clock
+    assert report is not None and generated is not None and clock is not None
     peak_rss = _peak_rss()
-    synth.backbone.decode = decode  # type: ignore[method-assign]
-    setattr(synth.heads, step_method, heads_step)
+    # Per-step figures from the stream's own clock: medians show the typical step on a shared machine,
+    # where another process can take a core for a few hundred ms.
+    decode_s = [seconds for _, seconds in clock.calls["backbone"]]
+    step_starts = [start for start, _ in clock.calls["heads"]]
     steady = slice(40, None)  # past the ramp-up: every codebook sampled
     step_median = 1000 * float(np.median(np.diff(step_starts)[steady])) if len(step_starts) > 50 else None
     decode_median = 1000 * float(np.median(decode_s[steady])) if len(decode_s) > 50 else None
@@ -548,6 +532,7 @@ def heads_ab(job: dict[str, Any], rounds: int = 6, block: int = 20) -> str:
 
     from moss_tts_node.llama.backbone import Backbone, BackboneParams
     from moss_tts_node.model.delay import TextRule
+    from moss_tts_node.model.generation import step_logits
     from moss_tts_node.model.heads import load_audio_heads
     from moss_tts_node.model.spec import ModelSpec
     from moss_tts_node.tools.bench_models import GGUF_NAME, HEADS_GGUF_NAME, bench_model_dir
@@ -576,7 +561,7 @@ def heads_ab(job: dict[str, Any], rounds: int = 6, block: int = 20) -> str:
                 for row in rows[r * block : (r + 1) * block]:
                     t = time.perf_counter()
                     backbone.decode(row, text_logits=heads.wants_text_head(rule))
-                    heads.step(backbone, rule, channels)
+                    step_logits(backbone, heads, rule, channels)
                     times[key].append(time.perf_counter() - t)
     ms = {k: 1000 * float(np.median(v)) for k, v in times.items()}
     return (
