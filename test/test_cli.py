@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import soundfile as sf
+from conftest import run_cli
 
 from moss_tts_node.codec.audio_io import write_wav
 from moss_tts_node.model.rates import SAMPLE_RATE, SAMPLES_PER_FRAME
 
 
-def run(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "moss_tts_node", *map(str, args)], capture_output=True, text=True, timeout=120
-    )
-
-
 def test_synth_writes_a_24khz_mono_wav_of_whole_frames(demo_config: Path, tmp_path: Path) -> None:
     out, tokens = tmp_path / "out.wav", tmp_path / "tokens.npz"
-    done = run(
+    done = run_cli(
         "synth",
         "--config",
         demo_config,
@@ -50,17 +43,19 @@ def test_synth_writes_a_24khz_mono_wav_of_whole_frames(demo_config: Path, tmp_pa
 def test_encode_voice_then_clone_it(demo_config: Path, tmp_path: Path) -> None:
     clip, voice = tmp_path / "ref.wav", tmp_path / "voice.npy"
     write_wav(clip, 0.2 * np.sin(np.arange(44100) * 0.05), 44100)
-    done = run("encode-voice", "--config", demo_config, clip, voice)
+    done = run_cli("encode-voice", "--config", demo_config, clip, voice)
     assert done.returncode == 0, done.stderr
     assert np.load(voice).shape == (13, 32)
     out = tmp_path / "out.wav"
-    done = run("synth", "--config", demo_config, "--text", "Hi.", "--output", out, "--reference", voice, "--seed", "1")
+    done = run_cli(
+        "synth", "--config", demo_config, "--text", "Hi.", "--output", out, "--reference", voice, "--seed", "1"
+    )
     assert done.returncode == 0, done.stderr
     assert out.is_file()
 
 
 def bad_input_message(*args: str | Path) -> str:
-    done = run(*args)
+    done = run_cli(*args)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr

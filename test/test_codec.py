@@ -21,13 +21,8 @@ from moss_tts_node.tools.demo_codec import write_demo_codec
 
 
 @pytest.fixture(scope="module")
-def demo_paths(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return write_demo_codec(tmp_path_factory.mktemp("demo_codec"))
-
-
-@pytest.fixture(scope="module")
-def codec(demo_paths: tuple[Path, Path]) -> OnnxCodec:
-    encoder, decoder = demo_paths
+def codec(demo_codec: tuple[Path, Path]) -> OnnxCodec:
+    encoder, decoder = demo_codec
     return OnnxCodec(decoder, encoder, provider="cpu", threads=1)
 
 
@@ -52,9 +47,9 @@ def rms_db(samples: np.ndarray) -> float:
 # --- demo codec files and the ONNX backend ---------------------------------------------
 
 
-def test_demo_files_are_small_and_reproducible(demo_paths: tuple[Path, Path], tmp_path: Path) -> None:
+def test_demo_files_are_small_and_reproducible(demo_codec: tuple[Path, Path], tmp_path: Path) -> None:
     again = write_demo_codec(tmp_path)
-    for first, second in zip(demo_paths, again, strict=True):
+    for first, second in zip(demo_codec, again, strict=True):
         assert first.stat().st_size < 2_000_000
         assert first.read_bytes() == second.read_bytes()
 
@@ -130,28 +125,28 @@ def test_encode_rejects_bad_audio(codec: OnnxCodec, bad: np.ndarray, message: st
         codec.encode(bad)
 
 
-def test_without_encoder_decode_works_and_encode_says_why(demo_paths: tuple[Path, Path]) -> None:
-    codec = OnnxCodec(demo_paths[1], provider="cpu")
+def test_without_encoder_decode_works_and_encode_says_why(demo_codec: tuple[Path, Path]) -> None:
+    codec = OnnxCodec(demo_codec[1], provider="cpu")
     assert codec.decode(np.zeros((1, 32), np.int64)).shape == (FRAME,)
     with pytest.raises(CodecError, match=r"no encoder.*encoder_path"):
         codec.encode(noise(1))
 
 
-def test_encoder_loads_lazily(demo_paths: tuple[Path, Path], tmp_path: Path) -> None:
+def test_encoder_loads_lazily(demo_codec: tuple[Path, Path], tmp_path: Path) -> None:
     broken = tmp_path / "encoder.onnx"
     broken.write_bytes(b"not a model")
-    codec = OnnxCodec(demo_paths[1], broken, provider="cpu")  # does not touch the encoder yet
+    codec = OnnxCodec(demo_codec[1], broken, provider="cpu")  # does not touch the encoder yet
     with pytest.raises(CodecError, match=r"encoder\.onnx"):
         codec.encode(noise(1))
 
 
-def test_missing_file_names_it_and_the_source(demo_paths: tuple[Path, Path], tmp_path: Path) -> None:
+def test_missing_file_names_it_and_the_source(demo_codec: tuple[Path, Path], tmp_path: Path) -> None:
     missing = tmp_path / "nowhere" / "decoder.onnx"
     with pytest.raises(WeightsError, match=ONNX_SOURCE) as info:
         OnnxCodec(missing)
     assert str(missing) in str(info.value)
     with pytest.raises(WeightsError, match="encoder"):
-        OnnxCodec(demo_paths[1], tmp_path / "encoder.onnx")
+        OnnxCodec(demo_codec[1], tmp_path / "encoder.onnx")
 
 
 def _passthrough_model(path: Path, inputs: list[tuple[str, int, list]]) -> Path:
@@ -184,24 +179,24 @@ def test_wrong_graph_is_rejected_at_load(tmp_path: Path, inputs: list, message: 
     assert str(path) in str(info.value)
 
 
-def test_encoder_file_given_as_decoder_is_rejected(demo_paths: tuple[Path, Path]) -> None:
+def test_encoder_file_given_as_decoder_is_rejected(demo_codec: tuple[Path, Path]) -> None:
     with pytest.raises(CodecError, match="input_values"):
-        OnnxCodec(demo_paths[0], provider="cpu")
+        OnnxCodec(demo_codec[0], provider="cpu")
 
 
 @pytest.mark.skipif("CUDAExecutionProvider" in ort.get_available_providers(), reason="CUDA present")
-def test_cuda_provider_without_cuda_names_the_available_ones(demo_paths: tuple[Path, Path]) -> None:
+def test_cuda_provider_without_cuda_names_the_available_ones(demo_codec: tuple[Path, Path]) -> None:
     with pytest.raises(CodecError, match=r"CPUExecutionProvider.*onnxruntime-gpu"):
-        OnnxCodec(demo_paths[1], provider="cuda")
+        OnnxCodec(demo_codec[1], provider="cuda")
 
 
-def test_unknown_provider(demo_paths: tuple[Path, Path]) -> None:
+def test_unknown_provider(demo_codec: tuple[Path, Path]) -> None:
     with pytest.raises(CodecError, match="'auto', 'cpu' or 'cuda'"):
-        OnnxCodec(demo_paths[1], provider="tpu")
+        OnnxCodec(demo_codec[1], provider="tpu")
 
 
-def test_closed_codec_refuses_work(demo_paths: tuple[Path, Path]) -> None:
-    with OnnxCodec(demo_paths[1], provider="cpu") as codec:
+def test_closed_codec_refuses_work(demo_codec: tuple[Path, Path]) -> None:
+    with OnnxCodec(demo_codec[1], provider="cpu") as codec:
         assert codec.providers == ["CPUExecutionProvider"]
     with pytest.raises(CodecError, match="closed"):
         codec.decode(np.zeros((1, 32), np.int64))

@@ -16,7 +16,6 @@ from moss_tts_node.codec.streaming import StreamingDecoder
 from moss_tts_node.model.rates import SAMPLE_RATE, SAMPLES_PER_FRAME, frames_for_seconds
 from moss_tts_node.synthesizer import Synthesizer
 from moss_tts_node.text.prompt import PromptFields
-from moss_tts_node.tools.demo_codec import write_demo_codec
 
 LONG_TEXT = (
     "The robot walks to the door. It opens the door slowly! Then it says hello to everyone in the room. "
@@ -70,11 +69,6 @@ class CountingCodec(OnnxCodec):
         return super()._encode(waveform)
 
 
-@pytest.fixture(scope="module")
-def codec_paths(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return write_demo_codec(tmp_path_factory.mktemp("codec"))
-
-
 def counting_codec(paths: tuple[Path, Path], max_frames: int | None) -> CountingCodec:
     encoder, decoder = paths
     codec = CountingCodec(decoder, encoder, provider="cpu", threads=1, max_frames=max_frames)
@@ -82,25 +76,25 @@ def counting_codec(paths: tuple[Path, Path], max_frames: int | None) -> Counting
     return codec
 
 
-def test_offline_decode_and_encode_longer_than_the_limit_are_windowed(codec_paths: tuple[Path, Path]) -> None:
+def test_offline_decode_and_encode_longer_than_the_limit_are_windowed(demo_codec: tuple[Path, Path]) -> None:
     rng = np.random.default_rng(1)
     codes = rng.integers(0, 1024, size=(37, 32))
     audio = (0.1 * rng.standard_normal(23 * SAMPLES_PER_FRAME)).astype(np.float32)
-    whole, limited = counting_codec(codec_paths, None), counting_codec(codec_paths, 8)
+    whole, limited = counting_codec(demo_codec, None), counting_codec(demo_codec, 8)
     np.testing.assert_allclose(limited.decode(codes), whole.decode(codes), atol=1e-6)
     np.testing.assert_array_equal(limited.encode(audio), whole.encode(audio))
     assert whole.calls == [37, 23]
     assert max(limited.calls) == 8 and len(limited.calls) > 2
 
 
-def test_streaming_with_a_left_context_longer_than_the_limit_stays_within_it(codec_paths: tuple[Path, Path]) -> None:
+def test_streaming_with_a_left_context_longer_than_the_limit_stays_within_it(demo_codec: tuple[Path, Path]) -> None:
     codes = np.random.default_rng(2).integers(0, 1024, size=(40, 32))
-    codec = counting_codec(codec_paths, 6)
+    codec = counting_codec(demo_codec, 6)
     stream = StreamingDecoder(codec, chunk_frames=5, left_context=25)
     pieces = [stream.push(frame) for frame in codes]
     pieces.append(stream.end_segment())
     audio = np.concatenate([piece for piece in pieces if piece is not None])
-    np.testing.assert_allclose(audio, counting_codec(codec_paths, None).decode(codes), atol=1e-6)
+    np.testing.assert_allclose(audio, counting_codec(demo_codec, None).decode(codes), atol=1e-6)
     assert max(codec.calls) <= 6
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import linked_copy
 
 from moss_tts_node.codec.audio_io import write_wav
 from moss_tts_node.errors import RequestError, WeightsError
@@ -30,6 +31,19 @@ def test_stream_equals_offline_decode_and_keeps_the_last_chunk(synth: Synthesize
     assert [c.is_final for c in chunks] == [False] * (len(chunks) - 1) + [True]
     starts = np.cumsum([0] + [c.samples.shape[0] for c in chunks[:-1]]) / SAMPLE_RATE
     np.testing.assert_allclose([c.start_s for c in chunks], starts)
+
+
+def test_the_stream_clock_times_every_step(synth: Synthesizer) -> None:
+    """What bench reads: one heads call per generated row, one decode between consecutive rows."""
+    stream = synth.stream(TEXT, seed=1)
+    list(stream)
+    assert stream.clock is not None and stream.generated is not None and stream.report is not None
+    steps = stream.generated.shape[0]
+    assert len(stream.clock.calls["heads"]) == steps and len(stream.clock.calls["backbone"]) == steps - 1
+    starts = [start for start, _ in stream.clock.calls["heads"]]
+    assert starts == sorted(starts)
+    total = sum(seconds for _, seconds in stream.clock.calls["backbone"])
+    assert total * 1000 / steps == pytest.approx(stream.report.backbone_ms_per_step)
 
 
 def test_generated_rows_de_delay_to_the_decoded_codes(synth: Synthesizer) -> None:
@@ -132,17 +146,6 @@ def test_bad_references_are_refused(synth: Synthesizer, tmp_path: Path) -> None:
         synth.stream(TEXT, reference=tmp_path / "range.npy")
 
 
-def linked_copy(src: Path, dst: Path, skip: str) -> Path:
-    """A weights directory of symlinks to the demo's files, except ``skip`` (relative path)."""
-    for path in src.rglob("*"):
-        rel = path.relative_to(src)
-        if path.is_dir() or str(rel) == skip:
-            continue
-        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
-        (dst / rel).symlink_to(path)
-    return dst / "config.yaml"
-
-
 @pytest.mark.parametrize(
     ("target", "content", "message"),
     [
@@ -157,7 +160,7 @@ def linked_copy(src: Path, dst: Path, skip: str) -> Path:
 def test_broken_weight_files_are_named(
     demo_config: Path, tmp_path: Path, target: str, content: bytes | np.ndarray | None, message: str
 ) -> None:
-    config = linked_copy(demo_config.parent, tmp_path, skip=target)
+    config = linked_copy(demo_config.parent, tmp_path, skip=[target]) / "config.yaml"
     if isinstance(content, bytes):
         (tmp_path / target).write_bytes(content)
     elif isinstance(content, np.ndarray):

@@ -7,13 +7,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_cli
 
 from moss_tts_node.codec.base import AudioCodec
 from moss_tts_node.codec.cuda import GpuInfo
@@ -150,9 +149,7 @@ def test_without_tensorrt_every_entry_point_says_what_is_missing(demo_config: Pa
         open_codec(config)
     out = tmp_path / "engines"
     command = ["build-engines", "--decoder", weights / "codec" / "decoder.onnx", "--out", out, "--max-seconds", "2"]
-    done = subprocess.run(
-        [sys.executable, "-m", "moss_tts_node", *command], capture_output=True, text=True, timeout=120
-    )
+    done = run_cli(*command)
     assert done.returncode == 2
     assert "TensorRT is not usable" in done.stderr or "CUDA" in done.stderr, done.stderr
     assert not (out / METADATA_FILE).exists()
@@ -218,21 +215,16 @@ MAX_SECONDS = 2.0  # 25 frames: small engines, quick builds, and windowing exerc
 
 
 @pytest.fixture(scope="module")
-def demo_onnx(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return write_demo_codec(tmp_path_factory.mktemp("codec"))
-
-
-@pytest.fixture(scope="module")
-def engines(demo_onnx: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> EngineSet:
+def engines(demo_codec: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> EngineSet:
     if MISSING is not None:
         pytest.skip(f"needs TensorRT and a CUDA GPU: {MISSING}")
-    encoder, decoder = demo_onnx
+    encoder, decoder = demo_codec
     return build_engines(decoder, tmp_path_factory.mktemp("engines"), MAX_SECONDS, encoder)
 
 
 @pytest.fixture(scope="module")
-def reference(demo_onnx: tuple[Path, Path]) -> OnnxCodec:
-    encoder, decoder = demo_onnx
+def reference(demo_codec: tuple[Path, Path]) -> OnnxCodec:
+    encoder, decoder = demo_codec
     return OnnxCodec(decoder, encoder, provider="cpu", threads=1)
 
 
