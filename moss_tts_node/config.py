@@ -30,11 +30,12 @@ from typing import Any
 
 import yaml
 
+from moss_tts_node.choices import CODEC_BACKENDS, FLASH_ATTN_MODES, HEADS_BACKENDS, KV_CACHE_TYPES, ONNX_PROVIDERS
+from moss_tts_node.codec.layout import DECODER_FILE, ENCODER_FILE
 from moss_tts_node.errors import ConfigError
+from moss_tts_node.model.layout import CONFIG_FILE, DEFAULT_GGUF, EMBEDDINGS_DIR, HEADS_DIR, TOKENIZER_DIR
 
 NODE_NAME = "moss_tts_node"
-KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
-BACKENDS = ("onnx", "tensorrt")
 
 
 def _option(
@@ -55,16 +56,16 @@ def _option(
 class ModelConfig:
     weights_dir: str = _option(
         "",
-        "Directory of MOSS-TTS-GGUF: the GGUF, embeddings/, lm_heads/, tokenizer/ and config.json.",
+        f"Directory of MOSS-TTS-GGUF: the GGUF, {EMBEDDINGS_DIR}/, {HEADS_DIR}/, {TOKENIZER_DIR}/ and {CONFIG_FILE}.",
         path=True,
     )
     backbone_gguf: str = _option(
-        "MOSS_TTS_Q4_K_M.gguf",
+        DEFAULT_GGUF,
         "Backbone GGUF file: a name inside weights_dir, or a path.",
     )
     codec_dir: str = _option(
         "",
-        "Directory of MOSS-Audio-Tokenizer-ONNX: decoder.onnx (and encoder.onnx for voice cloning).",
+        f"Directory of MOSS-Audio-Tokenizer-ONNX: {DECODER_FILE} (and {ENCODER_FILE} for voice cloning).",
         path=True,
     )
     engine_dir: str = _option(
@@ -88,13 +89,13 @@ class LlamaConfig:
     kv_cache_type_v: str = _option(
         "f16", "KV cache type of values (quantized needs flash_attn).", choices=KV_CACHE_TYPES
     )
-    flash_attn: str = _option("auto", "Flash attention: auto, on or off.", choices=("auto", "on", "off"))
+    flash_attn: str = _option("auto", "Flash attention: auto, on or off.", choices=FLASH_ATTN_MODES)
 
 
 @dataclass(frozen=True)
 class AudioConfig:
     backend: str = _option(
-        "onnx", "Codec backend: onnx (ONNX Runtime) or tensorrt (engines in model.engine_dir).", choices=BACKENDS
+        "onnx", "Codec backend: onnx (ONNX Runtime) or tensorrt (engines in model.engine_dir).", choices=CODEC_BACKENDS
     )
     max_codec_seconds: float = _option(
         40.0,
@@ -105,7 +106,7 @@ class AudioConfig:
     onnx_provider: str = _option(
         "auto",
         "ONNX Runtime device: auto (CUDA when available), cpu or cuda.",
-        choices=("auto", "cpu", "cuda"),
+        choices=ONNX_PROVIDERS,
     )
     codec_threads: int = _option(0, "ONNX Runtime intra-op threads; 0 lets it choose.", min=0, max=1024)
     chunk_frames: int = _option(
@@ -127,7 +128,7 @@ class AudioConfig:
         "Audio heads: gguf (inside llama.cpp, needs a GGUF that carries them: attach-heads), onnx (8-bit, "
         "ONNX Runtime), numpy (exact float32, 0.54 GB), or auto (gguf when the GGUF carries them and layers "
         "run on a GPU, else onnx).",
-        choices=("auto", "gguf", "onnx", "numpy"),
+        choices=HEADS_BACKENDS,
     )
 
 
@@ -346,9 +347,9 @@ def _check_files(config: Config, source: str) -> None:
     else:
         if not model.codec_dir:
             raise ConfigError(f"{source}: 'model.codec_dir' is not set (the MOSS-Audio-Tokenizer-ONNX directory)")
-        decoder = Path(model.codec_dir) / "decoder.onnx"
+        decoder = Path(model.codec_dir) / DECODER_FILE
         if not decoder.is_file():
-            raise ConfigError(f"{source}: 'model.codec_dir' has no decoder.onnx: {decoder}")
+            raise ConfigError(f"{source}: 'model.codec_dir' has no {DECODER_FILE}: {decoder}")
     reference = config.generation.reference_audio
     if reference and not Path(reference).is_file():
         raise ConfigError(f"{source}: 'generation.reference_audio' file not found: {reference}")

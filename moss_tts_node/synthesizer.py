@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import secrets
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -32,12 +32,13 @@ from moss_tts_node.model.delay import DelayState, FrameAssembler
 from moss_tts_node.model.embeddings import EmbeddingTables
 from moss_tts_node.model.generation import generate_rows
 from moss_tts_node.model.heads import AudioHeads, load_audio_heads
+from moss_tts_node.model.layout import EMBEDDINGS_DIR, HEADS_DIR, TOKENIZER_DIR
 from moss_tts_node.model.sampling import Sampler
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.text.normalize import normalize_text
 from moss_tts_node.text.pieces import Piece, PiecePlanner
 from moss_tts_node.text.prompt import PromptBuilder, PromptFields
-from moss_tts_node.timing import StageClock, TimingReport
+from moss_tts_node.timing import StageClock, StopReason, TimingReport
 
 CancelFlag = threading.Event | Callable[[], bool] | None
 Reference = str | Path | np.ndarray | None
@@ -66,26 +67,60 @@ class Synthesis:
     codes: np.ndarray  # (T, n_vq)
 
 
+@dataclass(frozen=True)
+class StreamResult:
+    """What a stream produced besides its chunks: what its producer returns when it ends."""
+
+    generated: np.ndarray  # (N, 1 + n_vq)
+    codes: np.ndarray  # (T, n_vq)
+    report: TimingReport
+    clock: StageClock  # every stage call's timing, for per-step figures
+
+
 class AudioStream:
-    """Iterate for AudioChunks; ``report``, ``generated`` and ``codes`` are set once it ends.
+    """Iterate for AudioChunks; ``report``, ``generated``, ``codes`` and ``clock`` are there once it ends.
 
     A text too long for one generation is spoken in pieces, still as one stream: ``prompt`` is
     then the first piece's, ``generated`` and ``codes`` are the pieces' one after the other.
     """
 
-    def __init__(self, prompt: np.ndarray, produce: Callable[[AudioStream], Iterator[AudioChunk]]) -> None:
+    def __init__(self, prompt: np.ndarray, chunks: Generator[AudioChunk, None, StreamResult]) -> None:
         self.prompt = prompt
-        self.report: TimingReport | None = None
-        self.generated: np.ndarray | None = None
-        self.codes: np.ndarray | None = None
-        self._chunks = produce(self)
+        self.result: StreamResult | None = None
+        self._chunks = self._run(chunks)
+
+    def _run(self, chunks: Generator[AudioChunk, None, StreamResult]) -> Iterator[AudioChunk]:
+        self.result = yield from chunks
 
     def __iter__(self) -> Iterator[AudioChunk]:
         return self._chunks
 
     @property
+    def report(self) -> TimingReport | None:
+        return None if self.result is None else self.result.report
+
+    @property
+    def generated(self) -> np.ndarray | None:
+        return None if self.result is None else self.result.generated
+
+    @property
+    def codes(self) -> np.ndarray | None:
+        return None if self.result is None else self.result.codes
+
+    @property
+    def clock(self) -> StageClock | None:
+        return None if self.result is None else self.result.clock
+
+    @property
     def cancelled(self) -> bool:
-        return self.report is not None and self.report.stop_reason == "cancelled"
+        return self.report is not None and self.report.stop_reason is StopReason.CANCELLED
+
+
+class Generated(NamedTuple):
+    """What generating one piece produced: the last item ``Synthesizer._frames`` yields."""
+
+    rows: np.ndarray  # (N, 1 + n_vq)
+    stop: StopReason
 
 
 class Synthesizer:
@@ -102,7 +137,7 @@ class Synthesizer:
         self.config = config
         weights = Path(config.model.weights_dir)
         self.spec = ModelSpec.load(weights)
-        self.prompts = PromptBuilder(weights / "tokenizer", self.spec)
+        self.prompts = PromptBuilder(weights / TOKENIZER_DIR, self.spec)
         self.backbone: Backbone | None = None
         self.embeddings: EmbeddingTables | None = None
         self.heads: AudioHeads | None = None
@@ -138,7 +173,7 @@ class Synthesizer:
         hidden = self.backbone.n_embd
         self.heads = load_audio_heads(
             config.audio.heads_backend,
-            weights / "lm_heads",
+            weights / HEADS_DIR,
             self.spec,
             hidden,
             backbone_path(config),
@@ -146,7 +181,7 @@ class Synthesizer:
             n_gpu_layers=llama.n_gpu_layers,
         )
         text_vocab = self.heads.text_vocab or self.backbone.n_vocab
-        self.embeddings = EmbeddingTables(weights / "embeddings", self.spec, hidden, text_vocab)
+        self.embeddings = EmbeddingTables(weights / EMBEDDINGS_DIR, self.spec, hidden, text_vocab)
 
     def _unload_generation(self) -> None:
         """Free the generation stage (llama.cpp's memory now; the NumPy tables once unreferenced)."""
@@ -276,10 +311,7 @@ class Synthesizer:
         if seed < 0:
             seed = secrets.randbits(63)
         sampling = replace(sampling, seed=seed)
-        return AudioStream(
-            pieces[0].prompt,
-            lambda stream: self._chunks(stream, pieces, sampling, config.audio, _flag(cancel), streaming),
-        )
+        return AudioStream(pieces[0].prompt, self._chunks(pieces, sampling, config.audio, _flag(cancel), streaming))
 
     def synthesize(self, text: str, **request: Any) -> Synthesis:
         """The whole utterance at once, as the codec decodes it; raises ``Cancelled`` if the cancel flag was set."""
@@ -309,13 +341,12 @@ class Synthesizer:
 
     def _chunks(
         self,
-        stream: AudioStream,
         pieces: list[Piece],
         sampling: SamplingConfig,
         audio: AudioConfig,
         cancelled: Callable[[], bool],
         streaming: bool,
-    ) -> Iterator[AudioChunk]:
+    ) -> Generator[AudioChunk, None, StreamResult]:
         """Generate and decode every piece as one stream: indices and offsets run on, one final chunk."""
         spec = self.spec
         clock = StageClock()
@@ -331,14 +362,15 @@ class Synthesizer:
             return out
 
         # Each piece gets its own seed, derived from the request's, so a request replays exactly.
-        generated: Iterator[Iterator[np.ndarray | None]] = (
+        generated: Iterator[Iterator[np.ndarray | Generated | None]] = (
             self._frames(piece, replace(sampling, seed=(sampling.seed + number) % 2**63), cancelled, clock)
             for number, piece in enumerate(pieces)
         )
         if self.codec is None:  # low_memory: generate every piece, then load the decoder
-            generated = iter(self._generate_staged(generated, pieces))
+            generated = iter(self._generate_staged(generated))
             streaming = False  # nothing left to stream
         codes: list[np.ndarray] = []
+        done: list[Generated] = []
         with self._codec_stage(encoder=False) as codec:
             decoding: SegmentDecoding = (
                 WindowedStreamDecoding(codec, audio.left_context_frames) if streaming else OfflineDecoding(codec)
@@ -346,12 +378,15 @@ class Synthesizer:
             for piece, frames in zip(pieces, generated, strict=False):
                 decoder = SegmentDecoder(decoding, audio.chunk_frames, spec.n_vq)
                 for frame in frames:
+                    if isinstance(frame, Generated):
+                        done.append(frame)
+                        continue
                     with clock.stage("codec"):
                         samples = decoder.end_segment() if frame is None else decoder.push(frame)
                     if samples is not None:
                         yield chunk(samples, final=False)
                 codes.append(decoder.codes())
-                if piece.stop == "cancelled":
+                if done[-1].stop is StopReason.CANCELLED:
                     break
                 with clock.stage("codec"):
                     rest = decoder.end_segment()
@@ -359,54 +394,62 @@ class Synthesizer:
                     yield chunk(rest if rest is not None else np.empty(0, dtype=np.float32), final=True)
                 elif rest is not None:
                     yield chunk(rest, final=False)
-        rows = [row for piece in pieces for row in piece.rows]
-        stops = {piece.stop for piece in pieces}
-        stream.generated = np.stack(rows) if rows else np.empty((0, spec.channels), dtype=np.int64)
-        stream.codes = np.concatenate(codes) if codes else np.empty((0, spec.n_vq), dtype=np.int64)
-        stream.report = TimingReport.from_clock(
+        generated_rows = np.concatenate([piece.rows for piece in done])
+        all_codes = np.concatenate(codes)
+        stops = {piece.stop for piece in done}
+        report = TimingReport.from_clock(
             clock,
             seed=sampling.seed,
             prompt_rows=sum(piece.prompt.shape[0] for piece in pieces),
             max_new_tokens=sum(piece.max_steps for piece in pieces),
-            steps=len(rows),
-            frames=stream.codes.shape[0],
+            steps=generated_rows.shape[0],
+            frames=all_codes.shape[0],
             audio_seconds=emitted / spec.sampling_rate,
             codec_decode=decoding.name,
             streamed=decoding.streams,
-            stop_reason=next(stop for stop in ("cancelled", "max_new_tokens", "end") if stop in stops),
+            stop_reason=next(
+                stop for stop in (StopReason.CANCELLED, StopReason.MAX_NEW_TOKENS, StopReason.END) if stop in stops
+            ),
         )
+        return StreamResult(generated_rows, all_codes, report, clock)
 
     def _frames(
         self, piece: Piece, sampling: SamplingConfig, cancelled: Callable[[], bool], clock: StageClock
-    ) -> Iterator[np.ndarray | None]:
-        """Generate ``piece``: each frame as it completes, None for a gap (an all-pad frame).
-
-        Fills ``piece.rows`` as it goes and sets ``piece.stop`` at the end.
-        """
+    ) -> Iterator[np.ndarray | Generated | None]:
+        """Generate ``piece``: each frame as it completes, None for a gap (an all-pad frame), and last
+        what the generation produced (``Generated``)."""
         assert self.backbone is not None and self.embeddings is not None and self.heads is not None
         spec = self.spec
         state = DelayState(spec, piece.prompt)
         sampler = Sampler(sampling, spec, piece.prompt)
         frames = FrameAssembler(spec.n_vq, spec.audio_pad_code, capacity=piece.max_steps)
-        for row in generate_rows(
+        rows: list[np.ndarray] = []
+        generation = generate_rows(
             self.backbone, self.embeddings, self.heads, piece.prompt, state, sampler, piece.max_steps, cancelled, clock
-        ):
-            piece.rows.append(row)
+        )
+        while True:
+            try:
+                row = next(generation)
+            except StopIteration as end:
+                generated = np.stack(rows) if rows else np.empty((0, spec.channels), dtype=np.int64)
+                yield Generated(generated, end.value)
+                return
+            rows.append(row)
             frame = frames.push(row[1:])
             if frame is not None:
                 yield None if frames.is_gap(frame) else frame
-        full = len(piece.rows) == piece.max_steps
-        piece.stop = "end" if state.is_stopping else "max_new_tokens" if full else "cancelled"
 
     def _generate_staged(
-        self, generated: Iterator[Iterator[np.ndarray | None]], pieces: list[Piece]
-    ) -> list[list[np.ndarray | None]]:
+        self, generated: Iterator[Iterator[np.ndarray | Generated | None]]
+    ) -> list[list[np.ndarray | Generated | None]]:
         """Run the pieces' generation with the backbone loaded only meanwhile; their frames, in order."""
-        done: list[list[np.ndarray | None]] = []
+        done: list[list[np.ndarray | Generated | None]] = []
         with self._generation_stage():
-            for piece, frames in zip(pieces, generated, strict=False):
+            for frames in generated:
                 done.append(list(frames))
-                if piece.stop == "cancelled":
+                end = done[-1][-1]
+                assert isinstance(end, Generated)
+                if end.stop is StopReason.CANCELLED:
                     break
         return done
 

@@ -7,14 +7,28 @@ from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from enum import Enum
+
+
+class StopReason(str, Enum):
+    """Why a generation ended. A ``str``, so reports, JSON and ROS messages carry its value."""
+
+    END = "end"  # the model sampled im_end
+    MAX_NEW_TOKENS = "max_new_tokens"  # the step budget ran out first
+    CANCELLED = "cancelled"  # the cancel flag was set
+
+    def __str__(self) -> str:
+        return self.value
 
 
 class StageClock:
-    """Accumulates wall time per named stage of the step loop."""
+    """Wall time per named stage of the step loop: the total, and every call's start and duration (for
+    per-step figures such as medians, which ``bench`` reads)."""
 
     def __init__(self) -> None:
         self.started = time.perf_counter()
         self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, list[tuple[float, float]]] = defaultdict(list)  # (perf_counter start, seconds)
         self.first_audio: float | None = None
 
     @contextmanager
@@ -23,7 +37,9 @@ class StageClock:
         try:
             yield
         finally:
-            self.seconds[name] += time.perf_counter() - start
+            seconds = time.perf_counter() - start
+            self.seconds[name] += seconds
+            self.calls[name].append((start, seconds))
 
     def mark_first_audio(self) -> None:
         if self.first_audio is None:
@@ -61,7 +77,7 @@ class TimingReport:
     time_to_first_audio_s: float | None
     wall_s: float
     real_time_factor: float | None
-    stop_reason: str  # "end" (im_end), "max_new_tokens" or "cancelled"
+    stop_reason: StopReason
 
     @classmethod
     def from_clock(
@@ -76,7 +92,7 @@ class TimingReport:
         audio_seconds: float,
         codec_decode: str,
         streamed: bool,
-        stop_reason: str,
+        stop_reason: StopReason,
     ) -> TimingReport:
         wall = clock.elapsed()
         codec_rtf = clock.seconds["codec"] / audio_seconds if audio_seconds > 0 else None

@@ -23,6 +23,7 @@ sys.path[:0] = [str(REPO), str(REPO / "test")]
 from qwen3_reference import qwen3_forward  # noqa: E402
 
 from moss_tts_node.llama.backbone import Backbone, BackboneParams, set_llama_verbose  # noqa: E402
+from moss_tts_node.model.rates import SAMPLES_PER_FRAME  # noqa: E402
 from moss_tts_node.synthesizer import Synthesizer  # noqa: E402
 from moss_tts_node.tools.attach_heads import attach_heads  # noqa: E402
 from moss_tts_node.tools.demo_weights import write_demo_weights  # noqa: E402
@@ -99,7 +100,7 @@ def main() -> int:
         with Synthesizer.from_config_file(demo, overrides) as synth:
             result = synth.synthesize("Hello from the GPU.", seed=1)
             report[f"demo_synthesis_ngl-1_{label}"] = {"heads": synth.heads.name, **result.report.to_dict()}
-        ok &= result.codes.shape[0] > 0 and result.audio.shape[0] == 1920 * result.codes.shape[0]
+        ok &= result.codes.shape[0] > 0 and result.audio.shape[0] == SAMPLES_PER_FRAME * result.codes.shape[0]
 
     if os.environ.get("SKIP_SPEED"):
         print(json.dumps(report, indent=2))

@@ -37,8 +37,8 @@ def test_kv_cache_bytes_follow_the_gguf(tmp_path: Path) -> None:
     path = tmp_path / "m.gguf"
     write_qwen3_gguf(path, shape, random_qwen3_tensors(shape, seed=0).items())
     assert kv_cache_bytes(path, 256, "f16", "f16") == 256 * 3 * (2 * 16) * 2 * 2
-    # the real model: 144 KiB per token at f16 (facts page)
-    assert 36 * (8 * 128) * 2 * 2 == 144 * 1024
+    # q8_0 packs 32 values into 34 bytes
+    assert kv_cache_bytes(path, 256, "q8_0", "bf16") == 256 * 3 * (2 * 16) * (34 / 32 + 2)
 
 
 def test_table_has_a_column_per_run() -> None:

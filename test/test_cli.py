@@ -2,26 +2,20 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import soundfile as sf
+from conftest import run_cli
 
 from moss_tts_node.codec.audio_io import float_to_pcm16, load_reference_audio, write_wav
 from moss_tts_node.codec.onnx import OnnxCodec
-
-
-def run(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "moss_tts_node", *map(str, args)], capture_output=True, text=True, timeout=120
-    )
+from moss_tts_node.model.rates import SAMPLE_RATE, SAMPLES_PER_FRAME
 
 
 def test_synth_writes_a_24khz_mono_wav_of_whole_frames(demo_config: Path, tmp_path: Path) -> None:
     out, tokens = tmp_path / "out.wav", tmp_path / "tokens.npz"
-    done = run(
+    done = run_cli(
         "synth",
         "--config",
         demo_config,
@@ -40,21 +34,23 @@ def test_synth_writes_a_24khz_mono_wav_of_whole_frames(demo_config: Path, tmp_pa
     assert done.returncode == 0, done.stderr
     assert "steps/s" in done.stdout and "time to 1st audio" in done.stdout
     info = sf.info(out)
-    assert (info.samplerate, info.channels, info.subtype) == (24000, 1, "PCM_16")
+    assert (info.samplerate, info.channels, info.subtype) == (SAMPLE_RATE, 1, "PCM_16")
     saved = np.load(tokens)
     assert {k: saved[k].dtype for k in saved} == {k: np.dtype(np.int64) for k in ("prompt", "generated", "codes")}
     assert saved["prompt"].shape[1] == 33 and saved["generated"].shape[1] == 33 and saved["codes"].shape[1] == 32
-    assert info.frames == 1920 * saved["codes"].shape[0] > 0
+    assert info.frames == SAMPLES_PER_FRAME * saved["codes"].shape[0] > 0
 
 
 def test_encode_voice_then_clone_it(demo_config: Path, tmp_path: Path) -> None:
     clip, voice = tmp_path / "ref.wav", tmp_path / "voice.npy"
     write_wav(clip, 0.2 * np.sin(np.arange(44100) * 0.05), 44100)
-    done = run("encode-voice", "--config", demo_config, clip, voice)
+    done = run_cli("encode-voice", "--config", demo_config, clip, voice)
     assert done.returncode == 0, done.stderr
     assert np.load(voice).shape == (13, 32)
     out = tmp_path / "out.wav"
-    done = run("synth", "--config", demo_config, "--text", "Hi.", "--output", out, "--reference", voice, "--seed", "1")
+    done = run_cli(
+        "synth", "--config", demo_config, "--text", "Hi.", "--output", out, "--reference", voice, "--seed", "1"
+    )
     assert done.returncode == 0, done.stderr
     assert out.is_file()
 
@@ -66,12 +62,12 @@ def test_encode_voice_takes_set_and_synth_writes_the_offline_decode_on_codec_tin
     tiny = f"model.codec_dir={codec_tiny_dir}"
     clip, voice = tmp_path / "ref.wav", tmp_path / "voice.npy"
     write_wav(clip, 0.2 * np.sin(np.arange(24000) * 0.05), 24000)
-    done = run("encode-voice", "--config", demo_config, "--set", tiny, clip, voice)
+    done = run_cli("encode-voice", "--config", demo_config, "--set", tiny, clip, voice)
     assert done.returncode == 0, done.stderr
     np.testing.assert_array_equal(np.load(voice), codec.encode(load_reference_audio(clip)))
     out, tokens = tmp_path / "out.wav", tmp_path / "tokens.npz"
     args = ("--text", "Hello robot.", "--seed", "3", "--reference", voice, "--save-tokens", tokens)
-    done = run("synth", "--config", demo_config, "--set", tiny, "--output", out, *args)
+    done = run_cli("synth", "--config", demo_config, "--set", tiny, "--output", out, *args)
     assert done.returncode == 0, done.stderr
     written, _ = sf.read(out, dtype="int16")
     expected = float_to_pcm16(codec.decode(np.load(tokens)["codes"]))
@@ -79,7 +75,7 @@ def test_encode_voice_takes_set_and_synth_writes_the_offline_decode_on_codec_tin
 
 
 def bad_input_message(*args: str | Path) -> str:
-    done = run(*args)
+    done = run_cli(*args)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr

@@ -12,25 +12,19 @@ import soundfile as sf
 from onnx import TensorProto, helper
 
 from moss_tts_node.codec.audio_io import float_to_pcm16, load_reference_audio, resample, write_wav
-from moss_tts_node.codec.base import ONNX_SOURCE, PUBLISHED_ATTENTION_SPAN_FRAMES, AudioCodec, read_attention_span
+from moss_tts_node.codec.base import ONNX_SOURCE, PUBLISHED_ATTENTION_SPAN_FRAMES, read_attention_span
 from moss_tts_node.codec.onnx import OnnxCodec
 from moss_tts_node.errors import CodecError, RequestError, WeightsError
+from moss_tts_node.model.rates import SAMPLE_RATE as RATE
+from moss_tts_node.model.rates import SAMPLES_PER_FRAME as FRAME
 from moss_tts_node.tools.demo_codec import write_demo_codec
-
-FRAME = AudioCodec.samples_per_frame
-RATE = AudioCodec.sample_rate
-
-
-@pytest.fixture(scope="module")
-def demo_paths(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return write_demo_codec(tmp_path_factory.mktemp("demo_codec"))
 
 
 @pytest.fixture(scope="module", params=["demo", "codec-tiny"])
-def codec(request: pytest.FixtureRequest, demo_paths: tuple[Path, Path]) -> OnnxCodec:
+def codec(request: pytest.FixtureRequest, demo_codec: tuple[Path, Path]) -> OnnxCodec:
     """The demo codec (3-frame receptive field) and codec-tiny (the real architecture's graph patterns)."""
     if request.param == "demo":
-        encoder, decoder = demo_paths
+        encoder, decoder = demo_codec
     else:
         tiny = request.getfixturevalue("codec_tiny_dir")
         encoder, decoder = tiny / "encoder.onnx", tiny / "decoder.onnx"
@@ -58,9 +52,9 @@ def rms_db(samples: np.ndarray) -> float:
 # --- demo codec files and the ONNX backend ---------------------------------------------
 
 
-def test_demo_files_are_small_and_reproducible(demo_paths: tuple[Path, Path], tmp_path: Path) -> None:
+def test_demo_files_are_small_and_reproducible(demo_codec: tuple[Path, Path], tmp_path: Path) -> None:
     again = write_demo_codec(tmp_path)
-    for first, second in zip(demo_paths, again, strict=True):
+    for first, second in zip(demo_codec, again, strict=True):
         assert first.stat().st_size < 2_000_000
         assert first.read_bytes() == second.read_bytes()
 
@@ -136,28 +130,28 @@ def test_encode_rejects_bad_audio(codec: OnnxCodec, bad: np.ndarray, message: st
         codec.encode(bad)
 
 
-def test_without_encoder_decode_works_and_encode_says_why(demo_paths: tuple[Path, Path]) -> None:
-    codec = OnnxCodec(demo_paths[1], provider="cpu")
+def test_without_encoder_decode_works_and_encode_says_why(demo_codec: tuple[Path, Path]) -> None:
+    codec = OnnxCodec(demo_codec[1], provider="cpu")
     assert codec.decode(np.zeros((1, 32), np.int64)).shape == (FRAME,)
     with pytest.raises(CodecError, match=r"no encoder.*encoder_path"):
         codec.encode(noise(1))
 
 
-def test_encoder_loads_lazily(demo_paths: tuple[Path, Path], tmp_path: Path) -> None:
+def test_encoder_loads_lazily(demo_codec: tuple[Path, Path], tmp_path: Path) -> None:
     broken = tmp_path / "encoder.onnx"
     broken.write_bytes(b"not a model")
-    codec = OnnxCodec(demo_paths[1], broken, provider="cpu")  # does not touch the encoder yet
+    codec = OnnxCodec(demo_codec[1], broken, provider="cpu")  # does not touch the encoder yet
     with pytest.raises(CodecError, match=r"encoder\.onnx"):
         codec.encode(noise(1))
 
 
-def test_missing_file_names_it_and_the_source(demo_paths: tuple[Path, Path], tmp_path: Path) -> None:
+def test_missing_file_names_it_and_the_source(demo_codec: tuple[Path, Path], tmp_path: Path) -> None:
     missing = tmp_path / "nowhere" / "decoder.onnx"
     with pytest.raises(WeightsError, match=ONNX_SOURCE) as info:
         OnnxCodec(missing)
     assert str(missing) in str(info.value)
     with pytest.raises(WeightsError, match="encoder"):
-        OnnxCodec(demo_paths[1], tmp_path / "encoder.onnx")
+        OnnxCodec(demo_codec[1], tmp_path / "encoder.onnx")
 
 
 def _passthrough_model(path: Path, inputs: list[tuple[str, int, list]]) -> Path:
@@ -190,24 +184,24 @@ def test_wrong_graph_is_rejected_at_load(tmp_path: Path, inputs: list, message: 
     assert str(path) in str(info.value)
 
 
-def test_encoder_file_given_as_decoder_is_rejected(demo_paths: tuple[Path, Path]) -> None:
+def test_encoder_file_given_as_decoder_is_rejected(demo_codec: tuple[Path, Path]) -> None:
     with pytest.raises(CodecError, match="input_values"):
-        OnnxCodec(demo_paths[0], provider="cpu")
+        OnnxCodec(demo_codec[0], provider="cpu")
 
 
 @pytest.mark.skipif("CUDAExecutionProvider" in ort.get_available_providers(), reason="CUDA present")
-def test_cuda_provider_without_cuda_names_the_available_ones(demo_paths: tuple[Path, Path]) -> None:
+def test_cuda_provider_without_cuda_names_the_available_ones(demo_codec: tuple[Path, Path]) -> None:
     with pytest.raises(CodecError, match=r"CPUExecutionProvider.*onnxruntime-gpu"):
-        OnnxCodec(demo_paths[1], provider="cuda")
+        OnnxCodec(demo_codec[1], provider="cuda")
 
 
-def test_unknown_provider(demo_paths: tuple[Path, Path]) -> None:
+def test_unknown_provider(demo_codec: tuple[Path, Path]) -> None:
     with pytest.raises(CodecError, match="'auto', 'cpu' or 'cuda'"):
-        OnnxCodec(demo_paths[1], provider="tpu")
+        OnnxCodec(demo_codec[1], provider="tpu")
 
 
-def test_closed_codec_refuses_work(demo_paths: tuple[Path, Path]) -> None:
-    with OnnxCodec(demo_paths[1], provider="cpu") as codec:
+def test_closed_codec_refuses_work(demo_codec: tuple[Path, Path]) -> None:
+    with OnnxCodec(demo_codec[1], provider="cpu") as codec:
         assert codec.providers == ["CPUExecutionProvider"]
     with pytest.raises(CodecError, match="closed"):
         codec.decode(np.zeros((1, 32), np.int64))
@@ -229,10 +223,10 @@ def test_codec_tiny_decodes_and_encodes_as_pytorch_does(codec_tiny_dir: Path) ->
 
 
 def test_attention_span_comes_from_the_checkpoint_config(
-    codec_tiny_dir: Path, demo_paths: tuple[Path, Path], tmp_path: Path
+    codec_tiny_dir: Path, demo_codec: tuple[Path, Path], tmp_path: Path
 ) -> None:
     assert OnnxCodec(codec_tiny_dir / "decoder.onnx", provider="cpu").attention_span_frames == 10  # 0.8 s
-    assert OnnxCodec(demo_paths[1], provider="cpu").attention_span_frames == PUBLISHED_ATTENTION_SPAN_FRAMES
+    assert OnnxCodec(demo_codec[1], provider="cpu").attention_span_frames == PUBLISHED_ATTENTION_SPAN_FRAMES
     (tmp_path / "config.json").write_text('{"sampling_rate": 24000}')
     with pytest.raises(CodecError, match=r"config\.json.*causal_transformer_context_duration"):
         read_attention_span(tmp_path)
@@ -274,7 +268,7 @@ def test_reference_padded_to_whole_frames(tmp_path: Path) -> None:
     audio = load_reference_audio(_write(tmp_path / "one_second.wav", sine(440, RATE, 1.0, 0.1)))
     assert audio.dtype == np.float32
     assert len(audio) == 13 * FRAME
-    assert not audio[24000:].any() and audio[23990:24000].any()
+    assert not audio[RATE:].any() and audio[RATE - 10 : RATE].any()
 
 
 def test_reference_stereo_mixed_to_mono_and_resampled(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ import pytest
 from qwen3_reference import exact_backbone, qwen3_forward
 
 from moss_tts_node.errors import BridgeError
+from moss_tts_node.model.layout import gguf_name
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.tools import convert
 from moss_tts_node.tools.cli import main
@@ -28,7 +29,6 @@ from moss_tts_node.tools.convert import (
     checkpoint_tensor_name,
     convert_checkpoint,
     estimate_output_bytes,
-    gguf_file_name,
     quantize_gguf,
     read_checkpoint_config,
     table_files,
@@ -154,7 +154,7 @@ def test_safetensors_package_reads_what_we_write(tmp_path: Path) -> None:
 def test_output_has_the_published_layout(converted: Callable[[str], Path], source: DemoCheckpoint) -> None:
     out = converted("F16")
     spec = ModelSpec.load(out)
-    expected = {gguf_file_name("F16"), "config.json", "tokenizer/tokenizer.json", *table_files(spec)}
+    expected = {gguf_name("F16"), "config.json", "tokenizer/tokenizer.json", *table_files(spec)}
     assert {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()} == expected
     assert len([n for n in expected if n.startswith("embeddings/")]) == 33
     assert len([n for n in expected if n.startswith("lm_heads/")]) == 33
@@ -190,7 +190,7 @@ def test_f32_backbone_matches_the_reference(
 ) -> None:
     # F32 weights hold the bf16-widened values exactly: only float32 arithmetic differs (measured ~5e-7)
     rows, hidden_ref, logits_ref = reference
-    hidden, logits = _run_backbone(converted("F32") / gguf_file_name("F32"), rows)
+    hidden, logits = _run_backbone(converted("F32") / gguf_name("F32"), rows)
     np.testing.assert_allclose(hidden, hidden_ref[PREFILL - 1 :], rtol=0, atol=1e-4)
     np.testing.assert_allclose(logits, logits_ref[PREFILL - 1 :], rtol=0, atol=1e-4)
 
@@ -201,7 +201,7 @@ def test_f16_backbone_matches_the_reference(
     # The weights are still exact (bf16's 8-bit significand fits float16's 11 bits), but llama.cpp rounds the
     # activations to float16 for F16 matmuls: ~2^-11 relative on O(1) hidden states, measured 5e-4 max.
     rows, hidden_ref, logits_ref = reference
-    hidden, logits = _run_backbone(converted("F16") / gguf_file_name("F16"), rows)
+    hidden, logits = _run_backbone(converted("F16") / gguf_name("F16"), rows)
     np.testing.assert_allclose(hidden, hidden_ref[PREFILL - 1 :], rtol=0, atol=5e-3)
     np.testing.assert_allclose(logits, logits_ref[PREFILL - 1 :], rtol=0, atol=1e-2)
 
@@ -215,7 +215,7 @@ def test_quantized_backbone_loads_and_tracks_the_reference(
 ) -> None:
     # random weights are quantization's worst case; measured correlations: Q8_0 0.99997, Q4_K_M 0.998
     out = converted(gguf_type)
-    path = out / gguf_file_name(gguf_type)
+    path = out / gguf_name(gguf_type)
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [path.name, "config.json", "embeddings", "lm_heads", "tokenizer"]
     )
@@ -323,10 +323,10 @@ def test_existing_output_needs_force(tmp_path: Path, small: DemoCheckpoint) -> N
     before = (out / "embeddings" / "emb_ext_00.npy").stat().st_mtime_ns
     with pytest.raises(ConversionError, match=r"already holds MOSS-TTS weights \(MOSS_TTS_F16\.gguf, config\.json"):
         convert_checkpoint(checkpoint, out, "F32")
-    assert not (out / gguf_file_name("F32")).exists()
+    assert not (out / gguf_name("F32")).exists()
     assert (out / "embeddings" / "emb_ext_00.npy").stat().st_mtime_ns == before
     convert_checkpoint(checkpoint, out, "F32", force=True)
-    assert (out / gguf_file_name("F32")).is_file()
+    assert (out / gguf_name("F32")).is_file()
 
 
 def test_leftovers_of_a_killed_conversion_are_removed(tmp_path: Path, small: DemoCheckpoint) -> None:

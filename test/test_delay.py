@@ -1,4 +1,4 @@
-"""The delay pattern and its state machine, rule by rule (facts page, section 5)."""
+"""The delay pattern and its state machine, rule by rule (docs/model.md, "Delay state machine")."""
 
 from __future__ import annotations
 

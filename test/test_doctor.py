@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import linked_copy, run_cli
 
 from moss_tts_node.config import load_config, write_params_file
 from moss_tts_node.tools.doctor import diagnose
 
 
 def doctor(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "moss_tts_node", "doctor", *map(str, args)], capture_output=True, text=True, timeout=120
-    )
+    return run_cli("doctor", *args)
 
 
 def by_name(config: Path | None = None) -> dict[str, tuple[str, str]]:
@@ -42,12 +40,7 @@ def test_a_working_demo_config_passes(demo_config: Path) -> None:
 
 
 def test_missing_weights_and_engines_fail_with_the_fix(demo_config: Path, tmp_path: Path) -> None:
-    weights = tmp_path / "weights"
-    for path in demo_config.parent.rglob("*"):
-        relative = path.relative_to(demo_config.parent)
-        if path.is_file() and relative != Path("embeddings/emb_ext_05.npy"):
-            (weights / relative).parent.mkdir(parents=True, exist_ok=True)
-            (weights / relative).symlink_to(path)
+    weights = linked_copy(demo_config.parent, tmp_path / "weights", skip=["embeddings/emb_ext_05.npy"])
     config = tmp_path / "trt.yaml"
     params = {
         "model.weights_dir": str(weights),
@@ -74,12 +67,7 @@ def test_the_audio_heads_line_says_where_they_run_and_how_to_put_them_on_the_gpu
     from moss_tts_node.tools import doctor as doctor_module
     from moss_tts_node.tools.attach_heads import attach_heads
 
-    weights = tmp_path / "weights"
-    for path in demo_config.parent.rglob("*"):
-        relative = path.relative_to(demo_config.parent)
-        if path.is_file():
-            (weights / relative).parent.mkdir(parents=True, exist_ok=True)
-            (weights / relative).symlink_to(path)
+    weights = linked_copy(demo_config.parent, tmp_path / "weights")
     plain = load_config(demo_config).model.backbone_gguf
 
     def heads_line(gguf: str, backend: str, gpu_layers: int) -> tuple[str, str]:

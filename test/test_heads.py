@@ -5,58 +5,65 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import small_spec
 from qwen3_reference import exact_backbone
 
 from moss_tts_node.errors import BridgeError, WeightsError
 from moss_tts_node.llama.backbone import Backbone
 from moss_tts_node.llama.gguf import GgufHeadsInfo
 from moss_tts_node.model.delay import TextRule
+from moss_tts_node.model.generation import step_logits
 from moss_tts_node.model.heads import NumpyAudioHeads, OnnxAudioHeads, load_audio_heads
+from moss_tts_node.model.layout import HEADS_DIR, audio_head_file
 from moss_tts_node.model.spec import ModelSpec
+from moss_tts_node.synthesizer import Synthesizer
 from moss_tts_node.tools.attach_heads import append_audio_heads_to_gguf
 from moss_tts_node.tools.qwen3_gguf import Qwen3Shape, random_qwen3_tensors, write_qwen3_gguf
 
 SHAPE = Qwen3Shape(hidden=128, layers=2, heads=4, kv_heads=2, head_dim=32, ffn=128, vocab=300)
-SPEC = ModelSpec(
-    pad_token_id=290,
-    im_start_token_id=291,
-    im_end_token_id=292,
-    audio_start_token_id=293,
-    audio_end_token_id=294,
-    audio_user_slot_token_id=295,
-    audio_assistant_gen_slot_token_id=296,
-    audio_assistant_delay_slot_token_id=297,
-)
+SPEC = small_spec(290)
 GEN, DELAY = SPEC.audio_assistant_gen_slot_token_id, SPEC.audio_assistant_delay_slot_token_id
 AUDIO_RULE = TextRule(allowed=(GEN, DELAY), banned=(SPEC.im_end_token_id,))
 ALL = np.ones(SPEC.n_vq, dtype=bool)
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+@dataclass(frozen=True)
+class HeadsModel:
     """A tiny F32 backbone, its float16 heads, and the same GGUF with the heads appended."""
-    root = tmp_path_factory.mktemp("heads")
-    tensors = random_qwen3_tensors(SHAPE, seed=3)
-    plain = root / "plain.gguf"
-    write_qwen3_gguf(plain, SHAPE, tensors.items())
-    rng = np.random.default_rng(4)
-    (root / "lm_heads").mkdir()
-    heads = rng.standard_normal((SPEC.n_vq, SPEC.audio_rows, SHAPE.hidden)) / np.sqrt(SHAPE.hidden)
-    heads = heads.astype(np.float16)
-    for k in range(SPEC.n_vq):
-        np.save(root / "lm_heads" / f"lm_head_audio_{k:02d}.npy", heads[k])
-    carrying = root / "with_heads.gguf"
-    append_audio_heads_to_gguf(plain, root / "lm_heads", carrying, SPEC)
-    return {"root": root, "plain": plain, "carrying": carrying, "heads": heads, "tensors": tensors}
+
+    root: Path
+    plain: Path  # the backbone GGUF
+    carrying: Path  # the backbone GGUF with the audio heads in its output matrix
+    heads: np.ndarray  # (n_vq, audio_rows, hidden) float16, as written to heads_dir
+
+    @property
+    def heads_dir(self) -> Path:
+        return self.root / HEADS_DIR
 
 
 @pytest.fixture(scope="module")
-def plain_backbone(model: dict[str, object]) -> Iterator[Backbone]:
-    with exact_backbone(model["plain"]) as backbone:  # type: ignore[arg-type]
+def model(tmp_path_factory: pytest.TempPathFactory) -> HeadsModel:
+    root = tmp_path_factory.mktemp("heads")
+    plain = root / "plain.gguf"
+    write_qwen3_gguf(plain, SHAPE, random_qwen3_tensors(SHAPE, seed=3).items())
+    rng = np.random.default_rng(4)
+    heads = rng.standard_normal((SPEC.n_vq, SPEC.audio_rows, SHAPE.hidden)) / np.sqrt(SHAPE.hidden)
+    model = HeadsModel(root, plain, root / "with_heads.gguf", heads.astype(np.float16))
+    model.heads_dir.mkdir()
+    for k in range(SPEC.n_vq):
+        np.save(model.heads_dir / audio_head_file(k), model.heads[k])
+    append_audio_heads_to_gguf(plain, model.heads_dir, model.carrying, SPEC)
+    return model
+
+
+@pytest.fixture(scope="module")
+def plain_backbone(model: HeadsModel) -> Iterator[Backbone]:
+    with exact_backbone(model.plain) as backbone:
         yield backbone
 
 
@@ -72,42 +79,42 @@ def _reference(heads: np.ndarray, hidden: np.ndarray) -> np.ndarray:
     return np.einsum("crh,h->cr", heads.astype(np.float64), hidden.astype(np.float64))
 
 
-def test_numpy_heads_are_exact_and_compute_only_the_sampled_span(
-    model: dict[str, object], plain_backbone: Backbone
-) -> None:
+def test_numpy_heads_are_exact_and_compute_only_the_sampled_span(model: HeadsModel, plain_backbone: Backbone) -> None:
     hidden = _decode_some(plain_backbone)
-    reference = _reference(model["heads"], hidden)  # type: ignore[arg-type]
-    heads = NumpyAudioHeads(model["root"] / "lm_heads", SPEC, SHAPE.hidden)  # type: ignore[operator]
-    np.testing.assert_allclose(heads.step(plain_backbone, TextRule(forced=GEN), ALL).audio, reference, atol=1e-5)
+    reference = _reference(model.heads, hidden)
+    heads = NumpyAudioHeads(model.heads_dir, SPEC, SHAPE.hidden)
+    np.testing.assert_allclose(
+        step_logits(plain_backbone, heads, TextRule(forced=GEN), ALL).audio, reference, atol=1e-5
+    )
     for channels in (np.arange(SPEC.n_vq) < 3, np.arange(SPEC.n_vq) >= 29):
         heads._logits[:] = np.nan
-        audio = heads.step(plain_backbone, TextRule(forced=DELAY), channels).audio
+        audio = step_logits(plain_backbone, heads, TextRule(forced=DELAY), channels).audio
         np.testing.assert_allclose(audio[channels], reference[channels], atol=1e-5)
         assert np.isnan(audio[~channels]).all()  # the others were not computed
 
 
-def test_onnx_heads_match_within_8_bit_rounding(model: dict[str, object], plain_backbone: Backbone) -> None:
+def test_onnx_heads_match_within_8_bit_rounding(model: HeadsModel, plain_backbone: Backbone) -> None:
     hidden = _decode_some(plain_backbone, seed=1)
-    reference = _reference(model["heads"], hidden)  # type: ignore[arg-type]
-    heads = OnnxAudioHeads(model["root"] / "lm_heads", SPEC, SHAPE.hidden, threads=2)  # type: ignore[operator]
-    audio = heads.step(plain_backbone, TextRule(forced=GEN), ALL).audio
+    reference = _reference(model.heads, hidden)
+    heads = OnnxAudioHeads(model.heads_dir, SPEC, SHAPE.hidden, threads=2)
+    audio = step_logits(plain_backbone, heads, TextRule(forced=GEN), ALL).audio
     error = np.abs(audio - reference) / reference.std()  # 8-bit weights and activations, blocks of 32
     assert error.max() < 0.05 and error.mean() < 0.01
     top = np.argsort(-reference, axis=1)[:, :5]
     assert np.mean(np.argmax(audio, axis=1) == top[:, 0]) > 0.9
 
 
-def test_gguf_heads_come_out_of_llama_cpp(model: dict[str, object], plain_backbone: Backbone) -> None:
-    info = GgufHeadsInfo(model["carrying"])  # type: ignore[arg-type]
+def test_gguf_heads_come_out_of_llama_cpp(model: HeadsModel, plain_backbone: Backbone) -> None:
+    info = GgufHeadsInfo(model.carrying)
     assert (info.audio_heads, info.text_vocab) == (SPEC.n_vq, SHAPE.vocab)
-    with exact_backbone(model["carrying"]) as backbone:  # type: ignore[arg-type]
+    with exact_backbone(model.carrying) as backbone:
         assert backbone.n_vocab == SHAPE.vocab + SPEC.n_vq * SPEC.audio_rows
         hidden = _decode_some(backbone, seed=2)
-        heads = load_audio_heads("gguf", model["root"] / "lm_heads", SPEC, SHAPE.hidden, model["carrying"])  # type: ignore[operator]
+        heads = load_audio_heads("gguf", model.heads_dir, SPEC, SHAPE.hidden, model.carrying)
         assert heads.name == "gguf" and heads.text_vocab == SHAPE.vocab
         assert heads.wants_text_head(AUDIO_RULE)
-        step = heads.step(backbone, TextRule(), ALL)
-        np.testing.assert_allclose(step.audio, _reference(model["heads"], hidden), atol=1e-4)  # type: ignore[arg-type]
+        step = step_logits(backbone, heads, TextRule(), ALL)
+        np.testing.assert_allclose(step.audio, _reference(model.heads, hidden), atol=1e-4)
         assert step.text is not None and step.text.shape == (SHAPE.vocab,) and step.text_ids is None
     # the text logits are the plain model's, bit for bit: the appended rows change nothing before them
     _decode_some(plain_backbone, seed=2)
@@ -125,19 +132,19 @@ def test_text_head_skip_keeps_the_hidden_state_and_refuses_the_text_logits(plain
 
 
 def test_audio_phase_text_logits_from_the_gguf_rows_match_llama_cpp(
-    model: dict[str, object], plain_backbone: Backbone
+    model: HeadsModel, plain_backbone: Backbone
 ) -> None:
-    heads = load_audio_heads("numpy", model["root"] / "lm_heads", SPEC, SHAPE.hidden, model["plain"])  # type: ignore[operator]
+    heads = load_audio_heads("numpy", model.heads_dir, SPEC, SHAPE.hidden, model.plain)
     assert heads.text_ids == (GEN, DELAY)
     _decode_some(plain_backbone, seed=6)
     full = plain_backbone.text_logits().copy()
-    step = heads.step(plain_backbone, AUDIO_RULE, ALL)
+    step = step_logits(plain_backbone, heads, AUDIO_RULE, ALL)
     assert step.text_ids == (GEN, DELAY)
     np.testing.assert_allclose(step.text, full[[GEN, DELAY]], atol=1e-4)
 
 
-def test_which_steps_need_llama_cpps_text_head(model: dict[str, object]) -> None:
-    heads = load_audio_heads("onnx", model["root"] / "lm_heads", SPEC, SHAPE.hidden, model["plain"])  # type: ignore[operator]
+def test_which_steps_need_llama_cpps_text_head(model: HeadsModel) -> None:
+    heads = load_audio_heads("onnx", model.heads_dir, SPEC, SHAPE.hidden, model.plain)
     assert not heads.wants_text_head(TextRule(forced=DELAY))
     assert not heads.wants_text_head(AUDIO_RULE)
     assert not heads.wants_text_head(TextRule(allowed=(GEN, DELAY), banned=(DELAY,)))
@@ -146,32 +153,31 @@ def test_which_steps_need_llama_cpps_text_head(model: dict[str, object]) -> None
 
 
 def test_auto_takes_the_gguf_heads_only_with_layers_on_a_gpu(
-    model: dict[str, object], monkeypatch: pytest.MonkeyPatch
+    model: HeadsModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import moss_tts_node.model.heads as weights
 
     def auto(path: Path, gpu_layers: int) -> str:
-        return load_audio_heads(
-            "auto", model["root"] / "lm_heads", SPEC, SHAPE.hidden, path, n_gpu_layers=gpu_layers
-        ).name  # type: ignore[operator]
+        return load_audio_heads("auto", model.heads_dir, SPEC, SHAPE.hidden, path, n_gpu_layers=gpu_layers).name
 
-    assert auto(model["carrying"], -1) == ("gguf" if weights.llama_supports_gpu_offload() else "onnx")  # type: ignore[arg-type]
+    assert auto(model.carrying, -1) == ("gguf" if weights.llama_supports_gpu_offload() else "onnx")
     monkeypatch.setattr(weights, "llama_supports_gpu_offload", lambda: True)
-    assert auto(model["carrying"], -1) == "gguf"  # type: ignore[arg-type]
-    assert auto(model["carrying"], 0) == "onnx"  # type: ignore[arg-type]
-    assert auto(model["plain"], -1) == "onnx"  # type: ignore[arg-type]
+    assert auto(model.carrying, -1) == "gguf"
+    assert auto(model.carrying, 0) == "onnx"
+    assert auto(model.plain, -1) == "onnx"
 
 
-def test_gguf_backend_needs_a_gguf_that_carries_the_heads(model: dict[str, object]) -> None:
+def test_gguf_backend_needs_a_gguf_that_carries_the_heads(model: HeadsModel) -> None:
     with pytest.raises(WeightsError, match="does not"):
-        load_audio_heads("gguf", model["root"] / "lm_heads", SPEC, SHAPE.hidden, model["plain"])  # type: ignore[operator]
-    assert load_audio_heads("auto", model["root"] / "lm_heads", SPEC, SHAPE.hidden, model["plain"]).name == "onnx"  # type: ignore[operator]
+        load_audio_heads("gguf", model.heads_dir, SPEC, SHAPE.hidden, model.plain)
+    assert load_audio_heads("auto", model.heads_dir, SPEC, SHAPE.hidden, model.plain).name == "onnx"
     with pytest.raises(WeightsError, match="already carries"):
-        append_audio_heads_to_gguf(model["carrying"], model["root"] / "lm_heads", model["root"] / "x.gguf", SPEC)  # type: ignore[arg-type,operator]
+        append_audio_heads_to_gguf(model.carrying, model.heads_dir, model.root / "x.gguf", SPEC)
 
 
-def test_one_row_embedding_equals_the_batched_path(synth: object) -> None:
-    embeddings = synth.embeddings  # type: ignore[attr-defined]
+def test_one_row_embedding_equals_the_batched_path(synth: Synthesizer) -> None:
+    embeddings = synth.embeddings
+    assert embeddings is not None
     rng = np.random.default_rng(0)
     rows = np.concatenate(
         [rng.integers(0, 200, (3, 1)), rng.integers(0, 1025, (3, embeddings.spec.n_vq))], axis=1
@@ -195,8 +201,6 @@ def carrying_demo_gguf(demo_config: Path, tmp_path_factory: pytest.TempPathFacto
 
 @pytest.mark.parametrize("backend", ["numpy", "onnx", "gguf"])
 def test_synthesis_runs_on_each_heads_backend(demo_config: Path, carrying_demo_gguf: Path, backend: str) -> None:
-    from moss_tts_node.synthesizer import Synthesizer
-
     overrides: dict[str, object] = {"audio.heads_backend": backend}
     if backend == "gguf":
         overrides["model.backbone_gguf"] = str(carrying_demo_gguf)
@@ -212,8 +216,6 @@ def test_a_gguf_carrying_the_heads_speaks_the_same_on_the_other_backends(
 ) -> None:
     """A Jetson config (carrying GGUF) on a CPU-only build: auto picks onnx, and the text logits must not
     include the appended audio rows."""
-    from moss_tts_node.synthesizer import Synthesizer
-
     results = []
     for gguf in (None, str(carrying_demo_gguf)):
         overrides: dict[str, object] = {"audio.heads_backend": backend}
@@ -250,17 +252,16 @@ def test_fast_audio_sampling_draws_what_the_general_path_draws() -> None:
 
 
 def test_attach_heads_command_writes_the_carrying_gguf_and_refuses_what_it_cannot_do(
-    model: dict[str, object], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    model: HeadsModel, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from moss_tts_node.tools.cli import main
 
-    root = model["root"]
     weights = tmp_path / "weights"
     weights.mkdir()
     assert main(["attach-heads", str(weights)]) == 2
     assert "lm_heads not found" in capsys.readouterr().err
-    (weights / "lm_heads").symlink_to(root / "lm_heads")  # type: ignore[operator]
-    (weights / "model.gguf").write_bytes(model["plain"].read_bytes())  # type: ignore[attr-defined]
+    (weights / HEADS_DIR).symlink_to(model.heads_dir)
+    (weights / "model.gguf").write_bytes(model.plain.read_bytes())
     (weights / "config.json").write_text(
         json.dumps({f.name: getattr(SPEC, f.name) for f in dataclasses.fields(SPEC)}), encoding="utf-8"
     )
@@ -268,13 +269,13 @@ def test_attach_heads_command_writes_the_carrying_gguf_and_refuses_what_it_canno
     assert main(["attach-heads", str(weights)]) == 0
     target = weights / "model_audio_heads.gguf"
     assert "model.backbone_gguf: model_audio_heads.gguf" in capsys.readouterr().out
-    assert target.read_bytes() == model["carrying"].read_bytes()  # type: ignore[attr-defined]
+    assert target.read_bytes() == model.carrying.read_bytes()
 
     assert main(["attach-heads", str(weights)]) == 2  # the only plain GGUF's target exists now
     assert "pass --force" in capsys.readouterr().err
     assert main(["attach-heads", str(weights), "--gguf", target.name, "--output", "x.gguf"]) == 2
     assert "already carries" in capsys.readouterr().err
-    (weights / "other.gguf").write_bytes(model["plain"].read_bytes())  # type: ignore[attr-defined]
+    (weights / "other.gguf").write_bytes(model.plain.read_bytes())
     assert main(["attach-heads", str(weights)]) == 2
     assert "2 GGUF files without the audio heads (model.gguf, other.gguf)" in capsys.readouterr().err
     assert main(["attach-heads", str(weights), "--gguf", "other.gguf", "--output", "other.gguf"]) == 2

@@ -10,20 +10,13 @@ import numpy as np
 import pytest
 
 from moss_tts_node.codec.audio_io import write_wav
-from moss_tts_node.codec.base import (
-    WINDOW_OVERLAP_SPANS,
-    AudioCodec,
-    frames_for_seconds,
-    run_windowed,
-    window_context,
-)
+from moss_tts_node.codec.base import WINDOW_OVERLAP_SPANS, run_windowed, window_context
 from moss_tts_node.codec.onnx import OnnxCodec
 from moss_tts_node.codec.streaming import SegmentDecoder, WindowedStreamDecoding
+from moss_tts_node.model.rates import SAMPLE_RATE, SAMPLES_PER_FRAME, frames_for_seconds
 from moss_tts_node.synthesizer import Synthesizer
 from moss_tts_node.text.prompt import PromptFields
-from moss_tts_node.tools.demo_codec import write_demo_codec
 
-SPF = AudioCodec.samples_per_frame
 LONG_TEXT = (
     "The robot walks to the door. It opens the door slowly! Then it says hello to everyone in the room. "
     "Finally, it sits down and waits. Nobody answers, so it tells a story about the sea. The end."
@@ -77,13 +70,8 @@ class CountingCodec(OnnxCodec):
         return super()._decode(codes)
 
     def _encode(self, waveform: np.ndarray) -> np.ndarray:
-        self.calls.append(waveform.shape[0] // SPF)
+        self.calls.append(waveform.shape[0] // SAMPLES_PER_FRAME)
         return super()._encode(waveform)
-
-
-@pytest.fixture(scope="module")
-def codec_paths(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return write_demo_codec(tmp_path_factory.mktemp("codec"))
 
 
 def counting_codec(paths: tuple[Path, Path], max_frames: int | None) -> CountingCodec:
@@ -93,25 +81,25 @@ def counting_codec(paths: tuple[Path, Path], max_frames: int | None) -> Counting
     return codec
 
 
-def test_offline_decode_and_encode_longer_than_the_limit_are_windowed(codec_paths: tuple[Path, Path]) -> None:
+def test_offline_decode_and_encode_longer_than_the_limit_are_windowed(demo_codec: tuple[Path, Path]) -> None:
     rng = np.random.default_rng(1)
     codes = rng.integers(0, 1024, size=(37, 32))
-    audio = (0.1 * rng.standard_normal(23 * SPF)).astype(np.float32)
-    whole, limited = counting_codec(codec_paths, None), counting_codec(codec_paths, 8)
+    audio = (0.1 * rng.standard_normal(23 * SAMPLES_PER_FRAME)).astype(np.float32)
+    whole, limited = counting_codec(demo_codec, None), counting_codec(demo_codec, 8)
     np.testing.assert_allclose(limited.decode(codes), whole.decode(codes), atol=1e-6)
     np.testing.assert_array_equal(limited.encode(audio), whole.encode(audio))
     assert whole.calls == [37, 23]
     assert max(limited.calls) == 8 and len(limited.calls) > 2
 
 
-def test_streaming_with_a_left_context_longer_than_the_limit_stays_within_it(codec_paths: tuple[Path, Path]) -> None:
+def test_streaming_with_a_left_context_longer_than_the_limit_stays_within_it(demo_codec: tuple[Path, Path]) -> None:
     codes = np.random.default_rng(2).integers(0, 1024, size=(40, 32))
-    codec = counting_codec(codec_paths, 6)
+    codec = counting_codec(demo_codec, 6)
     stream = SegmentDecoder(WindowedStreamDecoding(codec, left_context=25), chunk_frames=5, n_vq=32)
     pieces = [stream.push(frame) for frame in codes]
     pieces.append(stream.end_segment())
     audio = np.concatenate([piece for piece in pieces if piece is not None])
-    np.testing.assert_allclose(audio, counting_codec(codec_paths, None).decode(codes), atol=1e-6)
+    np.testing.assert_allclose(audio, counting_codec(demo_codec, None).decode(codes), atol=1e-6)
     assert max(codec.calls) <= 6
 
 
@@ -136,7 +124,7 @@ def test_codec_tiny_windows_overlapping_by_the_chosen_spans_stay_close_to_one_ca
     assert snr_db(audio, one_call) > 35
     assert np.abs(audio - one_call).max() < 2e-3
     # The measurement the choice rests on: one span of overlap is far off.
-    one_span = run_windowed(codes, limit, lambda window: windowed._decode(window).reshape(-1, SPF), span)
+    one_span = run_windowed(codes, limit, lambda window: windowed._decode(window).reshape(-1, SAMPLES_PER_FRAME), span)
     assert snr_db(one_span.reshape(-1), one_call) < 10
 
 
@@ -160,10 +148,10 @@ def test_text_too_long_for_the_context_is_spoken_in_pieces_as_one_stream(small_c
     assert pieces >= 2
     assert [chunk.index for chunk in chunks] == list(range(len(chunks)))
     assert [chunk.is_final for chunk in chunks] == [False] * (len(chunks) - 1) + [True]
-    starts = np.cumsum([0] + [chunk.samples.shape[0] for chunk in chunks[:-1]]) / 24000
+    starts = np.cumsum([0] + [chunk.samples.shape[0] for chunk in chunks[:-1]]) / SAMPLE_RATE
     np.testing.assert_allclose([chunk.start_s for chunk in chunks], starts)
     audio = np.concatenate([chunk.samples for chunk in chunks])
-    assert audio.shape[0] == stream.codes.shape[0] * SPF
+    assert audio.shape[0] == stream.codes.shape[0] * SAMPLES_PER_FRAME
     assert report.steps == generated.shape[0] and report.frames == stream.codes.shape[0]
     assert report.prompt_rows > stream.prompt.shape[0]  # every piece's prompt counted
     assert stream.prompt.shape[0] + 60 <= small_context.n_ctx
@@ -207,5 +195,5 @@ def test_low_memory_loads_stages_in_turn_and_gives_the_same_speech(
         np.testing.assert_allclose(got.audio, expected.audio, atol=1e-5)
         assert staged.backbone is None and staged.codec is None
         clip = tmp_path / "voice.wav"
-        write_wav(clip, 0.3 * np.sin(2 * np.pi * 220 * np.arange(24000) / 24000), 24000)
+        write_wav(clip, 0.3 * np.sin(2 * np.pi * 220 * np.arange(SAMPLE_RATE) / SAMPLE_RATE), SAMPLE_RATE)
         np.testing.assert_array_equal(staged.encode_reference(clip), synth.encode_reference(clip))

@@ -1,4 +1,4 @@
-"""Tests of moss_tts_node.text.normalize: one case per rule of the spec, protected spans, idempotence."""
+"""Tests of moss_tts_node.text.normalize: each rule of docs/model.md ("Text clean-up"), protected spans, idempotence."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from moss_tts_node.text.normalize import _normalize_once, normalize_text
 
-# (input, expected): at least one case per rule of docs/moss-tts-delay.md section 4.
+# (input, expected): at least one case per rule of docs/model.md, "Text clean-up".
 RULE_CASES = [
     # characters
     pytest.param("第一行\r\n第二行\r第三行", "第一行。第二行。第三行", id="crlf-and-cr-unified"),

@@ -1,4 +1,4 @@
-"""Prompt layout against the facts page (section 4), row by row, on the demo tokenizer."""
+"""Prompt layout against docs/model.md ("Prompt format"), row by row, on the demo tokenizer."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def builder(weights: Path) -> PromptBuilder:
 
 
 def expected_text(ref: str, language: str, text: str) -> str:
-    # Written out literally from the facts page, independently of prompt.py.
+    # Written out literally from docs/model.md, independently of prompt.py.
     content = (
         "<user_inst>\n- Reference(s):\n" + ref + "\n- Instruction:\nNone\n- Tokens:\nNone\n- Quality:\nNone\n"
         "- Sound Event:\nNone\n- Ambient Sound:\nNone\n- Language:\n"

@@ -22,12 +22,11 @@ from ros_helpers import require_ros
 from ros_helpers.netns import LoopbackNamespace, NodeProcess
 
 from moss_tts_node.config import flatten, load_config, write_params_file
+from moss_tts_node.model.rates import SAMPLE_RATE, SAMPLES_PER_FRAME
 from moss_tts_node.ros.queue import FULL
 
 require_ros()
 
-SAMPLES_PER_FRAME = 1920
-RATE = 24000
 SUCCEEDED, CANCELED, ABORTED = 4, 5, 6  # action_msgs/GoalStatus
 QUEUED, GENERATING, DONE = 0, 1, 2  # Speak feedback states
 # With greedy text the demo model speaks until max_new_tokens: about ten seconds of generation,
@@ -84,9 +83,9 @@ def assert_stream(chunks: list[dict[str, Any]], *, final: bool = True) -> None:
     assert [c["is_final"] for c in chunks] == [False] * (len(chunks) - 1) + [final]
     offset = 0.0
     for chunk in chunks:
-        assert (chunk["sample_rate"], chunk["channels"], chunk["encoding"]) == (RATE, 1, "pcm_s16le")
+        assert (chunk["sample_rate"], chunk["channels"], chunk["encoding"]) == (SAMPLE_RATE, 1, "pcm_s16le")
         assert chunk["start_offset"] == pytest.approx(offset)
-        offset += chunk["bytes"] / 2 / RATE
+        offset += chunk["bytes"] / 2 / SAMPLE_RATE
 
 
 def test_text_topic_streams_chunks_in_order(netns: LoopbackNamespace, node: NodeProcess) -> None:
@@ -112,8 +111,8 @@ def test_synthesize_returns_the_audio_of_every_frame(
     timing = response["timing"]
     assert timing["frames"] > 0 and timing["stop_reason"] == "end" and timing["seed"] == 1
     assert response["bytes"] == timing["frames"] * SAMPLES_PER_FRAME * width
-    assert response["duration"] == pytest.approx(timing["frames"] * SAMPLES_PER_FRAME / RATE)
-    assert (response["sample_rate"], response["channels"], response["encoding"]) == (RATE, 1, encoding)
+    assert response["duration"] == pytest.approx(timing["frames"] * SAMPLES_PER_FRAME / SAMPLE_RATE)
+    assert (response["sample_rate"], response["channels"], response["encoding"]) == (SAMPLE_RATE, 1, encoding)
     assert 0 < timing["time_to_first_audio"] <= timing["wall_time"] and timing["real_time_factor"] > 0
 
 
@@ -129,7 +128,7 @@ def test_speak_gives_feedback_then_a_result(netns: LoopbackNamespace, node: Node
     assert [f["chunks"] for f in feedback] == sorted(f["chunks"] for f in feedback)
     assert feedback[-1]["chunks"] == len(chunks)
     assert feedback[-1]["audio_produced"] == pytest.approx(goal["duration"])
-    assert goal["duration"] == pytest.approx(goal["timing"]["frames"] * SAMPLES_PER_FRAME / RATE)
+    assert goal["duration"] == pytest.approx(goal["timing"]["frames"] * SAMPLES_PER_FRAME / SAMPLE_RATE)
 
 
 def test_cancel_stops_the_utterance_within_a_step(netns: LoopbackNamespace, node: NodeProcess) -> None:
@@ -276,9 +275,9 @@ def test_audio_common_topics_carry_the_same_audio_as_s16le(netns: LoopbackNamesp
     assert answer["raw"] == pcm and answer["stamped"] == pcm
     assert answer["info"] == {
         "channels": 1,
-        "sample_rate": RATE,
+        "sample_rate": SAMPLE_RATE,
         "sample_format": "S16LE",
-        "bitrate": RATE * 16,
+        "bitrate": SAMPLE_RATE * 16,
         "coding_format": "wave",
     }
 

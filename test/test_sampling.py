@@ -1,4 +1,4 @@
-"""Sampling semantics (facts page, section 6) and seed determinism."""
+"""Sampling semantics (docs/model.md, "Sampling") and seed determinism."""
 
 from __future__ import annotations
 
@@ -6,22 +6,13 @@ import dataclasses
 
 import numpy as np
 import pytest
+from conftest import small_spec
 
 from moss_tts_node.config import SamplingConfig
 from moss_tts_node.model.delay import TextRule
 from moss_tts_node.model.sampling import Sampler, penalized, sample_rows
-from moss_tts_node.model.spec import ModelSpec
 
-SPEC = ModelSpec(
-    pad_token_id=10,
-    im_start_token_id=11,
-    im_end_token_id=12,
-    audio_start_token_id=13,
-    audio_end_token_id=14,
-    audio_user_slot_token_id=15,
-    audio_assistant_gen_slot_token_id=16,
-    audio_assistant_delay_slot_token_id=17,
-)
+SPEC = small_spec(10)
 N = SPEC.n_vq
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from moss_tts_node.config import load_config, read_params_file
 from moss_tts_node.model.layout import is_heads_gguf_name
+from moss_tts_node.model.rates import SAMPLES_PER_FRAME
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.tools.attach_heads import append_audio_heads_to_gguf
 
@@ -43,5 +44,5 @@ def test_a_shipped_config_speaks_on_the_demo_model(shipped: Path, demo_config: P
                 group, name = key.split(".")
                 assert getattr(getattr(synth.config, group), name) == value, key
         result = synth.synthesize("Hello! I am a robot.", seed=2, max_new_tokens=120)
-    assert result.codes.shape[0] > 0 and result.audio.shape[0] == 1920 * result.codes.shape[0]
+    assert result.codes.shape[0] > 0 and result.audio.shape[0] == SAMPLES_PER_FRAME * result.codes.shape[0]
     assert np.isfinite(result.audio).all()

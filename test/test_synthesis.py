@@ -9,16 +9,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import linked_copy
 
 from moss_tts_node.codec.audio_io import write_wav
 from moss_tts_node.codec.onnx import OnnxCodec
 from moss_tts_node.errors import RequestError, WeightsError
 from moss_tts_node.model.delay import remove_delay
+from moss_tts_node.model.rates import SAMPLE_RATE, SAMPLES_PER_FRAME
 from moss_tts_node.synthesizer import Synthesizer
 from moss_tts_node.timing import StageClock, TimingReport
 
 TEXT = "Hello! I am a robot."
-SPF = 1920
 
 
 def test_stream_equals_offline_decode_and_keeps_the_last_chunk(synth: Synthesizer) -> None:
@@ -28,11 +29,11 @@ def test_stream_equals_offline_decode_and_keeps_the_last_chunk(synth: Synthesize
     codes = stream.codes
     assert codes is not None and codes.shape[0] > 1
     audio = np.concatenate([c.samples for c in chunks])
-    assert audio.shape == (codes.shape[0] * SPF,)
+    assert audio.shape == (codes.shape[0] * SAMPLES_PER_FRAME,)
     np.testing.assert_allclose(audio, synth.codec.decode(codes), atol=1e-5)
     assert [c.index for c in chunks] == list(range(len(chunks)))
     assert [c.is_final for c in chunks] == [False] * (len(chunks) - 1) + [True]
-    starts = np.cumsum([0] + [c.samples.shape[0] for c in chunks[:-1]]) / 24000
+    starts = np.cumsum([0] + [c.samples.shape[0] for c in chunks[:-1]]) / SAMPLE_RATE
     np.testing.assert_allclose([c.start_s for c in chunks], starts)
 
 
@@ -57,6 +58,19 @@ def test_whole_utterance_is_the_codecs_offline_decode_on_codec_tiny(
     assert np.abs(audio - one_call).max() > 1e-3  # stitched chunks are not what the codec decodes
 
 
+def test_the_stream_clock_times_every_step(synth: Synthesizer) -> None:
+    """What bench reads: one heads call per generated row, one decode between consecutive rows."""
+    stream = synth.stream(TEXT, seed=1)
+    list(stream)
+    assert stream.clock is not None and stream.generated is not None and stream.report is not None
+    steps = stream.generated.shape[0]
+    assert len(stream.clock.calls["heads"]) == steps and len(stream.clock.calls["backbone"]) == steps - 1
+    starts = [start for start, _ in stream.clock.calls["heads"]]
+    assert starts == sorted(starts)
+    total = sum(seconds for _, seconds in stream.clock.calls["backbone"])
+    assert total * 1000 / steps == pytest.approx(stream.report.backbone_ms_per_step)
+
+
 def test_generated_rows_de_delay_to_the_decoded_codes(synth: Synthesizer) -> None:
     result = synth.synthesize(TEXT, seed=2)
     frames = remove_delay(result.generated[:, 1:])
@@ -78,7 +92,7 @@ def test_first_chunk_leaves_right_after_the_32nd_step(synth: Synthesizer) -> Non
     stream = synth.stream(TEXT, seed=1, cancel=count_steps)
     first = next(iter(stream))
     assert steps == 32
-    assert first.samples.shape == (SPF,)
+    assert first.samples.shape == (SAMPLES_PER_FRAME,)
     list(stream)  # drain
 
 
@@ -153,9 +167,9 @@ def test_prompt_longer_than_the_context_is_refused(demo_config: Path) -> None:
 
 
 def test_reference_from_clip_and_from_codes(synth: Synthesizer, tmp_path: Path) -> None:
-    t = np.arange(24000) / 24000
+    t = np.arange(SAMPLE_RATE) / SAMPLE_RATE
     clip = tmp_path / "voice.wav"
-    write_wav(clip, 0.3 * np.sin(2 * np.pi * 220 * t), 24000)
+    write_wav(clip, 0.3 * np.sin(2 * np.pi * 220 * t), SAMPLE_RATE)
     codes = synth.encode_reference(clip)
     assert codes.shape == (13, 32) and codes.dtype == np.int64  # 1 s padded up to 13 frames
     np.save(tmp_path / "voice.npy", codes)
@@ -182,17 +196,6 @@ def test_bad_references_are_refused(synth: Synthesizer, tmp_path: Path) -> None:
         synth.stream(TEXT, reference=tmp_path / "range.npy")
 
 
-def linked_copy(src: Path, dst: Path, skip: str) -> Path:
-    """A weights directory of symlinks to the demo's files, except ``skip`` (relative path)."""
-    for path in src.rglob("*"):
-        rel = path.relative_to(src)
-        if path.is_dir() or str(rel) == skip:
-            continue
-        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
-        (dst / rel).symlink_to(path)
-    return dst / "config.yaml"
-
-
 @pytest.mark.parametrize(
     ("target", "content", "message"),
     [
@@ -207,7 +210,7 @@ def linked_copy(src: Path, dst: Path, skip: str) -> Path:
 def test_broken_weight_files_are_named(
     demo_config: Path, tmp_path: Path, target: str, content: bytes | np.ndarray | None, message: str
 ) -> None:
-    config = linked_copy(demo_config.parent, tmp_path, skip=target)
+    config = linked_copy(demo_config.parent, tmp_path, skip=[target]) / "config.yaml"
     if isinstance(content, bytes):
         (tmp_path / target).write_bytes(content)
     elif isinstance(content, np.ndarray):

@@ -7,13 +7,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_cli
 
 from moss_tts_node.codec.base import AudioCodec
 from moss_tts_node.codec.cuda import GpuInfo
@@ -31,9 +30,9 @@ from moss_tts_node.codec.factory import open_codec
 from moss_tts_node.codec.onnx import OnnxCodec
 from moss_tts_node.config import load_config
 from moss_tts_node.errors import CodecError, ConfigError, MossTTSError, WeightsError
+from moss_tts_node.model.rates import SAMPLES_PER_FRAME
 from moss_tts_node.tools.demo_codec import write_demo_codec
 
-SPF = AudioCodec.samples_per_frame
 ORIN = GpuInfo("Orin", "8.7", 7 * 2**30)
 
 
@@ -75,7 +74,7 @@ def test_profiles_follow_upstream_for_40_seconds() -> None:
 
 def test_short_profiles_clamp_opt_and_keep_whole_frames() -> None:
     assert profile_shapes("decoder", 2).opt == profile_shapes("decoder", 2).max == (32, 1, 25)
-    assert profile_shapes("encoder", 5).max == (1, 1, 62 * SPF)  # 62.5 frames: whole frames only
+    assert profile_shapes("encoder", 5).max == (1, 1, 62 * SAMPLES_PER_FRAME)  # 62.5 frames: whole frames only
     with pytest.raises(CodecError, match="positive"):
         profile_shapes("decoder", 0)
 
@@ -150,9 +149,7 @@ def test_without_tensorrt_every_entry_point_says_what_is_missing(demo_config: Pa
         open_codec(config)
     out = tmp_path / "engines"
     command = ["build-engines", "--decoder", weights / "codec" / "decoder.onnx", "--out", out, "--max-seconds", "2"]
-    done = subprocess.run(
-        [sys.executable, "-m", "moss_tts_node", *command], capture_output=True, text=True, timeout=120
-    )
+    done = run_cli(*command)
     assert done.returncode == 2
     assert "TensorRT is not usable" in done.stderr or "CUDA" in done.stderr, done.stderr
     assert not (out / METADATA_FILE).exists()
@@ -185,7 +182,7 @@ def test_frozen_quantizers_graph_computes_what_the_original_does_with_32(
     split.mkdir()
     rng = np.random.default_rng(0)
     feeds = {
-        "encoder": {"input_values": (0.1 * rng.standard_normal((1, 1, 3 * SPF))).astype(np.float32)},
+        "encoder": {"input_values": (0.1 * rng.standard_normal((1, 1, 3 * SAMPLES_PER_FRAME))).astype(np.float32)},
         "decoder": {"audio_codes": rng.integers(0, 1024, (32, 1, 7)).astype(np.int64)},
     }
     for graph, source in (("encoder", encoder), ("decoder", decoder)):
@@ -228,21 +225,16 @@ MAX_SECONDS = 2.0  # 25 frames: small engines, quick builds, and windowing exerc
 
 
 @pytest.fixture(scope="module")
-def demo_onnx(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return write_demo_codec(tmp_path_factory.mktemp("codec"))
-
-
-@pytest.fixture(scope="module")
-def engines(demo_onnx: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> EngineSet:
+def engines(demo_codec: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> EngineSet:
     if MISSING is not None:
         pytest.skip(f"needs TensorRT and a CUDA GPU: {MISSING}")
-    encoder, decoder = demo_onnx
+    encoder, decoder = demo_codec
     return build_engines(decoder, tmp_path_factory.mktemp("engines"), MAX_SECONDS, encoder)
 
 
 @pytest.fixture(scope="module")
-def reference(demo_onnx: tuple[Path, Path]) -> OnnxCodec:
-    encoder, decoder = demo_onnx
+def reference(demo_codec: tuple[Path, Path]) -> OnnxCodec:
+    encoder, decoder = demo_codec
     return OnnxCodec(decoder, encoder, provider="cpu", threads=1)
 
 
@@ -281,7 +273,7 @@ def test_built_engines_are_recorded(engines: EngineSet) -> None:
 def test_decode_matches_onnx_runtime(trt_codec: AudioCodec, reference: OnnxCodec, frames: int) -> None:
     codes = np.random.default_rng(frames).integers(0, 1024, size=(frames, 32))
     audio = trt_codec.decode(codes)
-    assert audio.shape == (frames * SPF,) and audio.dtype == np.float32
+    assert audio.shape == (frames * SAMPLES_PER_FRAME,) and audio.dtype == np.float32
     np.testing.assert_allclose(audio, reference.decode(codes), atol=1e-2)  # TF32 matmuls: ~1e-3
 
 
@@ -292,13 +284,13 @@ def test_audio_longer_than_the_engine_is_decoded_and_encoded_in_windows(
     rng = np.random.default_rng(7)
     codes = rng.integers(0, 1024, size=(60, 32))  # 4.8 s through 2 s engines
     np.testing.assert_allclose(trt_codec.decode(codes), reference.decode(codes), atol=1e-2)
-    audio = (0.1 * rng.standard_normal(60 * SPF)).astype(np.float32)
+    audio = (0.1 * rng.standard_normal(60 * SAMPLES_PER_FRAME)).astype(np.float32)
     assert trt_codec.encode(audio).shape == (60, 32)
 
 
 @needs_gpu
 def test_encode_matches_onnx_runtime_up_to_tf32_rounding(trt_codec: AudioCodec, reference: OnnxCodec) -> None:
-    audio = (0.1 * np.random.default_rng(3).standard_normal(20 * SPF)).astype(np.float32)
+    audio = (0.1 * np.random.default_rng(3).standard_normal(20 * SAMPLES_PER_FRAME)).astype(np.float32)
     got, want = trt_codec.encode(audio), reference.encode(audio)
     assert got.shape == want.shape == (20, 32) and got.dtype == np.int64
     # The demo encoder quantizes a 1920-long dot product; TF32's 10-bit mantissa moves values that lie

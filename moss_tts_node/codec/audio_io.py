@@ -14,11 +14,9 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from moss_tts_node.codec.base import AudioCodec
 from moss_tts_node.errors import RequestError
+from moss_tts_node.model.rates import SAMPLE_RATE, SAMPLES_PER_FRAME
 
-CODEC_SAMPLE_RATE = AudioCodec.sample_rate
-SAMPLES_PER_FRAME = AudioCodec.samples_per_frame
 TARGET_DBFS = -20.0
 MAX_GAIN_DB = 3.0
 SILENCE_DBFS = -70.0  # below this RMS a clip holds no usable voice
@@ -43,7 +41,7 @@ def load_reference_audio(path: str | Path) -> np.ndarray:
     path = Path(path)
     samples, rate = _read_audio(path)
     mono = samples.mean(axis=1, dtype=np.float64).astype(np.float32)
-    mono = resample(mono, rate, CODEC_SAMPLE_RATE)
+    mono = resample(mono, rate, SAMPLE_RATE)
     return _pad_to_frames(_normalize_loudness(mono, path))
 
 
@@ -122,7 +120,7 @@ def _read_audio(path: Path) -> tuple[np.ndarray, int]:
     except (sf.LibsndfileError, RuntimeError) as error:
         raise RequestError(
             f"reference audio {path} is not a readable audio file ({error}); convert it to WAV, "
-            f"e.g. ffmpeg -i {path} -ac 1 -ar {CODEC_SAMPLE_RATE} voice.wav"
+            f"e.g. ffmpeg -i {path} -ac 1 -ar {SAMPLE_RATE} voice.wav"
         ) from error
     if samples.shape[0] == 0:
         raise RequestError(f"reference audio {path} is empty; record 3 to 20 s of clear speech")

@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 import numpy as np
 
+from moss_tts_node.codec.layout import CHECKPOINT_CONFIG
 from moss_tts_node.errors import CodecError
+from moss_tts_node.model.rates import FRAMES_PER_SECOND, SAMPLE_RATE, SAMPLES_PER_FRAME
 
 if TYPE_CHECKING:
     pass
@@ -35,12 +37,8 @@ ONNX_SOURCE = "OpenMOSS-Team/MOSS-Audio-Tokenizer-ONNX"
 CODEBOOK_SIZE = 1024
 
 
-FRAMES_PER_SECOND = 12.5
-
-
-# The file of a codec checkpoint's settings, as the codec's save_pretrained writes it, and the key that
-# holds how far back (seconds) each of its Transformer layers attends.
-CHECKPOINT_CONFIG = "config.json"
+# The key of the codec checkpoint's config.json that holds how far back (seconds) each of its Transformer
+# layers attends.
 ATTENTION_SPAN_KEY = "causal_transformer_context_duration"
 
 
@@ -60,11 +58,6 @@ WINDOW_MIN_NEW_SHARE = 4
 
 
 _Codec = TypeVar("_Codec", bound="AudioCodec")
-
-
-def frames_for_seconds(seconds: float) -> int:
-    """Whole codec frames (80 ms each) in ``seconds``, rounded down; at least 1."""
-    return max(1, int(seconds * FRAMES_PER_SECOND + 1e-9))
 
 
 def read_attention_span(directory: Path | None) -> int:
@@ -120,15 +113,15 @@ def run_windowed(
 
 
 class AudioCodec(ABC):
-    """A causal neural audio codec with a 12.5 Hz frame rate and 32 residual codebooks.
+    """A causal neural audio codec: SAMPLES_PER_FRAME samples per frame of 32 residual codebooks.
 
     Subclasses implement ``_encode`` and ``_decode`` on already-validated inputs of at most
     ``_frame_limit`` frames; the public methods here validate and window, so the contract is
     the same for every backend. Usable as a context manager that calls ``close``.
     """
 
-    sample_rate: ClassVar[int] = 24000
-    samples_per_frame: ClassVar[int] = 1920
+    sample_rate: ClassVar[int] = SAMPLE_RATE
+    samples_per_frame: ClassVar[int] = SAMPLES_PER_FRAME
     n_quantizers: ClassVar[int] = 32
     # Most frames one graph call may take (a configured bound on memory and latency);
     # None: unbounded. Longer input is processed in windows by encode/decode.

@@ -30,9 +30,10 @@ from typing import Any
 
 import numpy as np
 
-from moss_tts_node.codec.base import ONNX_SOURCE, AudioCodec, frames_for_seconds
+from moss_tts_node.codec.base import ONNX_SOURCE, AudioCodec
 from moss_tts_node.codec.cuda import GpuInfo
 from moss_tts_node.errors import CodecError, WeightsError
+from moss_tts_node.model.rates import SAMPLES_PER_FRAME, frames_for_seconds
 
 METADATA_FILE = "engines.json"
 METADATA_FORMAT = 2  # 2: n_quantizers is frozen into the engines (format 1 engines took it as an input)
@@ -42,7 +43,6 @@ DEFAULT_MAX_SECONDS = 40.0  # upstream's MAX_SECONDS: 500 frames
 OPT_FRAMES = 100  # 8 s: the length most utterances' windows have
 PRECISION = "tf32"
 
-_SPF = AudioCodec.samples_per_frame
 _NQ = AudioCodec.n_quantizers
 
 
@@ -67,7 +67,12 @@ def profile_shapes(graph: str, max_seconds: float) -> ProfileShapes:
     frames = frames_for_seconds(max_seconds)
     opt = min(OPT_FRAMES, frames)
     if graph == "encoder":
-        return ProfileShapes(DATA_INPUTS[graph], (1, 1, _SPF), (1, 1, opt * _SPF), (1, 1, frames * _SPF))
+        return ProfileShapes(
+            DATA_INPUTS[graph],
+            (1, 1, SAMPLES_PER_FRAME),
+            (1, 1, opt * SAMPLES_PER_FRAME),
+            (1, 1, frames * SAMPLES_PER_FRAME),
+        )
     if graph == "decoder":
         return ProfileShapes(DATA_INPUTS[graph], (_NQ, 1, 1), (_NQ, 1, opt), (_NQ, 1, frames))
     raise ValueError(f"unknown codec graph {graph!r}")

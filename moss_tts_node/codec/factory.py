@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from moss_tts_node.codec.base import AudioCodec, frames_for_seconds, read_attention_span
+from moss_tts_node.codec.base import AudioCodec, read_attention_span
+from moss_tts_node.codec.layout import DECODER_FILE, ENCODER_FILE
 from moss_tts_node.codec.onnx import OnnxCodec
+from moss_tts_node.model.rates import frames_for_seconds
 
 if TYPE_CHECKING:
     from moss_tts_node.config import Config
@@ -35,9 +37,9 @@ def open_codec(config: Config, *, encoder: bool = True, decoder: bool = True) ->
             attention_span_frames=span,
         )
     codec_dir = Path(config.model.codec_dir)
-    encoder_path = codec_dir / "encoder.onnx"
+    encoder_path = codec_dir / ENCODER_FILE
     return OnnxCodec(
-        codec_dir / "decoder.onnx" if decoder else None,
+        codec_dir / DECODER_FILE if decoder else None,
         encoder_path if encoder and (encoder_path.is_file() or not decoder) else None,
         provider=audio.onnx_provider,
         threads=audio.codec_threads,

@@ -35,7 +35,6 @@ from moss_tts_node.codec.base import AudioCodec
 from moss_tts_node.codec.onnx import TensorSpec, check_tensor
 from moss_tts_node.errors import CodecError
 
-STREAM_DECODER_FILE = "decoder_stream.onnx"  # looked for beside decoder.onnx in model.codec_dir
 CODES_INPUT = "audio_codes"
 FRAMES_INPUT = "frames_done"
 AUDIO_OUTPUT = "audio"

@@ -1,6 +1,6 @@
 """The delay pattern: codebook k of frame t is generated at step t + k.
 
-``DelayState`` is the per-request state machine of the facts page (section 5): it says which
+``DelayState`` is the per-request state machine of docs/model.md ("Delay state machine"): it says which
 text token is forced or allowed, which audio channels are sampled, and advances on each row.
 Sampling itself lives in ``sampling.py``; this module only decides what may be sampled.
 """

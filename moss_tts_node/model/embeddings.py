@@ -1,7 +1,7 @@
 """The 33 input embedding tables (text + 32 codebooks), memory-mapped float16.
 
-File layout (as published in MOSS-TTS-GGUF): ``embeddings/embed_tokens.npy`` (vocab, H) and
-``embeddings/emb_ext_KK.npy`` (1025, H), all float16. A step reads 33 rows, a prompt S x 33.
+File layout (as published in MOSS-TTS-GGUF, ``model/layout.py``): a text table (vocab, H) and one
+table per codebook (1025, H), all float16. A step reads 33 rows, a prompt S x 33.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from moss_tts_node.errors import WeightsError
+from moss_tts_node.model.layout import TEXT_EMBEDDING_FILE, audio_embedding_file
 from moss_tts_node.model.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -47,14 +48,14 @@ class EmbeddingTables:
     def __init__(self, embeddings_dir: Path, spec: ModelSpec, hidden: int, text_vocab: int) -> None:
         embeddings_dir = Path(embeddings_dir)
         self.spec = spec
-        self.text = load_matrix(embeddings_dir / "embed_tokens.npy", None, hidden)
+        self.text = load_matrix(embeddings_dir / TEXT_EMBEDDING_FILE, None, hidden)
         if self.text.shape[0] < text_vocab:
             raise WeightsError(
-                f"{embeddings_dir / 'embed_tokens.npy'}: {self.text.shape[0]} rows, but the backbone's "
+                f"{embeddings_dir / TEXT_EMBEDDING_FILE}: {self.text.shape[0]} rows, but the backbone's "
                 f"vocabulary has {text_vocab}: the embeddings and the GGUF come from different models"
             )
         self.audio = [
-            load_matrix(embeddings_dir / f"emb_ext_{k:02d}.npy", spec.audio_rows, hidden) for k in range(spec.n_vq)
+            load_matrix(embeddings_dir / audio_embedding_file(k), spec.audio_rows, hidden) for k in range(spec.n_vq)
         ]
         self.hidden = hidden
         # Plain ndarray views of the maps (indexing a np.memmap costs a subclass round trip per call).

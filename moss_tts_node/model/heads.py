@@ -7,13 +7,13 @@ The audio heads (32 x 1025 x H, read in full every step) run on one of three bac
   marks it), so they are quantized with the model, computed by llama.cpp's threads, and on the GPU when
   the layers are. The text head runs every step.
 - ``onnx``: one 8-bit block-quantized GEMV (ONNX Runtime ``MatMulNBits``, blocks of 32, 0.14 GB),
-  quantized at load from the float16 files; ~3.5-4x faster than float32 BLAS on a CPU.
+  quantized at load from the float16 files; faster than float32 BLAS on a CPU (README, "Speed").
 - ``numpy``: the exact path: float32 BLAS GEMV over the widened heads (0.54 GB at the real shape) laid
   out (H, rows), the orientation OpenBLAS streams fastest; only the channels sampled are computed.
 
 ``auto`` picks ``gguf`` when the GGUF carries the heads and llama.cpp offloads layers to a GPU, else
 ``onnx``: on a CPU, skipping the text head (below) and running 8-bit heads beats computing both in
-llama.cpp (measured with ``python -m moss_tts_node bench``).
+llama.cpp (``python -m moss_tts_node bench`` measures it; README, "Speed").
 
 Outside llama.cpp the text head is skipped on the steps that need no text logits, or only the two the
 audio phase can sample (``gen_slot``/``delay_slot``): those two are computed here from the hidden state,
@@ -26,23 +26,18 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from moss_tts_node.choices import HEADS_BACKENDS
 from moss_tts_node.errors import WeightsError
 from moss_tts_node.llama.gguf import GGUF_AUDIO_HEADS_KEY, GgufHeadsInfo
 from moss_tts_node.llama.probe import llama_supports_gpu_offload
 from moss_tts_node.model.delay import TextRule
 from moss_tts_node.model.embeddings import load_matrix
+from moss_tts_node.model.layout import audio_head_file
 from moss_tts_node.model.spec import ModelSpec
-
-if TYPE_CHECKING:
-    from moss_tts_node.llama.backbone import Backbone
-
-
-HEADS_BACKENDS = ("auto", "gguf", "onnx", "numpy")
-
 
 ONNX_HEADS_BLOCK = 32  # quantization block along H (MatMulNBits block_size)
 
@@ -55,6 +50,13 @@ class StepLogits(NamedTuple):
     text: np.ndarray | None
     text_ids: tuple[int, ...] | None
     audio: np.ndarray
+
+
+class StepInputs(NamedTuple):
+    """Which of the backbone's outputs of the last decode a step's logits are computed from."""
+
+    hidden: bool  # the final-normed hidden state
+    text_logits: bool  # llama.cpp's logits (text, and the audio heads when the GGUF carries them)
 
 
 class TextHeadInfo(NamedTuple):
@@ -98,14 +100,23 @@ class AudioHeads:
             return True
         return not all(t in self._text_index for t in rule.allowed if t not in rule.banned)
 
-    def step(self, backbone: Backbone, rule: TextRule, channels: np.ndarray) -> StepLogits:
-        """The logits a step sampled with ``rule`` and ``channels`` needs, from the backbone's last decode."""
+    def inputs(self, rule: TextRule, channels: np.ndarray) -> StepInputs:
+        """What ``step`` needs of the last decode for a step sampled with ``rule`` and ``channels``."""
+        text_logits = self.wants_text_head(rule)
+        return StepInputs(
+            hidden=bool(channels.any()) or (rule.forced is None and not text_logits), text_logits=text_logits
+        )
+
+    def step(
+        self, rule: TextRule, channels: np.ndarray, hidden: np.ndarray | None, text_logits: np.ndarray | None
+    ) -> StepLogits:
+        """The logits a step sampled with ``rule`` and ``channels`` needs, from the decode outputs that
+        ``inputs`` asked for (None for those it did not)."""
         text: np.ndarray | None = None
         ids: tuple[int, ...] | None = None
-        hidden = backbone.hidden() if channels.any() or rule.forced is None else None
         if rule.forced is None:
-            if self.wants_text_head(rule):
-                text = backbone.text_logits()[: self.text_vocab]  # [:None]: all of them
+            if text_logits is not None:
+                text = text_logits[: self.text_vocab]  # [:None]: all of them
             else:
                 assert self._text_rows is not None and hidden is not None
                 text, ids = self._text_rows @ hidden, self.text_ids
@@ -132,15 +143,20 @@ class GgufAudioHeads(AudioHeads):
         super().__init__(spec, TextHeadInfo(vocab=text_vocab))
         self.text_vocab: int = text_vocab  # never None here
 
-    def step(self, backbone: Backbone, rule: TextRule, channels: np.ndarray) -> StepLogits:
+    def inputs(self, rule: TextRule, channels: np.ndarray) -> StepInputs:
+        # text and audio logits, one copy out of llama.cpp; none when nothing is sampled
+        return StepInputs(hidden=False, text_logits=rule.forced is None or bool(channels.any()))
+
+    def step(
+        self, rule: TextRule, channels: np.ndarray, hidden: np.ndarray | None, text_logits: np.ndarray | None
+    ) -> StepLogits:
         spec = self.spec
         text = None
-        if rule.forced is None or channels.any():
-            logits = backbone.text_logits()  # text and audio logits, one copy out of llama.cpp
-            audio = logits[self.text_vocab : self.text_vocab + spec.n_vq * spec.audio_rows]
+        if text_logits is not None:
+            audio = text_logits[self.text_vocab : self.text_vocab + spec.n_vq * spec.audio_rows]
             self._logits = audio.reshape(spec.n_vq, spec.audio_rows)
             if rule.forced is None:
-                text = logits[: self.text_vocab]
+                text = text_logits[: self.text_vocab]
         return StepLogits(text, None, self._logits)
 
 
@@ -292,7 +308,7 @@ def read_heads(heads_dir: Path, spec: ModelSpec, hidden: int) -> Iterator[np.nda
     """The 32 float16 heads, one at a time (memory-mapped)."""
     heads_dir = Path(heads_dir)
     for k in range(spec.n_vq):
-        yield load_matrix(heads_dir / f"lm_head_audio_{k:02d}.npy", spec.audio_rows, hidden)
+        yield load_matrix(heads_dir / audio_head_file(k), spec.audio_rows, hidden)
 
 
 def load_audio_heads(
@@ -309,7 +325,7 @@ def load_audio_heads(
 
     ``threads``: the onnx heads' threads, 0 = every core (they run while llama.cpp's threads wait).
     ``auto`` takes the GGUF's heads only when llama.cpp runs layers on a GPU: on a CPU the text head
-    skip plus the 8-bit onnx heads is faster (measured with ``bench``: 8B shape, 2 cores, ~30% a step),
+    skip plus the 8-bit onnx heads is faster (README, "Speed"),
     because the GGUF's heads cannot run without the whole text head.
     ``text_vocab`` of the result is the size of the GGUF's text vocabulary when it carries the heads.
     """

@@ -1,11 +1,41 @@
-"""Where the weights live: the file and folder names of the published MOSS-TTS-GGUF layout."""
+"""Where the weights live: the file and folder names of the published MOSS-TTS-GGUF layout.
+
+A weights directory holds the backbone GGUF (``gguf_name``), ``EMBEDDINGS_DIR`` (the text table and one
+table per codebook), ``HEADS_DIR`` (the text head, unused at run time, and one audio head per codebook),
+``TOKENIZER_DIR`` and ``CONFIG_FILE`` (the special-token ids). All tables and heads are float16 ``.npy``.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+CONFIG_FILE = "config.json"
+TOKENIZER_DIR = "tokenizer"
+TOKENIZER_FILE = "tokenizer.json"
+EMBEDDINGS_DIR = "embeddings"
+TEXT_EMBEDDING_FILE = "embed_tokens.npy"
 HEADS_DIR = "lm_heads"
+TEXT_HEAD_FILE = "lm_head_text.npy"
+DEFAULT_QUANTIZATION = "Q4_K_M"
 _SUFFIX = "_audio_heads.gguf"
+
+
+def audio_embedding_file(codebook: int) -> str:
+    """``emb_ext_00.npy`` .. ``emb_ext_31.npy``, in ``EMBEDDINGS_DIR``."""
+    return f"emb_ext_{codebook:02d}.npy"
+
+
+def audio_head_file(codebook: int) -> str:
+    """``lm_head_audio_00.npy`` .. ``lm_head_audio_31.npy``, in ``HEADS_DIR``."""
+    return f"lm_head_audio_{codebook:02d}.npy"
+
+
+def gguf_name(quantization: str) -> str:
+    """The published naming of the backbone GGUF: ``Q4_K_M`` -> ``MOSS_TTS_Q4_K_M.gguf``."""
+    return f"MOSS_TTS_{quantization}.gguf"
+
+
+DEFAULT_GGUF = gguf_name(DEFAULT_QUANTIZATION)
 
 
 def heads_gguf_name(source_name: str) -> str:

@@ -1,6 +1,6 @@
 """Token sampling for the text channel and the audio channels, seedable.
 
-Order (facts page, section 6): divide by temperature; phase masks and the audio pad column at
+Order (docs/model.md, "Sampling"): divide by temperature; phase masks and the audio pad column at
 -inf; repetition penalty; top-k; top-p within the top-k (the first token that crosses p is
 kept); softmax; multinomial draw. Temperature <= 0 is greedy: argmax after the penalty.
 """

@@ -1,6 +1,6 @@
 """The model's vocabulary facts: special-token ids, codebook count and sizes.
 
-They come from the weights directory's ``config.json`` (the keys upstream's config uses), with
+They come from the weights directory's ``config.json`` (``layout.CONFIG_FILE``) (the keys upstream's config uses), with
 the published model's values as defaults, so a tiny test model can bring a tiny vocabulary.
 """
 
@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from moss_tts_node.errors import WeightsError
+from moss_tts_node.model.layout import CONFIG_FILE
+from moss_tts_node.model.rates import SAMPLE_RATE
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,7 @@ class ModelSpec:
     audio_user_slot_token_id: int = 151654
     audio_assistant_gen_slot_token_id: int = 151656
     audio_assistant_delay_slot_token_id: int = 151662
-    sampling_rate: int = 24000
+    sampling_rate: int = SAMPLE_RATE
 
     @property
     def channels(self) -> int:
@@ -46,7 +48,7 @@ class ModelSpec:
     @classmethod
     def load(cls, weights_dir: Path) -> ModelSpec:
         """Read ``config.json`` when present; unknown keys are ignored (it is upstream's file)."""
-        path = Path(weights_dir) / "config.json"
+        path = Path(weights_dir) / CONFIG_FILE
         if not path.is_file():
             return cls()
         try:

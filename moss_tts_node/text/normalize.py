@@ -31,7 +31,7 @@ In symbol soup two rules can still feed each other (unwrapping ``【- x】`` at 
 exposes a list marker), so ``normalize_text`` re-applies the pipeline until the output is a
 verified fixed point: one extra pass for ordinary text, which is cheap next to synthesis.
 
-Decisions where the spec leaves room (chosen for what a listener expects):
+Decisions where the rules of docs/model.md ("Text clean-up") leave room (chosen for what a listener expects):
 
 - ``[...]`` / ``{...}`` "contents kept": the whole span, brackets included, stays verbatim
   (``[S1]``, ``{whisper}``, ``[1]``); it is not a Latin token for the CJK spacing rule.
@@ -43,7 +43,7 @@ Decisions where the spec leaves room (chosen for what a listener expects):
   year (``2024. ...``) keeps it. Line markers are stripped repeatedly (``> - 1. x`` -> ``x``);
   a line starting with an arrow, a dash run, an ellipsis or a stray ``。，、；`` loses it too,
   otherwise it would leave a leading pause.
-- Beyond the spec, because LLM output is full of them: ``**`` runs and backticks are removed,
+- Beyond those rules, because LLM output is full of them: ``**`` runs and backticks are removed,
   code-fence lines (```` ``` ````, ``~~~``), horizontal rules and table separator rows
   (lines of only ``-*_=|:+`` and spaces) are dropped, ``•`` is a bullet too, and ``- [ ]`` /
   ``- [x]`` task boxes are dropped. Single ``*``/``_`` emphasis is left alone (``2*3``, ``__init__``).
@@ -57,7 +57,7 @@ Decisions where the spec leaves room (chosen for what a listener expects):
   (``npm``, ``v2``, ``3D``, ``5G``) or a protected token; so ``5G网络`` -> ``5G 网络``.
 - The space before ``.`` is kept when the dot starts a token (``x .5``, ``open .env``): removing
   it would glue them into a new file-like token.
-- Collapsed runs use the full-width marks the spec names, in English too (``Wow!! Really?``
+- Collapsed runs use the full-width marks the rules name, in English too (``Wow!! Really?``
   -> ``Wow！Really?``): they are CJK punctuation then, so no space follows them.
 - Arrows: ``<=`` and ``>=`` are comparisons, not arrows; ``<==`` and ``==>`` are arrows.
   ``↑``/``↓`` (up/down, "rises/falls") are not flow arrows and stay.
@@ -70,8 +70,8 @@ Decisions where the spec leaves room (chosen for what a listener expects):
 - ``《title》`` is stand-alone when it starts a sentence and is followed by the end of the text,
   a sentence mark or a comma; it is then unwrapped. Otherwise it is kept.
 - After ``。！？!?`` a ``，`` (left by an arrow or a bar) is dropped, and ``，,`` before them too.
-- Beyond the spec: a ``|`` is a pause like an arrow, so a table row ``| a | b |`` reads ``a，b``.
-  ``x <- 5`` (R assignment) reads ``x，5``; the arrow reading wins, as the spec lists ``<-``.
+- Beyond the rules: a ``|`` is a pause like an arrow, so a table row ``| a | b |`` reads ``a，b``.
+  ``x <- 5`` (R assignment) reads ``x，5``; the arrow reading wins, as the rules list ``<-``.
 """
 
 from __future__ import annotations

@@ -9,12 +9,12 @@ with the same instruction and voice. The synthesizer speaks the pieces one after
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from moss_tts_node.codec.base import frames_for_seconds
 from moss_tts_node.errors import RequestError
+from moss_tts_node.model.rates import frames_for_seconds
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.text.prompt import PromptBuilder, PromptFields
 from moss_tts_node.text.split import split_text
@@ -24,14 +24,12 @@ from moss_tts_node.text.split import split_text
 FRAMES_PER_TEXT_TOKEN = 4
 
 
-@dataclass
+@dataclass(frozen=True)
 class Piece:
-    """One part of a request's text: its prompt and step budget, then what generating it produced."""
+    """One part of a request's text: its prompt and step budget."""
 
     prompt: np.ndarray
     max_steps: int
-    rows: list[np.ndarray] = field(default_factory=list)
-    stop: str = ""  # once generated: "end", "max_new_tokens" or "cancelled"
 
 
 class PiecePlanner:

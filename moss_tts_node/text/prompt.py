@@ -1,6 +1,6 @@
 """Prompt building: text fields and reference codes into the (S, 33) matrix the backbone reads.
 
-The layout follows the facts page (section 4) exactly: a ChatML user turn holding the
+The layout follows docs/model.md ("Prompt format") exactly: a ChatML user turn holding the
 ``<user_inst>`` block, the assistant header, then one ``audio_start`` row. Special tokens are
 looked up in the tokenizer by the ids of the model config, never by name.
 """
@@ -16,6 +16,7 @@ from tokenizers import Tokenizer
 
 from moss_tts_node.errors import RequestError, WeightsError
 from moss_tts_node.model.delay import apply_delay
+from moss_tts_node.model.layout import TOKENIZER_DIR, TOKENIZER_FILE
 from moss_tts_node.model.spec import ModelSpec
 
 AUDIO_PLACEHOLDER = "<|audio|>"
@@ -28,7 +29,7 @@ class PromptFields:
     text: str
     language: str | None = None
     instruction: str | None = None
-    tokens: int | None = None  # target duration in frames (12.5 per second)
+    tokens: int | None = None  # target duration in frames (rates.FRAMES_PER_SECOND per second)
     quality: str | None = None
     sound_event: str | None = None
     ambient_sound: str | None = None
@@ -36,9 +37,9 @@ class PromptFields:
 
 class PromptBuilder:
     def __init__(self, tokenizer_dir: Path, spec: ModelSpec) -> None:
-        path = Path(tokenizer_dir) / "tokenizer.json"
+        path = Path(tokenizer_dir) / TOKENIZER_FILE
         if not path.is_file():
-            raise WeightsError(f"tokenizer not found: {path} (it ships in the weights' tokenizer/ directory)")
+            raise WeightsError(f"tokenizer not found: {path} (it ships in the weights' {TOKENIZER_DIR}/ directory)")
         try:
             self.tokenizer = Tokenizer.from_file(str(path))
         except Exception as exc:  # the Rust side raises plain Exception

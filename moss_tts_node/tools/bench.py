@@ -35,10 +35,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from moss_tts_node.choices import HEADS_BACKENDS
 from moss_tts_node.errors import MossTTSError
+from moss_tts_node.model.layout import EMBEDDINGS_DIR, HEADS_DIR, audio_head_file
 
 BENCH_TEXT = "Hello! I am a robot, and this is my voice. It is a fine day to test speech synthesis on a small computer."
-HEADS_CHOICES = ("auto", "gguf", "onnx", "numpy")
 BUDGET_SLACK = 500 * 1024 * 1024
 
 
@@ -54,7 +55,7 @@ def register(commands: Any) -> None:
     bench.add_argument(
         "--heads",
         default="auto",
-        help=f"heads backends to compare, comma-separated, from {', '.join(HEADS_CHOICES)} (default auto)",
+        help=f"heads backends to compare, comma-separated, from {', '.join(HEADS_BACKENDS)} (default auto)",
     )
     bench.add_argument("--steps", type=int, default=160, help="generation steps per run (default 160)")
     bench.add_argument("--threads", type=int, default=2, help="llama.cpp threads (and the heads'), default 2")
@@ -78,8 +79,8 @@ def run_bench(args: argparse.Namespace) -> int:
 
     heads = [h.strip() for h in args.heads.split(",") if h.strip()]
     for h in heads:
-        if h not in HEADS_CHOICES:
-            raise RequestError(f"--heads {h!r}: choose from {', '.join(HEADS_CHOICES)}")
+        if h not in HEADS_BACKENDS:
+            raise RequestError(f"--heads {h!r}: choose from {', '.join(HEADS_BACKENDS)}")
     overrides = parse_overrides(args.set)
     targets: list[tuple[str, Path]] = []
     if args.config:
@@ -205,34 +206,18 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
     load_s = time.perf_counter() - started
     request = {"language": "en", "seed": job["seed"], "reference": ""}
     list(synth.stream(job["text"], max_new_tokens=8, **request))  # warm-up: page in the weights
-    # Per-step clocks (a wrapper each, ~1 us a step): medians show the typical step on a shared machine,
-    # where another process can take a core for a few hundred ms.
-    decode_s: list[float] = []
-    step_starts: list[float] = []
-    step_method = "step" if hasattr(synth.heads, "step") else "logits"  # "logits": an older heads class
-    decode, heads_step = synth.backbone.decode, getattr(synth.heads, step_method)
-
-    def timed_decode(embedding: np.ndarray, text_logits: bool = True) -> None:
-        t = time.perf_counter()
-        decode(embedding, text_logits=text_logits)
-        decode_s.append(time.perf_counter() - t)
-
-    def timed_step(*args: Any) -> Any:
-        step_starts.append(time.perf_counter())
-        return heads_step(*args)
-
-    synth.backbone.decode = timed_decode  # type: ignore[method-assign]
-    setattr(synth.heads, step_method, timed_step)
     stream = synth.stream(job["text"], max_new_tokens=job["steps"], **request)
     chunk_times = []
     t0 = time.perf_counter()
     for _ in stream:
         chunk_times.append(time.perf_counter() - t0)
-    report, generated, prompt = stream.report, stream.generated, stream.prompt
-    assert report is not None and generated is not None
+    report, generated, prompt, clock = stream.report, stream.generated, stream.prompt, stream.clock
+    assert report is not None and generated is not None and clock is not None
     peak_rss = _peak_rss()
-    synth.backbone.decode = decode  # type: ignore[method-assign]
-    setattr(synth.heads, step_method, heads_step)
+    # Per-step figures from the stream's own clock: medians show the typical step on a shared machine,
+    # where another process can take a core for a few hundred ms.
+    decode_s = [seconds for _, seconds in clock.calls["backbone"]]
+    step_starts = [start for start, _ in clock.calls["heads"]]
     steady = slice(40, None)  # past the ramp-up: every codebook sampled
     step_median = 1000 * float(np.median(np.diff(step_starts)[steady])) if len(step_starts) > 50 else None
     decode_median = 1000 * float(np.median(decode_s[steady])) if len(decode_s) > 50 else None
@@ -275,8 +260,8 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
     other_ms = step_ms - decode_ms - heads_ms - sampling_ms - codec_ms
     gguf = backbone_path(config)
     weights = Path(config.model.weights_dir)
-    fp16 = sum(p.stat().st_size for p in (weights / "embeddings").glob("*.npy"))
-    fp16 += sum(p.stat().st_size for p in (weights / "lm_heads").glob("lm_head_audio_*.npy"))
+    fp16 = sum(p.stat().st_size for p in (weights / EMBEDDINGS_DIR).glob("*.npy"))
+    fp16 += sum((weights / HEADS_DIR / audio_head_file(k)).stat().st_size for k in range(synth.spec.n_vq))
     kv = kv_cache_bytes(gguf, synth.backbone.n_ctx, config.llama.kv_cache_type_k, config.llama.kv_cache_type_v)
     budget = gguf.stat().st_size + fp16 + kv + BUDGET_SLACK
     ttfa_ms = None if report.time_to_first_audio_s is None else report.time_to_first_audio_s * 1000
@@ -547,6 +532,7 @@ def heads_ab(job: dict[str, Any], rounds: int = 6, block: int = 20) -> str:
 
     from moss_tts_node.llama.backbone import Backbone, BackboneParams
     from moss_tts_node.model.delay import TextRule
+    from moss_tts_node.model.generation import step_logits
     from moss_tts_node.model.heads import load_audio_heads
     from moss_tts_node.model.spec import ModelSpec
     from moss_tts_node.tools.bench_models import GGUF_NAME, HEADS_GGUF_NAME, bench_model_dir
@@ -559,8 +545,8 @@ def heads_ab(job: dict[str, Any], rounds: int = 6, block: int = 20) -> str:
         )
 
     a, b = open_backbone(GGUF_NAME), open_backbone(HEADS_GGUF_NAME)
-    heads_a = load_audio_heads("onnx", directory / "lm_heads", spec, a.n_embd, directory / GGUF_NAME, threads)
-    heads_b = load_audio_heads("gguf", directory / "lm_heads", spec, b.n_embd, directory / HEADS_GGUF_NAME)
+    heads_a = load_audio_heads("onnx", directory / HEADS_DIR, spec, a.n_embd, directory / GGUF_NAME, threads)
+    heads_b = load_audio_heads("gguf", directory / HEADS_DIR, spec, b.n_embd, directory / HEADS_GGUF_NAME)
     rule = TextRule(allowed=(spec.audio_assistant_gen_slot_token_id, spec.audio_assistant_delay_slot_token_id))
     channels = np.ones(spec.n_vq, dtype=bool)
     rng = np.random.default_rng(0)
@@ -575,7 +561,7 @@ def heads_ab(job: dict[str, Any], rounds: int = 6, block: int = 20) -> str:
                 for row in rows[r * block : (r + 1) * block]:
                     t = time.perf_counter()
                     backbone.decode(row, text_logits=heads.wants_text_head(rule))
-                    heads.step(backbone, rule, channels)
+                    step_logits(backbone, heads, rule, channels)
                     times[key].append(time.perf_counter() - t)
     ms = {k: 1000 * float(np.median(v)) for k, v in times.items()}
     return (

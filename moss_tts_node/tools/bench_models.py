@@ -8,8 +8,7 @@ real special-token ids (151643..151662), plus the tiny demo codec (its cost is n
 
 Built under ``~/.cache/moss_tts_node/bench/<shape>/`` (``$XDG_CACHE_HOME`` is honoured): an F16 GGUF is
 written from random values, quantized to Q4_K_M with llama.cpp's own quantizer (through the C bridge),
-and deleted. The 8B shape needs ~17 GB free while it builds and keeps ~8 GB; it takes about 10 minutes
-on 2 cores.
+and deleted. README ("Speed") says how long the shapes take to build and how much disk they need.
 
 Like the demo model, the weights are nudged so that generation stays in the audio phase: every text
 embedding shares one direction, and the text head reads it to favour ``gen_slot`` by a wide margin, so
@@ -31,7 +30,18 @@ from tokenizers import Tokenizer
 
 from moss_tts_node.config import write_params_file
 from moss_tts_node.errors import MossTTSError
-from moss_tts_node.model.layout import heads_gguf_name
+from moss_tts_node.model.layout import (
+    CONFIG_FILE,
+    DEFAULT_GGUF,
+    EMBEDDINGS_DIR,
+    HEADS_DIR,
+    TEXT_EMBEDDING_FILE,
+    TOKENIZER_DIR,
+    audio_embedding_file,
+    audio_head_file,
+    gguf_name,
+    heads_gguf_name,
+)
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.tools.convert import quantize_gguf
 from moss_tts_node.tools.demo_codec import write_demo_codec
@@ -39,7 +49,7 @@ from moss_tts_node.tools.demo_weights import SPECIAL_TOKENS, train_tokenizer
 from moss_tts_node.tools.qwen3_gguf import Qwen3Shape, qwen3_tensor_shapes, write_qwen3_gguf
 
 TEXT_VOCAB = 155_648
-GGUF_NAME = "MOSS_TTS_Q4_K_M.gguf"
+GGUF_NAME = DEFAULT_GGUF
 HEADS_GGUF_NAME = heads_gguf_name(GGUF_NAME)  # the same, with the audio heads in output.weight (attach-heads)
 FORMAT_VERSION = 1  # bump when the files a bench model holds change
 
@@ -108,17 +118,17 @@ def build_bench_model(directory: Path, shape: Qwen3Shape, name: str, threads: in
     direction = rng.choice([-1.0, 1.0], size=shape.hidden).astype(np.float32)
 
     log(f"[{name}] tokenizer, config, codec")
-    write_padded_tokenizer(directory / "tokenizer", spec)
-    (directory / "config.json").write_text(
+    write_padded_tokenizer(directory / TOKENIZER_DIR, spec)
+    (directory / CONFIG_FILE).write_text(
         json.dumps({"model_type": "moss_tts_delay", **spec.to_json()}, indent=2) + "\n", encoding="utf-8"
     )
     write_demo_codec(directory / "codec", seed=0)
 
     log(f"[{name}] float16 embeddings and audio heads")
-    (directory / "embeddings").mkdir(exist_ok=True)
-    (directory / "lm_heads").mkdir(exist_ok=True)
+    (directory / EMBEDDINGS_DIR).mkdir(exist_ok=True)
+    (directory / HEADS_DIR).mkdir(exist_ok=True)
     table = np.lib.format.open_memmap(
-        directory / "embeddings" / "embed_tokens.npy", mode="w+", dtype=np.float16, shape=(shape.vocab, shape.hidden)
+        directory / EMBEDDINGS_DIR / TEXT_EMBEDDING_FILE, mode="w+", dtype=np.float16, shape=(shape.vocab, shape.hidden)
     )
     for start in range(0, shape.vocab, 8192):
         rows = min(8192, shape.vocab - start)
@@ -128,10 +138,10 @@ def build_bench_model(directory: Path, shape: Qwen3Shape, name: str, threads: in
     for k in range(spec.n_vq):
         emb = 0.05 * _noise(rng, (spec.audio_rows, shape.hidden))
         head = _noise(rng, (spec.audio_rows, shape.hidden)) / np.sqrt(shape.hidden)
-        np.save(directory / "embeddings" / f"emb_ext_{k:02d}.npy", emb.astype(np.float16))
-        np.save(directory / "lm_heads" / f"lm_head_audio_{k:02d}.npy", head.astype(np.float16))
+        np.save(directory / EMBEDDINGS_DIR / audio_embedding_file(k), emb.astype(np.float16))
+        np.save(directory / HEADS_DIR / audio_head_file(k), head.astype(np.float16))
 
-    f16_path = directory / ".MOSS_TTS_F16.gguf"
+    f16_path = directory / f".{gguf_name('F16')}"
     log(f"[{name}] F16 GGUF ({f16_bytes / 1e9:.1f} GB)")
     t0 = time.perf_counter()
     write_qwen3_gguf(f16_path, shape, _random_backbone(shape, spec, direction), dtype="f16")
@@ -164,7 +174,7 @@ def ensure_heads_gguf(name: str, log: Log = print) -> Path:
     if not target.is_file() or target.stat().st_mtime < source.stat().st_mtime:
         log(f"[{name}] appending the audio heads to the GGUF's output matrix: {target.name}")
         t0 = time.perf_counter()
-        append_audio_heads_to_gguf(source, directory / "lm_heads", target)
+        append_audio_heads_to_gguf(source, directory / HEADS_DIR, target)
         log(f"[{name}]   written in {time.perf_counter() - t0:.0f} s")
     return target
 
@@ -205,7 +215,7 @@ def write_padded_tokenizer(directory: Path, spec: ModelSpec) -> Tokenizer:
 
 
 def _noise(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-    """Cheap float32 noise of unit variance: uniform bytes (3x faster than normal draws at 8B scale)."""
+    """Cheap float32 noise of unit variance: uniform bytes (much cheaper than normal draws at 8B scale)."""
     raw = np.frombuffer(rng.bytes(int(np.prod(shape))), dtype=np.int8).reshape(shape)
     return raw.astype(np.float32) * np.float32(1.0 / 73.9)
 

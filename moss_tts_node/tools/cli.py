@@ -1,4 +1,4 @@
-"""Command line: ``python -m moss_tts_node {synth,encode-voice,demo-weights} ...``.
+"""Command line: ``python -m moss_tts_node COMMAND ...`` (``--help`` lists the commands).
 
 A thin layer over ``Synthesizer``: it parses flags into config overrides and request fields,
 shows progress, and turns every ``MossTTSError`` into a one-line reason and exit code 2.
@@ -18,6 +18,7 @@ import numpy as np
 import yaml
 
 from moss_tts_node.errors import EXIT_BAD_INPUT, MossTTSError, RequestError
+from moss_tts_node.model.rates import FRAMES_PER_SECOND
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -104,6 +105,7 @@ def run_synth(args: argparse.Namespace) -> int:
     from moss_tts_node.codec.audio_io import write_wav
     from moss_tts_node.config import load_config
     from moss_tts_node.synthesizer import Synthesizer
+    from moss_tts_node.timing import StopReason
 
     overrides = parse_overrides(args.set)
     for flag, key in (
@@ -139,7 +141,7 @@ def run_synth(args: argparse.Namespace) -> int:
         print(report.format())
     rtf = f", real-time factor {report.real_time_factor:.2f}" if report.real_time_factor else ""
     print(f"wrote {args.output}: {report.audio_seconds:.2f} s of audio in {report.wall_s:.2f} s{rtf}")
-    if report.stop_reason == "max_new_tokens":
+    if report.stop_reason is StopReason.MAX_NEW_TOKENS:
         print("note: stopped at max_new_tokens; raise it (--max-new-tokens) for longer text", file=sys.stderr)
     return 0
 
@@ -153,7 +155,7 @@ def run_encode_voice(args: argparse.Namespace) -> int:
     with open_codec(config, decoder=False) as codec:
         codes = codec.encode(load_reference_audio(args.audio))
     np.save(args.output, codes)
-    print(f"wrote {args.output}: {codes.shape[0]} frames ({codes.shape[0] / 12.5:.2f} s) of voice codes")
+    print(f"wrote {args.output}: {codes.shape[0]} frames ({codes.shape[0] / FRAMES_PER_SECOND:.2f} s) of voice codes")
     return 0
 
 

@@ -60,9 +60,10 @@ def stream_rtf(left_context: int, chunk_frames: int, frame_seconds: float) -> fl
 
 
 def run(args: argparse.Namespace) -> int:
-    from moss_tts_node.codec.base import FRAMES_PER_SECOND, PUBLISHED_ATTENTION_SPAN_FRAMES, run_windowed
+    from moss_tts_node.codec.base import PUBLISHED_ATTENTION_SPAN_FRAMES, run_windowed
     from moss_tts_node.codec.onnx import OnnxCodec
     from moss_tts_node.codec.streaming import SegmentDecoder, WindowedStreamDecoding
+    from moss_tts_node.model.rates import FRAMES_PER_SECOND
 
     codec = OnnxCodec(args.codec_dir / "decoder.onnx", provider="cpu", threads=args.threads)
     span = codec.attention_span_frames

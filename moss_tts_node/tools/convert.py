@@ -8,8 +8,8 @@ layout (``MOSS_TTS_<TYPE>.gguf``, float16 ``embeddings/`` and ``lm_heads/``, ``t
 
 Memory: tensors are read one at a time, in row chunks, straight into the array that is written (see
 ``safetensors_io``), so the peak is about the largest tensor in its output dtype (the 155,648 x 4096 text
-embedding: 1.3 GB as float16) plus the chunk buffers, never the 17 GB checkpoint (measured: 1.7 GB peak
-RSS for the real shape). Quantizing goes through an F16 GGUF written to a hidden temporary file in the
+embedding: 1.3 GB as float16) plus the chunk buffers, never the whole checkpoint (README, "Converting a
+checkpoint", has measured peaks). Quantizing goes through an F16 GGUF written to a hidden temporary file in the
 output directory, which llama.cpp's own ``llama_model_quantize`` (through the C bridge) turns into the
 final file; the temporary file is removed whatever happens, and one left by a killed run is removed by
 the next.
@@ -37,6 +37,17 @@ from typing import Any, TextIO
 import numpy as np
 
 from moss_tts_node.errors import BridgeError, MossTTSError
+from moss_tts_node.model.layout import (
+    CONFIG_FILE,
+    EMBEDDINGS_DIR,
+    HEADS_DIR,
+    TEXT_EMBEDDING_FILE,
+    TEXT_HEAD_FILE,
+    TOKENIZER_DIR,
+    audio_embedding_file,
+    audio_head_file,
+    gguf_name,
+)
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.tools.qwen3_gguf import Qwen3Shape, qwen3_tensor_shapes, write_qwen3_gguf
 from moss_tts_node.tools.safetensors_io import SafetensorsCheckpoint
@@ -51,7 +62,7 @@ TOKENIZER_FILES = (  # copied when present; tokenizer.json is what the runtime r
     "merges.txt",
     "chat_template.jinja",
 )
-_OUTPUT_MARKERS = ("config.json", "embeddings", "lm_heads", "tokenizer")  # besides *.gguf
+_OUTPUT_MARKERS = (CONFIG_FILE, EMBEDDINGS_DIR, HEADS_DIR, TOKENIZER_DIR)  # besides *.gguf
 _DISK_MARGIN = 1.05  # the size estimates are within a few percent; leave room for file-system overhead
 _GGUF_METADATA_BYTES = 1 << 20
 
@@ -88,11 +99,6 @@ class CheckpointConfig:
     raw: dict[str, Any]
     shape: Qwen3Shape
     spec: ModelSpec
-
-
-def gguf_file_name(gguf_type: str) -> str:
-    """The published naming: ``MOSS_TTS_Q4_K_M.gguf``."""
-    return f"MOSS_TTS_{gguf_type}.gguf"
 
 
 def read_checkpoint_config(checkpoint_dir: Path) -> CheckpointConfig:
@@ -172,12 +178,12 @@ def checkpoint_tensor_name(backbone_name: str) -> str:
 def table_files(spec: ModelSpec) -> dict[str, str]:
     """Output .npy (relative path) -> checkpoint tensor, for the tables the NumPy side reads."""
     files = {
-        "embeddings/embed_tokens.npy": "language_model.embed_tokens.weight",
-        "lm_heads/lm_head_text.npy": "lm_heads.0.weight",
+        f"{EMBEDDINGS_DIR}/{TEXT_EMBEDDING_FILE}": "language_model.embed_tokens.weight",
+        f"{HEADS_DIR}/{TEXT_HEAD_FILE}": "lm_heads.0.weight",
     }
     for k in range(spec.n_vq):
-        files[f"embeddings/emb_ext_{k:02d}.npy"] = f"emb_ext.{k}.weight"
-        files[f"lm_heads/lm_head_audio_{k:02d}.npy"] = f"lm_heads.{k + 1}.weight"  # lm_heads.0 is the text head
+        files[f"{EMBEDDINGS_DIR}/{audio_embedding_file(k)}"] = f"emb_ext.{k}.weight"
+        files[f"{HEADS_DIR}/{audio_head_file(k)}"] = f"lm_heads.{k + 1}.weight"  # lm_heads.0 is the text head
     return files
 
 
@@ -404,11 +410,11 @@ def convert_checkpoint(
         f"converting {checkpoint_dir} ({len(checkpoint.tensors)} tensors, {_gb(checkpoint.nbytes)}) into {out_dir} "
         f"as {gguf_type} (about {_gb(final_bytes)})"
     )
-    for sub in ("embeddings", "lm_heads", "tokenizer"):
+    for sub in (EMBEDDINGS_DIR, HEADS_DIR, TOKENIZER_DIR):
         (out_dir / sub).mkdir(parents=True, exist_ok=True)
-    gguf_path = out_dir / gguf_file_name(gguf_type)
+    gguf_path = out_dir / gguf_name(gguf_type)
     quantized = GGUF_TYPES[gguf_type].ftype is not None
-    direct_path = out_dir / f".{gguf_file_name('F16')}.for-{gguf_type}.tmp" if quantized else gguf_path
+    direct_path = out_dir / f".{gguf_name('F16')}.for-{gguf_type}.tmp" if quantized else gguf_path
     try:
         _write_backbone(checkpoint, config.shape, direct_path, "f16" if quantized else gguf_type.lower(), progress)
         for relative, name in tables.items():
@@ -427,9 +433,9 @@ def convert_checkpoint(
         if quantized:
             direct_path.unlink(missing_ok=True)
     for path in tokenizer_files:
-        shutil.copyfile(path, out_dir / "tokenizer" / path.name)
+        shutil.copyfile(path, out_dir / TOKENIZER_DIR / path.name)
     merged = {**config.raw, **config.spec.to_json()}  # the ModelSpec keys explicit, defaults included
-    (out_dir / "config.json").write_text(json.dumps(merged, indent=2) + "\n", encoding="utf-8")
+    (out_dir / CONFIG_FILE).write_text(json.dumps(merged, indent=2) + "\n", encoding="utf-8")
     progress.say(
         f"done in {time.perf_counter() - progress.started:.1f} s: {gguf_path} ({_gb(gguf_path.stat().st_size)})"
     )

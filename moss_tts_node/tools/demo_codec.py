@@ -29,8 +29,9 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from moss_tts_node.codec.base import CODEBOOK_SIZE, AudioCodec
+from moss_tts_node.codec.layout import DECODER_FILE, ENCODER_FILE
+from moss_tts_node.model.rates import SAMPLES_PER_FRAME
 
-SAMPLES_PER_FRAME = AudioCodec.samples_per_frame
 N_QUANTIZERS = AudioCodec.n_quantizers
 OPSET = 17
 IR_VERSION = 8  # the oldest IR that carries opset 17: readable by older runtimes and TensorRT
@@ -49,7 +50,7 @@ def write_demo_codec(out_dir: Path, seed: int = 0) -> tuple[Path, Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    encoder_path, decoder_path = out_dir / "encoder.onnx", out_dir / "decoder.onnx"
+    encoder_path, decoder_path = out_dir / ENCODER_FILE, out_dir / DECODER_FILE
     _save(_encoder_model(rng), encoder_path)
     _save(_decoder_model(rng), decoder_path)
     return encoder_path, decoder_path

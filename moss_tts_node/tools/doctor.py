@@ -20,7 +20,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from moss_tts_node.codec.layout import DECODER_FILE, ENCODER_FILE
 from moss_tts_node.errors import MossTTSError
+from moss_tts_node.model.layout import (
+    EMBEDDINGS_DIR,
+    HEADS_DIR,
+    TEXT_EMBEDDING_FILE,
+    TOKENIZER_DIR,
+    TOKENIZER_FILE,
+    attach_heads_command,
+    audio_embedding_file,
+    audio_head_file,
+)
 
 _JETSON_RELEASE = Path("/etc/nv_tegra_release")
 _REQUIRED = ("numpy", "pyyaml", "tokenizers", "soundfile", "gguf", "threadpoolctl")
@@ -166,8 +177,8 @@ def _check_config(path: Path, environment: _Environment, checks: list[Check]) ->
         _check_engines(Path(config.model.engine_dir), environment, checks)
         return
     codec_dir = Path(config.model.codec_dir)
-    encoder = codec_dir / "encoder.onnx"
-    detail = f"{codec_dir}: decoder.onnx" + (", encoder.onnx" if encoder.is_file() else " (no encoder.onnx)")
+    encoder = codec_dir / ENCODER_FILE
+    detail = f"{codec_dir}: {DECODER_FILE}" + (f", {ENCODER_FILE}" if encoder.is_file() else f" (no {ENCODER_FILE})")
     checks.append(Check("ok", "codec (onnx)", detail))
     if config.audio.onnx_provider == "cuda" and "CUDAExecutionProvider" not in environment.onnx_providers:
         checks.append(Check("FAIL", "audio.onnx_provider", "cuda, but this onnxruntime has no CUDA provider"))
@@ -185,8 +196,10 @@ def _check_weights(weights: Path, gguf: Path, checks: list[Check]) -> None:
     size = f"{gguf.stat().st_size / 1e6:,.0f} MB" if gguf.is_file() else "missing"
     checks.append(Check("ok" if gguf.is_file() else "FAIL", "backbone gguf", f"{gguf} ({size})"))
     groups = {
-        "tokenizer": ["tokenizer/tokenizer.json"],
-        "embeddings": ["embeddings/embed_tokens.npy"] + [f"embeddings/emb_ext_{k:02d}.npy" for k in range(n_vq)],
+        "tokenizer": [Path(TOKENIZER_DIR, TOKENIZER_FILE)],
+        "embeddings": [
+            Path(EMBEDDINGS_DIR, name) for name in (TEXT_EMBEDDING_FILE, *map(audio_embedding_file, range(n_vq)))
+        ],
     }
     for what, names in groups.items():
         found = sum((weights / name).is_file() for name in names)
@@ -198,7 +211,6 @@ def _check_heads(config: Any, environment: _Environment, checks: list[Check]) ->
     from moss_tts_node.config import backbone_path
     from moss_tts_node.llama.gguf import GgufHeadsInfo
     from moss_tts_node.model.heads import resolve_heads_backend
-    from moss_tts_node.model.layout import attach_heads_command
     from moss_tts_node.model.spec import ModelSpec
 
     weights, gguf = Path(config.model.weights_dir), backbone_path(config)
@@ -220,13 +232,13 @@ def _check_heads(config: Any, environment: _Environment, checks: list[Check]) ->
                 Check("FAIL", "audio heads", f"heads_backend gguf, but {gguf.name} does not carry them: {attach}")
             )
         return
-    found = sum((weights / f"lm_heads/lm_head_audio_{k:02d}.npy").is_file() for k in range(n_vq))
+    found = sum((weights / HEADS_DIR / audio_head_file(k)).is_file() for k in range(n_vq))
     if found < n_vq:
-        checks.append(Check("FAIL", "audio heads", f"{backend}: {found}/{n_vq} files in {weights / 'lm_heads'}"))
+        checks.append(Check("FAIL", "audio heads", f"{backend}: {found}/{n_vq} files in {weights / HEADS_DIR}"))
     elif on_gpu:
         checks.append(Check("warn", "audio heads", f"{backend}, on the CPU while the layers run on the GPU: {attach}"))
     else:
-        checks.append(Check("ok", "audio heads", f"{backend}: {n_vq} files in {weights / 'lm_heads'}"))
+        checks.append(Check("ok", "audio heads", f"{backend}: {n_vq} files in {weights / HEADS_DIR}"))
 
 
 def _check_engines(engine_dir: Path, environment: _Environment, checks: list[Check]) -> None:

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from moss_tts_node.codec.base import CODEBOOK_SIZE, FRAMES_PER_SECOND, AudioCodec
+from moss_tts_node.codec.base import CODEBOOK_SIZE, AudioCodec
 from moss_tts_node.codec.stream_decoder import StreamDecoder
+from moss_tts_node.model.rates import FRAMES_PER_SECOND
 from moss_tts_node.tools.safetensors_io import write_safetensors
 from moss_tts_node.tools.stream_decoder_build import Patch, build_stream_decoder, read_codec_config
 

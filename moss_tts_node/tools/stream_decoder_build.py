@@ -23,7 +23,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from moss_tts_node.codec.base import CODEBOOK_SIZE, FRAMES_PER_SECOND, AudioCodec
+from moss_tts_node.codec.base import CODEBOOK_SIZE, AudioCodec
+from moss_tts_node.codec.layout import STREAM_DECODER_FILE
 from moss_tts_node.codec.stream_decoder import (
     AUDIO_OUTPUT,
     CODES_INPUT,
@@ -32,7 +33,6 @@ from moss_tts_node.codec.stream_decoder import (
     FRAMES_INPUT,
     FRAMES_OUTPUT,
     MAX_FRAMES_KEY,
-    STREAM_DECODER_FILE,
     key_cache_name,
     new_keys_name,
     new_values_name,
@@ -40,6 +40,7 @@ from moss_tts_node.codec.stream_decoder import (
     write_slots_name,
 )
 from moss_tts_node.errors import WeightsError
+from moss_tts_node.model.rates import FRAMES_PER_SECOND
 from moss_tts_node.tools.safetensors_io import SafetensorsCheckpoint
 
 # "window": every query attends to its whole span, as the offline decode does, at any chunk size.

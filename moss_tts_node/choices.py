@@ -1,0 +1,13 @@
+"""The values a setting may take, for the config schema and the modules that act on them.
+
+Plain tuples with no imports, so that ``config.py`` (read by the CLI's ``--help`` and the ROS node
+before any model loads) and the heavy modules can share them.
+"""
+
+from __future__ import annotations
+
+KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")  # llama.cpp's names
+FLASH_ATTN_MODES = ("auto", "on", "off")
+HEADS_BACKENDS = ("auto", "gguf", "onnx", "numpy")
+CODEC_BACKENDS = ("onnx", "tensorrt")
+ONNX_PROVIDERS = ("auto", "cpu", "cuda")

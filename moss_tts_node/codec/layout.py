@@ -1,0 +1,9 @@
+"""The codec's file names: the published ONNX graphs (MOSS-Audio-Tokenizer-ONNX), the checkpoint's settings,
+and the stream decoder graph that ``build-stream-decoder`` writes beside them."""
+
+from __future__ import annotations
+
+ENCODER_FILE = "encoder.onnx"
+DECODER_FILE = "decoder.onnx"
+CHECKPOINT_CONFIG = "config.json"  # the codec checkpoint's settings, as its save_pretrained writes them
+STREAM_DECODER_FILE = "decoder_stream.onnx"  # looked for beside decoder.onnx in model.codec_dir

@@ -1,0 +1,16 @@
+"""Audio rates shared by the model and its codec (docs/model.md, "Shape of the model").
+
+One generation step completes one frame of 32 codes; the codec turns a frame into SAMPLES_PER_FRAME
+samples at SAMPLE_RATE, so a step is 80 ms of audio.
+"""
+
+from __future__ import annotations
+
+SAMPLE_RATE = 24000
+SAMPLES_PER_FRAME = 1920
+FRAMES_PER_SECOND = SAMPLE_RATE / SAMPLES_PER_FRAME  # 12.5
+
+
+def frames_for_seconds(seconds: float) -> int:
+    """Whole frames in ``seconds``, rounded down; at least 1."""
+    return max(1, int(seconds * FRAMES_PER_SECOND + 1e-9))
