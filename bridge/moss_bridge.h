@@ -82,6 +82,12 @@ int32_t moss_bridge_set_text_logits(struct moss_bridge * h, int32_t enabled);
 /* Empties the KV cache: the next prefill starts at position 0. */
 int32_t moss_bridge_clear(struct moss_bridge * h);
 
+/* Keeps the KV cache's first n_keep rows (positions 0..n_keep-1) and removes the rest, so that the next
+ * prefill continues at position n_keep: a prompt that begins with rows already in the cache prefills only
+ * the rows after them. Removing rows drops the last row's outputs (get_hidden fails until the next decode);
+ * n_keep >= n_pos removes nothing and keeps them. n_keep < 0 is ERR_INVALID_ARGUMENT. */
+int32_t moss_bridge_truncate(struct moss_bridge * h, int32_t n_keep);
+
 /* A short constant name for a status code ("MOSS_BRIDGE_ERR_CONTEXT_FULL"...). Never NULL. */
 const char * moss_bridge_status_string(int32_t status);
 

@@ -91,10 +91,15 @@ class AudioStream:
 class Synthesizer:
     """One loaded model; one synthesis at a time (the backbone's KV cache is shared).
 
+    The backbone keeps the last prompt in its KV cache, and a request whose prompt begins the same way
+    (same voice, instruction and language: everything before the text) prefills only the rest;
+    ``prepare_voice`` puts such a prefix there ahead of the first request.
+
     With ``model.low_memory`` (8 GB boards) the three stages take turns in memory: the codec's
     encoder (only to encode a reference clip), then the backbone with its embedding tables and
     heads, then the codec's decoder. Each request reloads them and decodes only once generation
-    is over, so nothing streams; start-up loads each stage once so bad files still fail early.
+    is over, so nothing streams; start-up loads each stage once so bad files still fail early. A
+    reloaded backbone starts with an empty KV cache: low_memory cannot reuse a prompt prefix.
     """
 
     def __init__(self, config: Config) -> None:
@@ -116,6 +121,11 @@ class Synthesizer:
         else:
             self.codec = open_codec(config)
         self._default_voice: np.ndarray | None = None
+        # prepare_voice may come from another thread than the one generating: it waits for the backbone
+        # to be idle, and a generation waits for a preparation under way.
+        self._backbone_use = threading.Condition()
+        self._generating = 0
+        self._preparing = False
 
     def _load_generation(self) -> None:
         """Load the generation stage: the llama.cpp backbone, the embedding tables and the audio heads."""
@@ -252,13 +262,7 @@ class Synthesizer:
         leaves after its prompt; a prompt that leaves no room for one frame is refused.
         """
         gen = self.config.generation
-        fields = PromptFields(
-            text=self._clean_text(text),
-            language=language if language is not None else gen.language or None,
-            instruction=instruction if instruction is not None else gen.instruction or None,
-            quality=quality if quality is not None else gen.quality or None,
-            tokens=tokens,
-        )
+        fields = self._fields(self._clean_text(text), language, instruction, quality, tokens)
         pieces = self.planner.plan(fields, self._voice(reference), max_new_tokens or gen.max_new_tokens)
         sampling = sampling or self.config.sampling
         seed = seed if seed is not None and seed >= 0 else sampling.seed
@@ -266,6 +270,51 @@ class Synthesizer:
             seed = secrets.randbits(63)
         sampling = replace(sampling, seed=seed)
         return AudioStream(pieces[0].prompt, lambda stream: self._chunks(stream, pieces, sampling, _flag(cancel)))
+
+    def prepare_voice(
+        self,
+        *,
+        language: str | None = None,
+        instruction: str | None = None,
+        quality: str | None = None,
+        tokens: int | None = None,
+        reference: Reference = None,
+    ) -> int:
+        """Prefill now the prompt prefix that requests with these fields will share, so that the first of
+        them prefills only its text; returns the rows prefilled (0 if they already were in the KV cache).
+
+        Fields as for ``stream`` (``None``: the config's generation defaults, the configured voice), so a
+        bare call prepares what a request that gives only its text will use. Waits for a generation under
+        way to end first. Does nothing in low_memory mode, whose backbone is reloaded per request.
+        """
+        if self.config.model.low_memory:
+            return 0
+        prefix = self.prompts.voice_prefix(
+            self._fields("", language, instruction, quality, tokens), self._voice(reference)
+        )
+        with self._backbone_use:
+            self._backbone_use.wait_for(lambda: self._generating == 0 and not self._preparing)
+            self._preparing = True
+        try:
+            assert self.backbone is not None and self.embeddings is not None
+            return self.backbone.prepare_prefix(prefix, self.embeddings.embed)
+        finally:
+            with self._backbone_use:
+                self._preparing = False
+                self._backbone_use.notify_all()
+
+    def _fields(
+        self, text: str, language: str | None, instruction: str | None, quality: str | None, tokens: int | None
+    ) -> PromptFields:
+        """A request's prompt fields, those left ``None`` taken from the config's generation defaults."""
+        gen = self.config.generation
+        return PromptFields(
+            text=text,
+            language=language if language is not None else gen.language or None,
+            instruction=instruction if instruction is not None else gen.instruction or None,
+            quality=quality if quality is not None else gen.quality or None,
+            tokens=tokens,
+        )
 
     def synthesize(self, text: str, **request: Any) -> Synthesis:
         """The whole utterance at once; raises ``Cancelled`` if the cancel flag was set."""
@@ -364,13 +413,29 @@ class Synthesizer:
         state = DelayState(spec, piece.prompt)
         sampler = Sampler(sampling, spec, piece.prompt)
         frames = FrameAssembler(spec.n_vq, spec.audio_pad_code, capacity=piece.max_steps)
-        for row in generate_rows(
-            self.backbone, self.embeddings, self.heads, piece.prompt, state, sampler, piece.max_steps, cancelled, clock
-        ):
-            piece.rows.append(row)
-            frame = frames.push(row[1:])
-            if frame is not None:
-                yield None if frames.is_gap(frame) else frame
+        with self._backbone_use:
+            self._backbone_use.wait_for(lambda: not self._preparing)
+            self._generating += 1
+        try:
+            for row in generate_rows(
+                self.backbone,
+                self.embeddings,
+                self.heads,
+                piece.prompt,
+                state,
+                sampler,
+                piece.max_steps,
+                cancelled,
+                clock,
+            ):
+                piece.rows.append(row)
+                frame = frames.push(row[1:])
+                if frame is not None:
+                    yield None if frames.is_gap(frame) else frame
+        finally:
+            with self._backbone_use:
+                self._generating -= 1
+                self._backbone_use.notify_all()
         full = len(piece.rows) == piece.max_steps
         piece.stop = "end" if state.is_stopping else "max_new_tokens" if full else "cancelled"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -257,3 +257,83 @@ def test_writer_streams_out_of_order_and_checks_completeness(
     assert not incomplete.exists()
     assert list(tmp_path.glob(".*partial")) == []
     assert len(qwen3_tensor_shapes(SHAPE)) == 3 + 11 * SHAPE.layers
+
+
+# ---- prompt-prefix reuse -----------------------------------------------------------------------------
+
+
+def _prompt(ids: list[int]) -> np.ndarray:
+    """(S, 2) int64 prompt rows: an id column and one audio column, as the real prompt has 33."""
+    return np.stack([np.array(ids), np.array(ids) % 3], axis=1).astype(np.int64)
+
+
+def _embed() -> Callable[[np.ndarray], np.ndarray]:
+    """An embedding table for ids < 256; counts the rows it embeds per call in ``.calls``."""
+    table = np.random.default_rng(3).standard_normal((256, SHAPE.hidden)).astype(np.float32)
+    calls: list[int] = []
+
+    def embed(prompt: np.ndarray) -> np.ndarray:
+        calls.append(prompt.shape[0])
+        return table[prompt[:, 0]] + 0.5 * table[prompt[:, 1]]
+
+    embed.calls = calls  # type: ignore[attr-defined]
+    return embed
+
+
+def test_prompt_prefix_is_kept_and_only_the_rest_prefilled(
+    backbone: Backbone, tensors: dict[str, np.ndarray], rows: np.ndarray
+) -> None:
+    embed = _embed()
+    first = _prompt(list(range(PREFILL)))
+    second = _prompt([*range(12), 21, 22, 23])  # shares 12 rows with ``first``
+    backbone.clear()
+    assert backbone.prefill_prompt(first, embed) == PREFILL
+    backbone.decode(rows[PREFILL])  # a generated row: in the cache, never reused
+    assert backbone.prefill_prompt(second, embed) == 3
+    assert embed.calls == [PREFILL, 3]  # type: ignore[attr-defined]
+    assert backbone.position == second.shape[0]
+    hidden_ref, logits_ref = qwen3_forward(tensors, SHAPE, embed(second))
+    np.testing.assert_allclose(backbone.hidden(), hidden_ref[-1], rtol=0, atol=HIDDEN_ATOL)
+    _assert_logits_close(backbone.text_logits(), logits_ref[-1])
+
+
+def test_same_prompt_again_prefills_only_its_last_row(backbone: Backbone, rows: np.ndarray) -> None:
+    embed = _embed()
+    prompt = _prompt(list(range(10)))
+    backbone.clear()
+    backbone.prefill_prompt(prompt, embed)
+    expected = backbone.hidden().copy()
+    backbone.decode(rows[0])
+    assert backbone.prefill_prompt(prompt, embed) == 1  # its outputs are needed again
+    assert backbone.position == 10
+    assert np.array_equal(backbone.hidden(), expected)
+
+
+def test_a_prompt_sharing_nothing_is_prefilled_whole(backbone: Backbone) -> None:
+    embed = _embed()
+    backbone.clear()
+    backbone.prefill_prompt(_prompt(list(range(10))), embed)
+    assert backbone.prefill_prompt(_prompt(list(range(30, 36))), embed) == 6
+    assert backbone.position == 6
+
+
+def test_prepared_prefix_is_reused_by_the_prompts_beginning_with_it(backbone: Backbone) -> None:
+    embed = _embed()
+    prefix = _prompt(list(range(8)))
+    backbone.clear()
+    assert backbone.prepare_prefix(prefix, embed) == 8
+    assert backbone.prepare_prefix(prefix, embed) == 0  # already there: nothing decoded
+    assert backbone.prefill_prompt(_prompt([*range(8), 40, 41]), embed) == 2
+    assert backbone.prepare_prefix(prefix, embed) == 0  # still the cache's first rows
+    assert backbone.prefill_prompt(_prompt([*range(8), 42]), embed) == 1
+
+
+def test_prompt_refused_for_room_keeps_the_prefix_and_nothing_after_it(backbone: Backbone) -> None:
+    embed = _embed()
+    backbone.clear()
+    backbone.prefill_prompt(_prompt(list(range(10))), embed)
+    too_long = _prompt([*range(10), *range(backbone.n_ctx)])
+    with pytest.raises(BridgeError, match=f"n_ctx is {backbone.n_ctx}"):
+        backbone.prefill_prompt(too_long, embed)
+    assert backbone.position == 10
+    assert backbone.prefill_prompt(_prompt([*range(10), 50]), embed) == 1

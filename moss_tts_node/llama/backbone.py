@@ -3,6 +3,12 @@
 MOSS-TTS feeds the backbone summed embeddings (text + 32 audio codebooks), not token ids, and reads the
 final-normed hidden state (for its audio heads) and the text logits. ``Backbone`` owns one llama.cpp
 model and context; see bridge/moss_bridge.h for what each call does on the C side.
+
+Prompt-prefix reuse: ``prefill_prompt`` remembers the prompt rows (token ids, not embeddings) it left in
+the KV cache. A later prompt that begins with the same rows keeps their positions and prefills only the
+rest, as llama.cpp's server does for text prompts: a robot's requests in one voice share the reference
+clip and the instruction fields, which come before the text. Rows generated after a prompt are never
+reused (the cache beyond the remembered prompt is removed before the next one is prefilled).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ _FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
 _UNQUANTIZED = ("f32", "f16", "bf16")
 
 _MODEL_LOAD_STATUS = 2  # MOSS_BRIDGE_ERR_MODEL_LOAD in moss_bridge.h
+_CONTEXT_FULL_STATUS = 4  # MOSS_BRIDGE_ERR_CONTEXT_FULL
 _GGUF_MAGIC = b"GGUF"
 
 
@@ -106,6 +113,8 @@ class Backbone:
         self._hidden = np.empty(self._n_embd, dtype=np.float32)
         self._logits = np.empty(self._n_vocab, dtype=np.float32)
         self._text_head = True  # what the bridge was last told (moss_bridge_set_text_logits)
+        # The prompt rows at KV positions 0..len-1 (what prefill_prompt may reuse); rows beyond are unknown.
+        self._prompt_rows = np.empty((0, 0), dtype=np.int64)
 
     # ---- sizes ---------------------------------------------------------------------------------------
 
@@ -143,7 +152,51 @@ class Backbone:
         if rows.ndim != 2 or rows.shape[0] == 0 or rows.shape[1] != self._n_embd:
             raise ValueError(f"prefill expects embeddings of shape (S >= 1, {self._n_embd}), got {rows.shape}")
         self._set_text_head(text_logits)
-        self._call(self._lib.moss_bridge_prefill, _floats(rows), rows.shape[0])
+        self._call_or_forget(self._lib.moss_bridge_prefill, _floats(rows), rows.shape[0])
+
+    def prefill_prompt(
+        self, prompt: np.ndarray, embed: Callable[[np.ndarray], np.ndarray], text_logits: bool = True
+    ) -> int:
+        """Make the KV cache hold exactly the (S, channels) prompt rows; returns how many rows were prefilled.
+
+        The longest prefix of ``prompt`` that an earlier ``prefill_prompt`` left in the cache is kept, but
+        never the last row, whose outputs (``hidden``/``text_logits`` afterwards) the caller needs; only
+        the other rows go through ``embed`` (int64 rows -> (n, n_embd) float32) and llama.cpp. A prompt
+        that shares nothing with the cache is prefilled whole, as after ``clear``.
+        """
+        kept = min(self._cached_prefix(prompt), prompt.shape[0] - 1)
+        self._extend_prompt(prompt, kept, embed, text_logits)
+        return prompt.shape[0] - kept
+
+    def prepare_prefix(self, prefix: np.ndarray, embed: Callable[[np.ndarray], np.ndarray]) -> int:
+        """Have the (P, channels) rows in the KV cache ahead of the prompts that will begin with them.
+
+        Nothing is decoded when the cache already begins with them (the rows after them stay until the next
+        ``prefill_prompt``); otherwise the shared part is kept and the rest prefilled. Returns the rows
+        prefilled.
+        """
+        kept = self._cached_prefix(prefix)
+        if kept == prefix.shape[0]:
+            return 0
+        self._extend_prompt(prefix, kept, embed, text_logits=False)
+        return prefix.shape[0] - kept
+
+    def _cached_prefix(self, prompt: np.ndarray) -> int:
+        """Rows at the start of ``prompt`` equal to the remembered prompt rows in the cache."""
+        cached = self._prompt_rows
+        n = min(cached.shape[0], prompt.shape[0])
+        if n == 0 or cached.shape[1] != prompt.shape[1]:
+            return 0
+        differs = np.flatnonzero(np.any(cached[:n] != prompt[:n], axis=1))
+        return int(differs[0]) if differs.size else n
+
+    def _extend_prompt(
+        self, prompt: np.ndarray, kept: int, embed: Callable[[np.ndarray], np.ndarray], text_logits: bool
+    ) -> None:
+        self._call_or_forget(self._lib.moss_bridge_truncate, kept)
+        self._prompt_rows = self._prompt_rows[:kept]
+        self.prefill(embed(prompt[kept:]), text_logits)
+        self._prompt_rows = np.array(prompt, dtype=np.int64)
 
     def decode(self, embedding: np.ndarray, text_logits: bool = True) -> None:
         """Append one (n_embd,) row: one generation step (``text_logits`` as for ``prefill``)."""
@@ -151,7 +204,7 @@ class Backbone:
         if row.shape != (self._n_embd,):
             raise ValueError(f"decode expects an embedding of shape ({self._n_embd},), got {row.shape}")
         self._set_text_head(text_logits)
-        self._call(self._lib.moss_bridge_decode, _floats(row))
+        self._call_or_forget(self._lib.moss_bridge_decode, _floats(row))
 
     def _set_text_head(self, enabled: bool) -> None:
         if enabled != self._text_head:
@@ -172,7 +225,8 @@ class Backbone:
         return self._logits
 
     def clear(self) -> None:
-        """Empty the KV cache for a new request (position back to 0)."""
+        """Empty the KV cache (position back to 0); nothing is left to reuse."""
+        self._prompt_rows = self._prompt_rows[:0]
         self._call(self._lib.moss_bridge_clear)
 
     # ---- lifetime ------------------------------------------------------------------------------------
@@ -213,6 +267,18 @@ class Backbone:
         if status != 0:
             detail = self._lib.moss_bridge_last_error(handle).decode(errors="replace")
             raise BridgeError(f"{self._status_name(status)}: {detail}")
+
+    def _call_or_forget(self, function: Callable[..., int], *args: object) -> None:
+        """``_call`` for what appends to the KV cache. A refusal for want of room decoded nothing, or only
+        rows after the remembered prompt; any other failure may have left anything, so the cache is emptied
+        and nothing is reused."""
+        try:
+            self._call(function, *args)
+        except BridgeError as error:
+            if not str(error).startswith(self._status_name(_CONTEXT_FULL_STATUS)):
+                self._prompt_rows = self._prompt_rows[:0]
+                self._lib.moss_bridge_clear(self._live_handle())
+            raise
 
     def _query(self, function: Callable[..., int]) -> int:
         value = ctypes.c_int32()

@@ -162,6 +162,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "moss_bridge_get_hidden": (status, [handle, floats]),
         "moss_bridge_get_text_logits": (status, [handle, floats]),
         "moss_bridge_clear": (status, [handle]),
+        "moss_bridge_truncate": (status, [handle, ctypes.c_int32]),
         "moss_bridge_set_text_logits": (status, [handle, ctypes.c_int32]),
         "moss_bridge_status_string": (ctypes.c_char_p, [status]),
         "moss_bridge_last_error": (ctypes.c_char_p, [handle]),
