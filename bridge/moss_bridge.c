@@ -160,6 +160,10 @@ int32_t moss_bridge_set_verbose(int32_t verbose) {
     return MOSS_BRIDGE_OK;
 }
 
+int32_t moss_bridge_abi_version(void) {
+    return MOSS_BRIDGE_ABI_VERSION;
+}
+
 /* ---- lifetime -------------------------------------------------------------------------------------- */
 
 struct moss_bridge_params moss_bridge_default_params(void) {

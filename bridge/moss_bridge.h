@@ -18,6 +18,11 @@
 extern "C" {
 #endif
 
+/* The version of this interface: the params struct, the enums and every signature below. Python mirrors them
+ * by hand (moss_tts_node/llama/bindings.py) and refuses a library whose moss_bridge_abi_version() differs
+ * from its own copy of this number: bump both on any change. */
+#define MOSS_BRIDGE_ABI_VERSION 1
+
 enum moss_bridge_status {
     MOSS_BRIDGE_OK                   = 0,
     MOSS_BRIDGE_ERR_INVALID_ARGUMENT = 1, /* NULL pointer, bad size or out-of-range parameter */
@@ -31,6 +36,9 @@ enum moss_bridge_status {
 };
 
 struct moss_bridge;
+
+/* MOSS_BRIDGE_ABI_VERSION as this library was built with it. */
+int32_t moss_bridge_abi_version(void);
 
 struct moss_bridge_params {
     const char * model_path; /* GGUF file of the backbone (arch qwen3) */

@@ -31,9 +31,9 @@ from typing import Any
 import yaml
 
 from moss_tts_node.errors import ConfigError
+from moss_tts_node.llama.bindings import FLASH_ATTN, KV_CACHE_TYPES, UNQUANTIZED_KV_CACHE_TYPES
 
 NODE_NAME = "moss_tts_node"
-KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
 BACKENDS = ("onnx", "tensorrt")
 
 
@@ -88,7 +88,7 @@ class LlamaConfig:
     kv_cache_type_v: str = _option(
         "f16", "KV cache type of values (quantized needs flash_attn).", choices=KV_CACHE_TYPES
     )
-    flash_attn: str = _option("auto", "Flash attention: auto, on or off.", choices=("auto", "on", "off"))
+    flash_attn: str = _option("auto", "Flash attention: auto, on or off.", choices=tuple(FLASH_ATTN))
 
 
 @dataclass(frozen=True)
@@ -254,8 +254,19 @@ def from_flat(values: Mapping[str, Any], base_dir: Path, source: str) -> Config:
         group, name = key.split(".", 1)
         groups[group][name] = value
     config = Config(**{name: _GROUP_TYPES[name](**kw) for name, kw in groups.items()})
+    _check_llama(config, source)
     _check_files(config, source)
     return config
+
+
+def _check_llama(config: Config, source: str) -> None:
+    """What the single keys' ranges cannot say (each llama.* value is checked here and nowhere else)."""
+    llama = config.llama
+    if llama.kv_cache_type_v not in UNQUANTIZED_KV_CACHE_TYPES and llama.flash_attn == "off":
+        raise ConfigError(
+            f"{source}: 'llama.kv_cache_type_v' {llama.kv_cache_type_v} (quantized) needs flash attention: "
+            "set 'llama.flash_attn' to auto or on, or use an f16 V cache"
+        )
 
 
 def _ros_parameters(document: Any, path: Path) -> Mapping[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -9,8 +10,10 @@ import numpy as np
 import pytest
 from qwen3_reference import qwen3_forward
 
-from moss_tts_node.errors import BridgeError, ConfigError, WeightsError
-from moss_tts_node.llama.backbone import KV_CACHE_TYPES, Backbone, BackboneParams
+from moss_tts_node.errors import BridgeError, WeightsError
+from moss_tts_node.llama.backbone import Backbone, BackboneParams
+from moss_tts_node.llama.bindings import KV_CACHE_TYPES, MOSS_BRIDGE_ABI_VERSION, check_abi_version, load_bridge_library
+from moss_tts_node.llama.bridge import bridge_source_dir
 from moss_tts_node.tools.qwen3_gguf import (
     Qwen3Shape,
     gguf_tensor_name,
@@ -214,22 +217,41 @@ def test_f16_weights_and_cache_stay_close(
 
 
 @pytest.mark.parametrize(
-    "overrides",
+    ("overrides", "message"),
     [
-        {"n_ctx": 0},
-        {"n_batch": -1},
-        {"kv_cache_type_k": "q3_k"},
-        {"flash_attn": "yes"},
-        {"kv_cache_type_v": "q8_0", "flash_attn": "off"},
+        ({"n_ctx": 0}, r"INVALID_ARGUMENT: n_ctx \(0\) and n_batch \(8\) must be positive"),
+        ({"n_batch": -1}, r"INVALID_ARGUMENT: n_ctx \(64\) and n_batch \(-1\) must be positive"),
+        ({"n_gpu_layers": -2}, r"INVALID_ARGUMENT: n_gpu_layers must be >= -1, got -2"),
     ],
 )
-def test_params_are_validated(overrides: dict[str, object]) -> None:
-    with pytest.raises(ConfigError):
-        _params(Path("x.gguf"), **overrides)
+def test_the_bridge_refuses_bad_params_with_the_reason(
+    gguf_path: Path, overrides: dict[str, object], message: str
+) -> None:
+    # the config checks the user's llama.* values (test_config); the bridge checks what reaches it
+    with pytest.raises(BridgeError, match=message):
+        Backbone(_params(gguf_path, **overrides))
 
 
 def test_kv_cache_type_names() -> None:
     assert set(KV_CACHE_TYPES) == {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"}
+
+
+def test_abi_version_is_the_headers_and_the_librarys() -> None:
+    header = (bridge_source_dir() / "moss_bridge.h").read_text()
+    declared = re.search(r"#define MOSS_BRIDGE_ABI_VERSION (\d+)", header)
+    assert declared is not None and int(declared.group(1)) == MOSS_BRIDGE_ABI_VERSION
+    assert load_bridge_library().moss_bridge_abi_version() == MOSS_BRIDGE_ABI_VERSION
+
+
+def test_a_bridge_of_another_abi_version_is_refused_with_the_fix() -> None:
+    class OtherBuild:
+        _name = "/tmp/libmoss_bridge-old.so"
+
+        def moss_bridge_abi_version(self) -> int:
+            return MOSS_BRIDGE_ABI_VERSION + 1
+
+    with pytest.raises(BridgeError, match=r"libmoss_bridge-old\.so has ABI version \d+, .* rebuild it"):
+        check_abi_version(OtherBuild())
 
 
 def test_gguf_tensor_names() -> None:

@@ -21,60 +21,25 @@ from types import TracebackType
 
 import numpy as np
 
-from moss_tts_node.errors import BridgeError, ConfigError, WeightsError
-from moss_tts_node.llama.bridge import load_bridge_library
+from moss_tts_node.errors import BridgeError, WeightsError
+from moss_tts_node.llama.bindings import FLASH_ATTN, GGML_TYPES, Status, load_bridge_library, status_error
 
-# KV cache element types accepted by llama.cpp, with their enum ggml_type values (ggml.h).
-_GGML_TYPES = {
-    "f32": 0,
-    "f16": 1,
-    "bf16": 30,
-    "q8_0": 8,
-    "q4_0": 2,
-    "q4_1": 3,
-    "q5_0": 6,
-    "q5_1": 7,
-    "iq4_nl": 20,
-}
-KV_CACHE_TYPES: tuple[str, ...] = tuple(_GGML_TYPES)
-_FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
-_UNQUANTIZED = ("f32", "f16", "bf16")
-
-_MODEL_LOAD_STATUS = 2  # MOSS_BRIDGE_ERR_MODEL_LOAD in moss_bridge.h
-_CONTEXT_FULL_STATUS = 4  # MOSS_BRIDGE_ERR_CONTEXT_FULL
 _GGUF_MAGIC = b"GGUF"
 
 
 @dataclass(frozen=True)
 class BackboneParams:
-    """How to load the backbone. Validated on construction (``ConfigError``)."""
+    """How to load the backbone. The user-facing values are checked once, by the config (``llama.*`` keys);
+    the bridge refuses the rest (ERR_INVALID_ARGUMENT, ERR_CONTEXT_CREATE) with the reason."""
 
     gguf_path: Path
     n_ctx: int = 4096
     n_batch: int = 512
     n_threads: int = 0  # 0 = all online cores
     n_gpu_layers: int = -1  # -1 all layers on the GPU, 0 CPU only
-    kv_cache_type_k: str = "f16"  # one of KV_CACHE_TYPES
+    kv_cache_type_k: str = "f16"  # a key of bindings.GGML_TYPES
     kv_cache_type_v: str = "f16"
-    flash_attn: str = "auto"  # auto | on | off
-
-    def __post_init__(self) -> None:
-        for name in ("n_ctx", "n_batch"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"backbone {name} must be positive, got {getattr(self, name)}")
-        if self.n_threads < 0:
-            raise ConfigError(f"backbone n_threads must be >= 0 (0 = all cores), got {self.n_threads}")
-        if self.n_gpu_layers < -1:
-            raise ConfigError(f"backbone n_gpu_layers must be >= -1 (-1 = all), got {self.n_gpu_layers}")
-        for name in ("kv_cache_type_k", "kv_cache_type_v"):
-            if getattr(self, name) not in _GGML_TYPES:
-                raise ConfigError(f"backbone {name} {getattr(self, name)!r} is not one of {', '.join(KV_CACHE_TYPES)}")
-        if self.flash_attn not in _FLASH_ATTN:
-            raise ConfigError(f"backbone flash_attn {self.flash_attn!r} is not one of auto, on, off")
-        if self.kv_cache_type_v not in _UNQUANTIZED and self.flash_attn == "off":
-            raise ConfigError(
-                f"a quantized V cache ({self.kv_cache_type_v}) needs flash attention: set flash_attn to auto or on"
-            )
+    flash_attn: str = "auto"  # a key of bindings.FLASH_ATTN
 
 
 def set_llama_verbose(verbose: bool) -> None:
@@ -96,16 +61,16 @@ class Backbone:
         c_params.n_batch = params.n_batch
         c_params.n_threads = params.n_threads
         c_params.n_gpu_layers = params.n_gpu_layers
-        c_params.type_k = _GGML_TYPES[params.kv_cache_type_k]
-        c_params.type_v = _GGML_TYPES[params.kv_cache_type_v]
-        c_params.flash_attn = _FLASH_ATTN[params.flash_attn]
+        c_params.type_k = GGML_TYPES[params.kv_cache_type_k]
+        c_params.type_v = GGML_TYPES[params.kv_cache_type_v]
+        c_params.flash_attn = FLASH_ATTN[params.flash_attn]
         handle = ctypes.c_void_p()
         status = self._lib.moss_bridge_create(ctypes.byref(c_params), ctypes.byref(handle))
-        if status != 0:
-            detail = self._lib.moss_bridge_last_error(None).decode(errors="replace")
-            if status == _MODEL_LOAD_STATUS:
+        if status != Status.OK:
+            if status == Status.ERR_MODEL_LOAD:
+                detail = self._lib.moss_bridge_last_error(None).decode(errors="replace")
                 raise WeightsError(f"cannot load the backbone GGUF {path}: {detail}")
-            raise BridgeError(f"{self._status_name(status)}: {detail}")
+            raise BridgeError(status_error(self._lib, status, None))
         self._handle = handle
         self._n_embd = self._query(self._lib.moss_bridge_n_embd)
         self._n_vocab = self._query(self._lib.moss_bridge_n_vocab)
@@ -253,9 +218,6 @@ class Backbone:
 
     # ---- helpers -------------------------------------------------------------------------------------
 
-    def _status_name(self, status: int) -> str:
-        return self._lib.moss_bridge_status_string(status).decode()
-
     def _live_handle(self) -> ctypes.c_void_p:
         if self._handle is None:
             raise BridgeError("the backbone is closed")
@@ -264,21 +226,22 @@ class Backbone:
     def _call(self, function: Callable[..., int], *args: object) -> None:
         handle = self._live_handle()
         status = function(handle, *args)
-        if status != 0:
-            detail = self._lib.moss_bridge_last_error(handle).decode(errors="replace")
-            raise BridgeError(f"{self._status_name(status)}: {detail}")
+        if status != Status.OK:
+            raise BridgeError(status_error(self._lib, status, handle))
 
     def _call_or_forget(self, function: Callable[..., int], *args: object) -> None:
         """``_call`` for what appends to the KV cache. A refusal for want of room decoded nothing, or only
         rows after the remembered prompt; any other failure may have left anything, so the cache is emptied
         and nothing is reused."""
-        try:
-            self._call(function, *args)
-        except BridgeError as error:
-            if not str(error).startswith(self._status_name(_CONTEXT_FULL_STATUS)):
-                self._prompt_rows = self._prompt_rows[:0]
-                self._lib.moss_bridge_clear(self._live_handle())
-            raise
+        handle = self._live_handle()
+        status = function(handle, *args)
+        if status == Status.OK:
+            return
+        message = status_error(self._lib, status, handle)  # before the clear below resets it
+        if status != Status.ERR_CONTEXT_FULL:
+            self._prompt_rows = self._prompt_rows[:0]
+            self._lib.moss_bridge_clear(handle)
+        raise BridgeError(message)
 
     def _query(self, function: Callable[..., int]) -> int:
         value = ctypes.c_int32()

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from moss_tts_node.errors import WeightsError
+from moss_tts_node.llama.bindings import llama_supports_gpu_offload
 from moss_tts_node.llama.gguf import GGUF_AUDIO_HEADS_KEY, GgufHeadsInfo
-from moss_tts_node.llama.probe import llama_supports_gpu_offload
 from moss_tts_node.model.delay import TextRule
 from moss_tts_node.model.embeddings import load_matrix
 from moss_tts_node.model.spec import ModelSpec
