@@ -12,7 +12,13 @@ from qwen3_reference import qwen3_forward
 
 from moss_tts_node.errors import BridgeError, WeightsError
 from moss_tts_node.llama.backbone import Backbone, BackboneParams
-from moss_tts_node.llama.bindings import KV_CACHE_TYPES, MOSS_BRIDGE_ABI_VERSION, check_abi_version, load_bridge_library
+from moss_tts_node.llama.bindings import (
+    KV_CACHE_TYPES,
+    MOSS_BRIDGE_ABI_VERSION,
+    Status,
+    check_abi_version,
+    load_bridge_library,
+)
 from moss_tts_node.llama.bridge import bridge_source_dir
 from moss_tts_node.tools.qwen3_gguf import (
     Qwen3Shape,
@@ -241,6 +247,8 @@ def test_abi_version_is_the_headers_and_the_librarys() -> None:
     declared = re.search(r"#define MOSS_BRIDGE_ABI_VERSION (\d+)", header)
     assert declared is not None and int(declared.group(1)) == MOSS_BRIDGE_ABI_VERSION
     assert load_bridge_library().moss_bridge_abi_version() == MOSS_BRIDGE_ABI_VERSION
+    statuses = dict(re.findall(r"MOSS_BRIDGE_(ERR_\w+|OK)\s+= (\d+)", header))
+    assert {name: int(value) for name, value in statuses.items()} == {s.name: s.value for s in Status}
 
 
 def test_a_bridge_of_another_abi_version_is_refused_with_the_fix() -> None:
