@@ -160,6 +160,10 @@ int32_t moss_bridge_set_verbose(int32_t verbose) {
     return MOSS_BRIDGE_OK;
 }
 
+int32_t moss_bridge_abi_version(void) {
+    return MOSS_BRIDGE_ABI_VERSION;
+}
+
 /* ---- lifetime -------------------------------------------------------------------------------------- */
 
 struct moss_bridge_params moss_bridge_default_params(void) {
@@ -448,6 +452,27 @@ int32_t moss_bridge_clear(struct moss_bridge * h) {
     }
     h->last_error[0] = '\0';
     llama_memory_clear(llama_get_memory(h->ctx), true);
+    h->has_output = 0;
+    return MOSS_BRIDGE_OK;
+}
+
+int32_t moss_bridge_truncate(struct moss_bridge * h, int32_t n_keep) {
+    if (h == NULL) {
+        return MOSS_BRIDGE_ERR_INVALID_ARGUMENT;
+    }
+    h->last_error[0] = '\0';
+    log_reset();
+    if (n_keep < 0) {
+        return fail(h, MOSS_BRIDGE_ERR_INVALID_ARGUMENT, "truncate keeps n_keep >= 0 rows, got %d", n_keep);
+    }
+    if (n_keep >= current_pos(h)) {
+        return MOSS_BRIDGE_OK;
+    }
+    /* A plain KV cache removes any position range; only a recurrent memory (not Qwen3) could refuse. */
+    if (!llama_memory_seq_rm(llama_get_memory(h->ctx), 0, n_keep, -1)) {
+        return fail(h, MOSS_BRIDGE_ERR_DECODE, "llama.cpp could not remove KV cache rows %d.. (n_pos %d)", n_keep,
+                    current_pos(h));
+    }
     h->has_output = 0;
     return MOSS_BRIDGE_OK;
 }

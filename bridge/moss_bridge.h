@@ -18,6 +18,11 @@
 extern "C" {
 #endif
 
+/* The version of this interface: the params struct, the enums and every signature below. Python mirrors them
+ * by hand (moss_tts_node/llama/bindings.py) and refuses a library whose moss_bridge_abi_version() differs
+ * from its own copy of this number: bump both on any change. */
+#define MOSS_BRIDGE_ABI_VERSION 1
+
 enum moss_bridge_status {
     MOSS_BRIDGE_OK                   = 0,
     MOSS_BRIDGE_ERR_INVALID_ARGUMENT = 1, /* NULL pointer, bad size or out-of-range parameter */
@@ -31,6 +36,9 @@ enum moss_bridge_status {
 };
 
 struct moss_bridge;
+
+/* MOSS_BRIDGE_ABI_VERSION as this library was built with it. */
+int32_t moss_bridge_abi_version(void);
 
 struct moss_bridge_params {
     const char * model_path; /* GGUF file of the backbone (arch qwen3) */
@@ -81,6 +89,12 @@ int32_t moss_bridge_set_text_logits(struct moss_bridge * h, int32_t enabled);
 
 /* Empties the KV cache: the next prefill starts at position 0. */
 int32_t moss_bridge_clear(struct moss_bridge * h);
+
+/* Keeps the KV cache's first n_keep rows (positions 0..n_keep-1) and removes the rest, so that the next
+ * prefill continues at position n_keep: a prompt that begins with rows already in the cache prefills only
+ * the rows after them. Removing rows drops the last row's outputs (get_hidden fails until the next decode);
+ * n_keep >= n_pos removes nothing and keeps them. n_keep < 0 is ERR_INVALID_ARGUMENT. */
+int32_t moss_bridge_truncate(struct moss_bridge * h, int32_t n_keep);
 
 /* A short constant name for a status code ("MOSS_BRIDGE_ERR_CONTEXT_FULL"...). Never NULL. */
 const char * moss_bridge_status_string(int32_t status);

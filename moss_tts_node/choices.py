@@ -7,6 +7,7 @@ before any model loads) and the heavy modules can share them.
 from __future__ import annotations
 
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")  # llama.cpp's names
+UNQUANTIZED_KV_CACHE_TYPES = ("f32", "f16", "bf16")  # a V cache of any other type needs flash attention
 FLASH_ATTN_MODES = ("auto", "on", "off")
 HEADS_BACKENDS = ("auto", "gguf", "onnx", "numpy")
 CODEC_BACKENDS = ("onnx", "tensorrt")

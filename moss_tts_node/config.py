@@ -30,7 +30,14 @@ from typing import Any
 
 import yaml
 
-from moss_tts_node.choices import CODEC_BACKENDS, FLASH_ATTN_MODES, HEADS_BACKENDS, KV_CACHE_TYPES, ONNX_PROVIDERS
+from moss_tts_node.choices import (
+    CODEC_BACKENDS,
+    FLASH_ATTN_MODES,
+    HEADS_BACKENDS,
+    KV_CACHE_TYPES,
+    ONNX_PROVIDERS,
+    UNQUANTIZED_KV_CACHE_TYPES,
+)
 from moss_tts_node.codec.layout import DECODER_FILE, ENCODER_FILE
 from moss_tts_node.errors import ConfigError
 from moss_tts_node.model.layout import CONFIG_FILE, DEFAULT_GGUF, EMBEDDINGS_DIR, HEADS_DIR, TOKENIZER_DIR
@@ -255,8 +262,19 @@ def from_flat(values: Mapping[str, Any], base_dir: Path, source: str) -> Config:
         group, name = key.split(".", 1)
         groups[group][name] = value
     config = Config(**{name: _GROUP_TYPES[name](**kw) for name, kw in groups.items()})
+    _check_llama(config, source)
     _check_files(config, source)
     return config
+
+
+def _check_llama(config: Config, source: str) -> None:
+    """What the single keys' ranges cannot say (each llama.* value is checked here and nowhere else)."""
+    llama = config.llama
+    if llama.kv_cache_type_v not in UNQUANTIZED_KV_CACHE_TYPES and llama.flash_attn == "off":
+        raise ConfigError(
+            f"{source}: 'llama.kv_cache_type_v' {llama.kv_cache_type_v} (quantized) needs flash attention: "
+            "set 'llama.flash_attn' to auto or on, or use an f16 V cache"
+        )
 
 
 def _ros_parameters(document: Any, path: Path) -> Mapping[str, Any]:

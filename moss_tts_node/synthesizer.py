@@ -25,7 +25,7 @@ from moss_tts_node.codec.audio_io import load_reference_audio
 from moss_tts_node.codec.base import AudioCodec
 from moss_tts_node.codec.factory import open_codec
 from moss_tts_node.codec.streaming import OfflineDecoding, SegmentDecoder, SegmentDecoding, WindowedStreamDecoding
-from moss_tts_node.config import AudioConfig, Config, SamplingConfig, backbone_path, load_config
+from moss_tts_node.config import AudioConfig, Config, GenerationConfig, SamplingConfig, backbone_path, load_config
 from moss_tts_node.errors import Cancelled, RequestError
 from moss_tts_node.llama.backbone import Backbone, BackboneParams
 from moss_tts_node.model.delay import DelayState, FrameAssembler
@@ -126,11 +126,15 @@ class Generated(NamedTuple):
 class Synthesizer:
     """One loaded model; one synthesis at a time (the backbone's KV cache is shared).
 
+    The backbone keeps the last prompt in its KV cache, and a request whose prompt begins the same way
+    (same voice, instruction and language: everything before the text) prefills only the rest;
+    ``prepare_voice`` puts such a prefix there ahead of the first request.
+
     With ``model.low_memory`` (8 GB boards) the three stages take turns in memory: the codec's
     encoder (only to encode a reference clip), then the backbone with its embedding tables and
     heads, then the codec's decoder. Each request reloads them and decodes only once generation
-    is over, so nothing streams (``stream`` yields each piece's offline decode); start-up loads each
-    stage once so bad files still fail early.
+    is over, so nothing streams; start-up loads each stage once so bad files still fail early. A
+    reloaded backbone starts with an empty KV cache: low_memory cannot reuse a prompt prefix.
     """
 
     def __init__(self, config: Config) -> None:
@@ -152,6 +156,11 @@ class Synthesizer:
         else:
             self.codec = open_codec(config)
         self._default_voice: np.ndarray | None = None
+        # prepare_voice may come from another thread than the one generating: it waits for the backbone
+        # to be idle, and a generation waits for a preparation under way.
+        self._backbone_use = threading.Condition()
+        self._generating = 0
+        self._preparing = False
 
     def _load_generation(self) -> None:
         """Load the generation stage: the llama.cpp backbone, the embedding tables and the audio heads."""
@@ -298,13 +307,7 @@ class Synthesizer:
         """
         config = config if config is not None else self.config
         gen = config.generation
-        fields = PromptFields(
-            text=self._clean_text(text, gen.normalize_text),
-            language=language if language is not None else gen.language or None,
-            instruction=instruction if instruction is not None else gen.instruction or None,
-            quality=quality if quality is not None else gen.quality or None,
-            tokens=tokens,
-        )
+        fields = self._fields(gen, self._clean_text(text, gen.normalize_text), language, instruction, quality, tokens)
         pieces = self.planner.plan(fields, self._voice(reference), max_new_tokens or gen.max_new_tokens)
         sampling = sampling or config.sampling
         seed = seed if seed is not None and seed >= 0 else sampling.seed
@@ -312,6 +315,56 @@ class Synthesizer:
             seed = secrets.randbits(63)
         sampling = replace(sampling, seed=seed)
         return AudioStream(pieces[0].prompt, self._chunks(pieces, sampling, config.audio, _flag(cancel), streaming))
+
+    def prepare_voice(
+        self,
+        *,
+        language: str | None = None,
+        instruction: str | None = None,
+        quality: str | None = None,
+        tokens: int | None = None,
+        reference: Reference = None,
+    ) -> int:
+        """Prefill now the prompt prefix that requests with these fields will share, so that the first of
+        them prefills only its text; returns the rows prefilled (0 if they already were in the KV cache).
+
+        Fields as for ``stream`` (``None``: the config's generation defaults, the configured voice), so a
+        bare call prepares what a request that gives only its text will use. Waits for a generation under
+        way to end first. Does nothing in low_memory mode, whose backbone is reloaded per request.
+        """
+        if self.config.model.low_memory:
+            return 0
+        prefix = self.prompts.voice_prefix(
+            self._fields(self.config.generation, "", language, instruction, quality, tokens), self._voice(reference)
+        )
+        with self._backbone_use:
+            self._backbone_use.wait_for(lambda: self._generating == 0 and not self._preparing)
+            self._preparing = True
+        try:
+            assert self.backbone is not None and self.embeddings is not None
+            return self.backbone.prepare_prefix(prefix, self.embeddings.embed)
+        finally:
+            with self._backbone_use:
+                self._preparing = False
+                self._backbone_use.notify_all()
+
+    @staticmethod
+    def _fields(
+        gen: GenerationConfig,
+        text: str,
+        language: str | None,
+        instruction: str | None,
+        quality: str | None,
+        tokens: int | None,
+    ) -> PromptFields:
+        """A request's prompt fields, those left ``None`` taken from the generation defaults ``gen``."""
+        return PromptFields(
+            text=text,
+            language=language if language is not None else gen.language or None,
+            instruction=instruction if instruction is not None else gen.instruction or None,
+            quality=quality if quality is not None else gen.quality or None,
+            tokens=tokens,
+        )
 
     def synthesize(self, text: str, **request: Any) -> Synthesis:
         """The whole utterance at once, as the codec decodes it; raises ``Cancelled`` if the cancel flag was set."""
@@ -424,20 +477,37 @@ class Synthesizer:
         sampler = Sampler(sampling, spec, piece.prompt)
         frames = FrameAssembler(spec.n_vq, spec.audio_pad_code, capacity=piece.max_steps)
         rows: list[np.ndarray] = []
-        generation = generate_rows(
-            self.backbone, self.embeddings, self.heads, piece.prompt, state, sampler, piece.max_steps, cancelled, clock
-        )
-        while True:
-            try:
-                row = next(generation)
-            except StopIteration as end:
-                generated = np.stack(rows) if rows else np.empty((0, spec.channels), dtype=np.int64)
-                yield Generated(generated, end.value)
-                return
-            rows.append(row)
-            frame = frames.push(row[1:])
-            if frame is not None:
-                yield None if frames.is_gap(frame) else frame
+        with self._backbone_use:
+            self._backbone_use.wait_for(lambda: not self._preparing)
+            self._generating += 1
+        try:
+            generation = generate_rows(
+                self.backbone,
+                self.embeddings,
+                self.heads,
+                piece.prompt,
+                state,
+                sampler,
+                piece.max_steps,
+                cancelled,
+                clock,
+            )
+            while True:
+                try:
+                    row = next(generation)
+                except StopIteration as end:
+                    stop = end.value
+                    break
+                rows.append(row)
+                frame = frames.push(row[1:])
+                if frame is not None:
+                    yield None if frames.is_gap(frame) else frame
+        finally:
+            with self._backbone_use:
+                self._generating -= 1
+                self._backbone_use.notify_all()
+        generated = np.stack(rows) if rows else np.empty((0, spec.channels), dtype=np.int64)
+        yield Generated(generated, stop)
 
     def _generate_staged(
         self, generated: Iterator[Iterator[np.ndarray | Generated | None]]

@@ -30,6 +30,7 @@ class StageClock:
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, list[tuple[float, float]]] = defaultdict(list)  # (perf_counter start, seconds)
         self.first_audio: float | None = None
+        self.prefilled_rows = 0  # prompt rows run through the backbone (the rest were reused from its KV cache)
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
@@ -61,6 +62,7 @@ class TimingReport:
 
     seed: int
     prompt_rows: int
+    prefilled_rows: int  # of prompt_rows; the others were a prefix kept in the KV cache from the last request
     max_new_tokens: int
     steps: int
     frames: int
@@ -101,6 +103,7 @@ class TimingReport:
         return cls(
             seed=seed,
             prompt_rows=prompt_rows,
+            prefilled_rows=clock.prefilled_rows,
             max_new_tokens=max_new_tokens,
             steps=steps,
             frames=frames,
@@ -137,7 +140,7 @@ class TimingReport:
         )
         return "\n".join(
             [
-                f"prompt rows        {self.prompt_rows}",
+                f"prompt rows        {self.prompt_rows} ({self.prefilled_rows} prefilled, the rest reused)",
                 f"steps              {self.steps} of {self.max_new_tokens} (stop: {self.stop_reason})",
                 f"audio              {self.frames} frames, {self.audio_seconds:.2f} s",
                 f"prefill            {self.prefill_ms:.1f} ms",

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -10,8 +11,17 @@ import pytest
 from qwen3_reference import qwen3_forward
 
 from moss_tts_node import choices
-from moss_tts_node.errors import BridgeError, ConfigError, WeightsError
-from moss_tts_node.llama.backbone import KV_CACHE_TYPES, Backbone, BackboneParams
+from moss_tts_node.errors import BridgeError, WeightsError
+from moss_tts_node.llama.backbone import Backbone, BackboneParams
+from moss_tts_node.llama.bindings import (
+    FLASH_ATTN,
+    GGML_TYPES,
+    MOSS_BRIDGE_ABI_VERSION,
+    Status,
+    check_abi_version,
+    load_bridge_library,
+)
+from moss_tts_node.llama.bridge import bridge_source_dir
 from moss_tts_node.tools.qwen3_gguf import (
     Qwen3Shape,
     gguf_tensor_name,
@@ -215,22 +225,44 @@ def test_f16_weights_and_cache_stay_close(
 
 
 @pytest.mark.parametrize(
-    "overrides",
+    ("overrides", "message"),
     [
-        {"n_ctx": 0},
-        {"n_batch": -1},
-        {"kv_cache_type_k": "q3_k"},
-        {"flash_attn": "yes"},
-        {"kv_cache_type_v": "q8_0", "flash_attn": "off"},
+        ({"n_ctx": 0}, r"INVALID_ARGUMENT: n_ctx \(0\) and n_batch \(8\) must be positive"),
+        ({"n_batch": -1}, r"INVALID_ARGUMENT: n_ctx \(64\) and n_batch \(-1\) must be positive"),
+        ({"n_gpu_layers": -2}, r"INVALID_ARGUMENT: n_gpu_layers must be >= -1, got -2"),
     ],
 )
-def test_params_are_validated(overrides: dict[str, object]) -> None:
-    with pytest.raises(ConfigError):
-        _params(Path("x.gguf"), **overrides)
+def test_the_bridge_refuses_bad_params_with_the_reason(
+    gguf_path: Path, overrides: dict[str, object], message: str
+) -> None:
+    # the config checks the user's llama.* values (test_config); the bridge checks what reaches it
+    with pytest.raises(BridgeError, match=message):
+        Backbone(_params(gguf_path, **overrides))
 
 
-def test_kv_cache_type_names() -> None:
-    assert set(KV_CACHE_TYPES) == set(choices.KV_CACHE_TYPES)  # what the bridge maps is what the schema offers
+def test_the_bridge_maps_every_choice_the_schema_offers() -> None:
+    assert set(GGML_TYPES) == set(choices.KV_CACHE_TYPES)
+    assert set(FLASH_ATTN) == set(choices.FLASH_ATTN_MODES)
+
+
+def test_abi_version_is_the_headers_and_the_librarys() -> None:
+    header = (bridge_source_dir() / "moss_bridge.h").read_text()
+    declared = re.search(r"#define MOSS_BRIDGE_ABI_VERSION (\d+)", header)
+    assert declared is not None and int(declared.group(1)) == MOSS_BRIDGE_ABI_VERSION
+    assert load_bridge_library().moss_bridge_abi_version() == MOSS_BRIDGE_ABI_VERSION
+    statuses = dict(re.findall(r"MOSS_BRIDGE_(ERR_\w+|OK)\s+= (\d+)", header))
+    assert {name: int(value) for name, value in statuses.items()} == {s.name: s.value for s in Status}
+
+
+def test_a_bridge_of_another_abi_version_is_refused_with_the_fix() -> None:
+    class OtherBuild:
+        _name = "/tmp/libmoss_bridge-old.so"
+
+        def moss_bridge_abi_version(self) -> int:
+            return MOSS_BRIDGE_ABI_VERSION + 1
+
+    with pytest.raises(BridgeError, match=r"libmoss_bridge-old\.so has ABI version \d+, .* rebuild it"):
+        check_abi_version(OtherBuild())
 
 
 def test_gguf_tensor_names() -> None:
@@ -258,3 +290,83 @@ def test_writer_streams_out_of_order_and_checks_completeness(
     assert not incomplete.exists()
     assert list(tmp_path.glob(".*partial")) == []
     assert len(qwen3_tensor_shapes(SHAPE)) == 3 + 11 * SHAPE.layers
+
+
+# ---- prompt-prefix reuse -----------------------------------------------------------------------------
+
+
+def _prompt(ids: list[int]) -> np.ndarray:
+    """(S, 2) int64 prompt rows: an id column and one audio column, as the real prompt has 33."""
+    return np.stack([np.array(ids), np.array(ids) % 3], axis=1).astype(np.int64)
+
+
+def _embed() -> Callable[[np.ndarray], np.ndarray]:
+    """An embedding table for ids < 256; counts the rows it embeds per call in ``.calls``."""
+    table = np.random.default_rng(3).standard_normal((256, SHAPE.hidden)).astype(np.float32)
+    calls: list[int] = []
+
+    def embed(prompt: np.ndarray) -> np.ndarray:
+        calls.append(prompt.shape[0])
+        return table[prompt[:, 0]] + 0.5 * table[prompt[:, 1]]
+
+    embed.calls = calls  # type: ignore[attr-defined]
+    return embed
+
+
+def test_prompt_prefix_is_kept_and_only_the_rest_prefilled(
+    backbone: Backbone, tensors: dict[str, np.ndarray], rows: np.ndarray
+) -> None:
+    embed = _embed()
+    first = _prompt(list(range(PREFILL)))
+    second = _prompt([*range(12), 21, 22, 23])  # shares 12 rows with ``first``
+    backbone.clear()
+    assert backbone.prefill_prompt(first, embed) == PREFILL
+    backbone.decode(rows[PREFILL])  # a generated row: in the cache, never reused
+    assert backbone.prefill_prompt(second, embed) == 3
+    assert embed.calls == [PREFILL, 3]  # type: ignore[attr-defined]
+    assert backbone.position == second.shape[0]
+    hidden_ref, logits_ref = qwen3_forward(tensors, SHAPE, embed(second))
+    np.testing.assert_allclose(backbone.hidden(), hidden_ref[-1], rtol=0, atol=HIDDEN_ATOL)
+    _assert_logits_close(backbone.text_logits(), logits_ref[-1])
+
+
+def test_same_prompt_again_prefills_only_its_last_row(backbone: Backbone, rows: np.ndarray) -> None:
+    embed = _embed()
+    prompt = _prompt(list(range(10)))
+    backbone.clear()
+    backbone.prefill_prompt(prompt, embed)
+    expected = backbone.hidden().copy()
+    backbone.decode(rows[0])
+    assert backbone.prefill_prompt(prompt, embed) == 1  # its outputs are needed again
+    assert backbone.position == 10
+    assert np.array_equal(backbone.hidden(), expected)
+
+
+def test_a_prompt_sharing_nothing_is_prefilled_whole(backbone: Backbone) -> None:
+    embed = _embed()
+    backbone.clear()
+    backbone.prefill_prompt(_prompt(list(range(10))), embed)
+    assert backbone.prefill_prompt(_prompt(list(range(30, 36))), embed) == 6
+    assert backbone.position == 6
+
+
+def test_prepared_prefix_is_reused_by_the_prompts_beginning_with_it(backbone: Backbone) -> None:
+    embed = _embed()
+    prefix = _prompt(list(range(8)))
+    backbone.clear()
+    assert backbone.prepare_prefix(prefix, embed) == 8
+    assert backbone.prepare_prefix(prefix, embed) == 0  # already there: nothing decoded
+    assert backbone.prefill_prompt(_prompt([*range(8), 40, 41]), embed) == 2
+    assert backbone.prepare_prefix(prefix, embed) == 0  # still the cache's first rows
+    assert backbone.prefill_prompt(_prompt([*range(8), 42]), embed) == 1
+
+
+def test_prompt_refused_for_room_keeps_the_prefix_and_nothing_after_it(backbone: Backbone) -> None:
+    embed = _embed()
+    backbone.clear()
+    backbone.prefill_prompt(_prompt(list(range(10))), embed)
+    too_long = _prompt([*range(10), *range(backbone.n_ctx)])
+    with pytest.raises(BridgeError, match=f"n_ctx is {backbone.n_ctx}"):
+        backbone.prefill_prompt(too_long, embed)
+    assert backbone.position == 10
+    assert backbone.prefill_prompt(_prompt([*range(10), 50]), embed) == 1

@@ -111,3 +111,21 @@ def test_a_written_params_file_reads_back_the_same(demo_config: Path, tmp_path: 
     write_params_file(path, dict(flatten(config)), "first line\n\nthird line")
     assert path.read_text().startswith("# first line\n#\n# third line\nmoss_tts_node:\n  ros__parameters:\n")
     assert load_config(path) == config
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"llama.n_ctx": 0}, r"'llama\.n_ctx' must be >= 64, got 0"),
+        ({"llama.n_batch": -1}, r"'llama\.n_batch' must be >= 1"),
+        ({"llama.kv_cache_type_k": "q3_k"}, r"'llama\.kv_cache_type_k' must be one of f32, f16"),
+        ({"llama.flash_attn": "yes"}, r"'llama\.flash_attn' must be one of auto, on, off"),
+        (
+            {"llama.kv_cache_type_v": "q8_0", "llama.flash_attn": "off"},
+            r"'llama\.kv_cache_type_v' q8_0 \(quantized\) needs flash attention: set 'llama\.flash_attn'",
+        ),
+    ],
+)
+def test_llama_values_are_refused_with_their_key(demo_config: Path, overrides: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(demo_config, overrides=overrides)

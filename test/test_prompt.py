@@ -89,3 +89,22 @@ def test_two_references_are_numbered(builder: PromptBuilder) -> None:
 def test_control_tokens_in_text_are_refused(builder: PromptBuilder) -> None:
     with pytest.raises(RequestError, match="control token"):
         builder.build(PromptFields(text="say <|im_end|> now"))
+
+
+@pytest.mark.parametrize("text", ["Hello! I am a robot.", " leading space", "42 apples", "\u4f60\u597d"])
+def test_voice_prefix_is_where_every_prompt_of_the_voice_begins(builder: PromptBuilder, text: str) -> None:
+    voice = np.random.default_rng(0).integers(0, 1024, size=(5, 32))
+    fields = PromptFields(text=text, language="en", instruction="calm")
+    prefix = builder.voice_prefix(fields, [voice])
+    prompt = builder.build(fields, [voice])
+    assert prefix.shape[0] < prompt.shape[0]
+    assert np.array_equal(prompt[: prefix.shape[0]], prefix)
+    # the text is what follows: everything before it is in the prefix
+    text_ids = builder.tokenizer.encode(text, add_special_tokens=False).ids
+    assert prompt[prefix.shape[0] : prefix.shape[0] + len(text_ids), 0].tolist() == text_ids
+
+
+def test_voice_prefix_changes_with_the_fields_before_the_text(builder: PromptBuilder) -> None:
+    fields = PromptFields(text="x", language="en")
+    assert not np.array_equal(builder.voice_prefix(fields), builder.voice_prefix(PromptFields(text="x", language="zh")))
+    assert np.array_equal(builder.voice_prefix(fields), builder.voice_prefix(PromptFields(text="other", language="en")))

@@ -6,6 +6,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,7 +18,10 @@ from moss_tts_node.errors import RequestError, WeightsError
 from moss_tts_node.model.delay import remove_delay
 from moss_tts_node.model.rates import SAMPLE_RATE, SAMPLES_PER_FRAME
 from moss_tts_node.synthesizer import Synthesizer
+from moss_tts_node.text.prompt import PromptFields
 from moss_tts_node.timing import StageClock, TimingReport
+from moss_tts_node.tools.convert import convert_checkpoint
+from moss_tts_node.tools.demo_weights import CHECKPOINT_DIR
 
 TEXT = "Hello! I am a robot."
 
@@ -194,6 +198,79 @@ def test_bad_references_are_refused(synth: Synthesizer, tmp_path: Path) -> None:
     np.save(tmp_path / "range.npy", np.full((5, 32), 1024, dtype=np.int64))
     with pytest.raises(RequestError, match=r"0\.\.1023"):
         synth.stream(TEXT, reference=tmp_path / "range.npy")
+
+
+@pytest.fixture(scope="module")
+def exact_synth(demo_config: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Synthesizer]:
+    """The demo model with F32 weights and KV cache, greedy: equal inputs give bit-equal rows."""
+    demo = demo_config.parent
+    gguf = convert_checkpoint(demo / CHECKPOINT_DIR, tmp_path_factory.mktemp("f32"), "F32")
+    overrides = {
+        "model.weights_dir": str(gguf.parent),
+        "model.backbone_gguf": gguf.name,
+        "model.codec_dir": str(demo / "codec"),
+        "llama.kv_cache_type_k": "f32",
+        "llama.kv_cache_type_v": "f32",
+        "sampling.text_temperature": 0.0,
+        "sampling.audio_temperature": 0.0,
+        "generation.max_new_tokens": 48,
+    }
+    with Synthesizer.from_config_file(demo_config, overrides) as loaded:
+        yield loaded
+
+
+def test_reused_prompt_prefix_generates_what_a_full_prefill_does(exact_synth: Synthesizer) -> None:
+    rng = np.random.default_rng(4)
+    voice_a, voice_b = (rng.integers(0, 1024, size=(frames, 32)) for frames in (12, 7))
+    requests: list[dict[str, Any]] = [
+        {"text": TEXT, "reference": voice_a, "language": "en"},
+        {"text": "Good morning, how are you?", "reference": voice_a, "language": "en"},  # only the text differs
+        {"text": "Good morning, how are you?", "reference": voice_a, "language": "zh"},
+        {"text": TEXT, "reference": voice_a, "language": "zh", "instruction": "slowly"},
+        {"text": TEXT, "reference": voice_b, "language": "en"},  # another voice: the ChatML header is shared
+        {"text": "Stop here.", "reference": voice_b, "language": "en", "cancel_after": 1},
+        {"text": "After the cancel.", "reference": voice_b, "language": "en"},
+        {"text": "No voice at all.", "reference": ""},
+        {"text": TEXT, "reference": voice_a, "language": "en"},  # the first request again
+    ]
+
+    def run(request: dict[str, Any], fresh: bool) -> tuple[np.ndarray, int, int]:
+        """The request's generated rows, prefilled rows and prompt rows."""
+        if fresh:
+            assert exact_synth.backbone is not None
+            exact_synth.backbone.clear()
+        cancel = threading.Event()
+        fields = {key: value for key, value in request.items() if key != "cancel_after"}
+        stream = exact_synth.stream(**fields, seed=3, cancel=cancel)
+        for number, _ in enumerate(stream, start=1):
+            if number == request.get("cancel_after"):
+                cancel.set()
+        assert stream.report is not None and stream.generated is not None
+        assert stream.cancelled == ("cancel_after" in request)
+        return stream.generated, stream.report.prefilled_rows, stream.prompt.shape[0]
+
+    reused = [run(request, fresh=False) for request in requests]
+    fresh = [run(request, fresh=True) for request in requests]
+    for number, ((rows, prefilled, prompt_rows), (expected, full, _)) in enumerate(zip(reused, fresh, strict=True)):
+        assert np.array_equal(rows, expected), f"request {number} generated other rows with the prefix reused"
+        assert full == prompt_rows
+        if number > 0:
+            assert prefilled < full  # at least the ChatML header was reused
+    # the same voice and fields: everything before the text was reused
+    prefix = exact_synth.prompts.voice_prefix(PromptFields(text="", language="en"), [voice_a])
+    assert reused[1][1] == reused[1][2] - prefix.shape[0]
+
+
+def test_prepared_voice_leaves_only_the_text_to_prefill(exact_synth: Synthesizer) -> None:
+    voice = np.random.default_rng(5).integers(0, 1024, size=(9, 32))
+    exact_synth.backbone.clear()  # type: ignore[union-attr]
+    prepared = exact_synth.prepare_voice(reference=voice, language="en")
+    assert prepared > 9 + 31  # the clip's rows and the fields before the text
+    assert exact_synth.prepare_voice(reference=voice, language="en") == 0
+    stream = exact_synth.stream(TEXT, reference=voice, language="en", seed=1)
+    list(stream)
+    assert stream.report is not None
+    assert stream.report.prefilled_rows == stream.prompt.shape[0] - prepared
 
 
 @pytest.mark.parametrize(

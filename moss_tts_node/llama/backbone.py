@@ -3,6 +3,12 @@
 MOSS-TTS feeds the backbone summed embeddings (text + 32 audio codebooks), not token ids, and reads the
 final-normed hidden state (for its audio heads) and the text logits. ``Backbone`` owns one llama.cpp
 model and context; see bridge/moss_bridge.h for what each call does on the C side.
+
+Prompt-prefix reuse: ``prefill_prompt`` remembers the prompt rows (token ids, not embeddings) it left in
+the KV cache. A later prompt that begins with the same rows keeps their positions and prefills only the
+rest, as llama.cpp's server does for text prompts: a robot's requests in one voice share the reference
+clip and the instruction fields, which come before the text. Rows generated after a prompt are never
+reused (the cache beyond the remembered prompt is removed before the next one is prefilled).
 """
 
 from __future__ import annotations
@@ -15,59 +21,25 @@ from types import TracebackType
 
 import numpy as np
 
-from moss_tts_node.errors import BridgeError, ConfigError, WeightsError
-from moss_tts_node.llama.bridge import load_bridge_library
+from moss_tts_node.errors import BridgeError, WeightsError
+from moss_tts_node.llama.bindings import FLASH_ATTN, GGML_TYPES, Status, load_bridge_library, status_error
 
-# KV cache element types accepted by llama.cpp, with their enum ggml_type values (ggml.h).
-_GGML_TYPES = {
-    "f32": 0,
-    "f16": 1,
-    "bf16": 30,
-    "q8_0": 8,
-    "q4_0": 2,
-    "q4_1": 3,
-    "q5_0": 6,
-    "q5_1": 7,
-    "iq4_nl": 20,
-}
-KV_CACHE_TYPES: tuple[str, ...] = tuple(_GGML_TYPES)
-_FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
-_UNQUANTIZED = ("f32", "f16", "bf16")
-
-_MODEL_LOAD_STATUS = 2  # MOSS_BRIDGE_ERR_MODEL_LOAD in moss_bridge.h
 _GGUF_MAGIC = b"GGUF"
 
 
 @dataclass(frozen=True)
 class BackboneParams:
-    """How to load the backbone. Validated on construction (``ConfigError``)."""
+    """How to load the backbone. The user-facing values are checked once, by the config (``llama.*`` keys);
+    the bridge refuses the rest (ERR_INVALID_ARGUMENT, ERR_CONTEXT_CREATE) with the reason."""
 
     gguf_path: Path
     n_ctx: int = 4096
     n_batch: int = 512
     n_threads: int = 0  # 0 = all online cores
     n_gpu_layers: int = -1  # -1 all layers on the GPU, 0 CPU only
-    kv_cache_type_k: str = "f16"  # one of KV_CACHE_TYPES
+    kv_cache_type_k: str = "f16"  # a key of bindings.GGML_TYPES
     kv_cache_type_v: str = "f16"
-    flash_attn: str = "auto"  # auto | on | off
-
-    def __post_init__(self) -> None:
-        for name in ("n_ctx", "n_batch"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"backbone {name} must be positive, got {getattr(self, name)}")
-        if self.n_threads < 0:
-            raise ConfigError(f"backbone n_threads must be >= 0 (0 = all cores), got {self.n_threads}")
-        if self.n_gpu_layers < -1:
-            raise ConfigError(f"backbone n_gpu_layers must be >= -1 (-1 = all), got {self.n_gpu_layers}")
-        for name in ("kv_cache_type_k", "kv_cache_type_v"):
-            if getattr(self, name) not in _GGML_TYPES:
-                raise ConfigError(f"backbone {name} {getattr(self, name)!r} is not one of {', '.join(KV_CACHE_TYPES)}")
-        if self.flash_attn not in _FLASH_ATTN:
-            raise ConfigError(f"backbone flash_attn {self.flash_attn!r} is not one of auto, on, off")
-        if self.kv_cache_type_v not in _UNQUANTIZED and self.flash_attn == "off":
-            raise ConfigError(
-                f"a quantized V cache ({self.kv_cache_type_v}) needs flash attention: set flash_attn to auto or on"
-            )
+    flash_attn: str = "auto"  # a key of bindings.FLASH_ATTN
 
 
 def set_llama_verbose(verbose: bool) -> None:
@@ -89,16 +61,16 @@ class Backbone:
         c_params.n_batch = params.n_batch
         c_params.n_threads = params.n_threads
         c_params.n_gpu_layers = params.n_gpu_layers
-        c_params.type_k = _GGML_TYPES[params.kv_cache_type_k]
-        c_params.type_v = _GGML_TYPES[params.kv_cache_type_v]
-        c_params.flash_attn = _FLASH_ATTN[params.flash_attn]
+        c_params.type_k = GGML_TYPES[params.kv_cache_type_k]
+        c_params.type_v = GGML_TYPES[params.kv_cache_type_v]
+        c_params.flash_attn = FLASH_ATTN[params.flash_attn]
         handle = ctypes.c_void_p()
         status = self._lib.moss_bridge_create(ctypes.byref(c_params), ctypes.byref(handle))
-        if status != 0:
-            detail = self._lib.moss_bridge_last_error(None).decode(errors="replace")
-            if status == _MODEL_LOAD_STATUS:
+        if status != Status.OK:
+            if status == Status.ERR_MODEL_LOAD:
+                detail = self._lib.moss_bridge_last_error(None).decode(errors="replace")
                 raise WeightsError(f"cannot load the backbone GGUF {path}: {detail}")
-            raise BridgeError(f"{self._status_name(status)}: {detail}")
+            raise BridgeError(status_error(self._lib, status, None))
         self._handle = handle
         self._n_embd = self._query(self._lib.moss_bridge_n_embd)
         self._n_vocab = self._query(self._lib.moss_bridge_n_vocab)
@@ -106,6 +78,8 @@ class Backbone:
         self._hidden = np.empty(self._n_embd, dtype=np.float32)
         self._logits = np.empty(self._n_vocab, dtype=np.float32)
         self._text_head = True  # what the bridge was last told (moss_bridge_set_text_logits)
+        # The prompt rows at KV positions 0..len-1 (what prefill_prompt may reuse); rows beyond are unknown.
+        self._prompt_rows = np.empty((0, 0), dtype=np.int64)
 
     # ---- sizes ---------------------------------------------------------------------------------------
 
@@ -143,7 +117,51 @@ class Backbone:
         if rows.ndim != 2 or rows.shape[0] == 0 or rows.shape[1] != self._n_embd:
             raise ValueError(f"prefill expects embeddings of shape (S >= 1, {self._n_embd}), got {rows.shape}")
         self._set_text_head(text_logits)
-        self._call(self._lib.moss_bridge_prefill, _floats(rows), rows.shape[0])
+        self._call_or_forget(self._lib.moss_bridge_prefill, _floats(rows), rows.shape[0])
+
+    def prefill_prompt(
+        self, prompt: np.ndarray, embed: Callable[[np.ndarray], np.ndarray], text_logits: bool = True
+    ) -> int:
+        """Make the KV cache hold exactly the (S, channels) prompt rows; returns how many rows were prefilled.
+
+        The longest prefix of ``prompt`` that an earlier ``prefill_prompt`` left in the cache is kept, but
+        never the last row, whose outputs (``hidden``/``text_logits`` afterwards) the caller needs; only
+        the other rows go through ``embed`` (int64 rows -> (n, n_embd) float32) and llama.cpp. A prompt
+        that shares nothing with the cache is prefilled whole, as after ``clear``.
+        """
+        kept = min(self._cached_prefix(prompt), prompt.shape[0] - 1)
+        self._extend_prompt(prompt, kept, embed, text_logits)
+        return prompt.shape[0] - kept
+
+    def prepare_prefix(self, prefix: np.ndarray, embed: Callable[[np.ndarray], np.ndarray]) -> int:
+        """Have the (P, channels) rows in the KV cache ahead of the prompts that will begin with them.
+
+        Nothing is decoded when the cache already begins with them (the rows after them stay until the next
+        ``prefill_prompt``); otherwise the shared part is kept and the rest prefilled. Returns the rows
+        prefilled.
+        """
+        kept = self._cached_prefix(prefix)
+        if kept == prefix.shape[0]:
+            return 0
+        self._extend_prompt(prefix, kept, embed, text_logits=False)
+        return prefix.shape[0] - kept
+
+    def _cached_prefix(self, prompt: np.ndarray) -> int:
+        """Rows at the start of ``prompt`` equal to the remembered prompt rows in the cache."""
+        cached = self._prompt_rows
+        n = min(cached.shape[0], prompt.shape[0])
+        if n == 0 or cached.shape[1] != prompt.shape[1]:
+            return 0
+        differs = np.flatnonzero(np.any(cached[:n] != prompt[:n], axis=1))
+        return int(differs[0]) if differs.size else n
+
+    def _extend_prompt(
+        self, prompt: np.ndarray, kept: int, embed: Callable[[np.ndarray], np.ndarray], text_logits: bool
+    ) -> None:
+        self._call_or_forget(self._lib.moss_bridge_truncate, kept)
+        self._prompt_rows = self._prompt_rows[:kept]
+        self.prefill(embed(prompt[kept:]), text_logits)
+        self._prompt_rows = np.array(prompt, dtype=np.int64)
 
     def decode(self, embedding: np.ndarray, text_logits: bool = True) -> None:
         """Append one (n_embd,) row: one generation step (``text_logits`` as for ``prefill``)."""
@@ -151,7 +169,7 @@ class Backbone:
         if row.shape != (self._n_embd,):
             raise ValueError(f"decode expects an embedding of shape ({self._n_embd},), got {row.shape}")
         self._set_text_head(text_logits)
-        self._call(self._lib.moss_bridge_decode, _floats(row))
+        self._call_or_forget(self._lib.moss_bridge_decode, _floats(row))
 
     def _set_text_head(self, enabled: bool) -> None:
         if enabled != self._text_head:
@@ -172,7 +190,8 @@ class Backbone:
         return self._logits
 
     def clear(self) -> None:
-        """Empty the KV cache for a new request (position back to 0)."""
+        """Empty the KV cache (position back to 0); nothing is left to reuse."""
+        self._prompt_rows = self._prompt_rows[:0]
         self._call(self._lib.moss_bridge_clear)
 
     # ---- lifetime ------------------------------------------------------------------------------------
@@ -199,9 +218,6 @@ class Backbone:
 
     # ---- helpers -------------------------------------------------------------------------------------
 
-    def _status_name(self, status: int) -> str:
-        return self._lib.moss_bridge_status_string(status).decode()
-
     def _live_handle(self) -> ctypes.c_void_p:
         if self._handle is None:
             raise BridgeError("the backbone is closed")
@@ -210,9 +226,22 @@ class Backbone:
     def _call(self, function: Callable[..., int], *args: object) -> None:
         handle = self._live_handle()
         status = function(handle, *args)
-        if status != 0:
-            detail = self._lib.moss_bridge_last_error(handle).decode(errors="replace")
-            raise BridgeError(f"{self._status_name(status)}: {detail}")
+        if status != Status.OK:
+            raise BridgeError(status_error(self._lib, status, handle))
+
+    def _call_or_forget(self, function: Callable[..., int], *args: object) -> None:
+        """``_call`` for what appends to the KV cache. A refusal for want of room decoded nothing, or only
+        rows after the remembered prompt; any other failure may have left anything, so the cache is emptied
+        and nothing is reused."""
+        handle = self._live_handle()
+        status = function(handle, *args)
+        if status == Status.OK:
+            return
+        message = status_error(self._lib, status, handle)  # before the clear below resets it
+        if status != Status.ERR_CONTEXT_FULL:
+            self._prompt_rows = self._prompt_rows[:0]
+            self._lib.moss_bridge_clear(handle)
+        raise BridgeError(message)
 
     def _query(self, function: Callable[..., int]) -> int:
         value = ctypes.c_int32()

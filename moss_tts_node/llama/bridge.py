@@ -1,4 +1,4 @@
-"""Build (once) and load the C bridge between Python and llama.cpp.
+"""Build (once) the C bridge between Python and llama.cpp; ``llama/bindings.py`` loads it.
 
 llama-cpp-python installs llama.cpp's shared libraries and C headers but no way to feed embedding rows
 without a Python loop per call, so ``bridge/moss_bridge.c`` is compiled against that very install, on
@@ -10,8 +10,6 @@ prebuilt library instead (e.g. one built at image-creation time on a machine wit
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import hashlib
 import importlib.util
 import os
@@ -32,21 +30,6 @@ _INSTALL_HINT = (
     "(a source build: about 10 minutes)"
 )
 _SOURCES = ("moss_bridge.c", "moss_bridge.h")
-
-
-class MossBridgeParams(ctypes.Structure):
-    """Mirror of ``struct moss_bridge_params`` in bridge/moss_bridge.h (same field order and types)."""
-
-    _fields_ = (
-        ("model_path", ctypes.c_char_p),
-        ("n_ctx", ctypes.c_int32),
-        ("n_batch", ctypes.c_int32),
-        ("n_threads", ctypes.c_int32),
-        ("n_gpu_layers", ctypes.c_int32),
-        ("type_k", ctypes.c_int32),
-        ("type_v", ctypes.c_int32),
-        ("flash_attn", ctypes.c_int32),
-    )
 
 
 def bridge_source_dir() -> Path:
@@ -146,55 +129,15 @@ def build_bridge_library() -> Path:
     return target
 
 
-def _declare(lib: ctypes.CDLL) -> None:
-    handle, status = ctypes.c_void_p, ctypes.c_int32
-    floats, int_out = ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_int32)
-    signatures: dict[str, tuple[type | None, list[type]]] = {
-        "moss_bridge_default_params": (MossBridgeParams, []),
-        "moss_bridge_create": (status, [ctypes.POINTER(MossBridgeParams), ctypes.POINTER(handle)]),
-        "moss_bridge_free": (None, [handle]),
-        "moss_bridge_n_embd": (status, [handle, int_out]),
-        "moss_bridge_n_vocab": (status, [handle, int_out]),
-        "moss_bridge_n_ctx": (status, [handle, int_out]),
-        "moss_bridge_n_pos": (status, [handle, int_out]),
-        "moss_bridge_prefill": (status, [handle, floats, ctypes.c_int32]),
-        "moss_bridge_decode": (status, [handle, floats]),
-        "moss_bridge_get_hidden": (status, [handle, floats]),
-        "moss_bridge_get_text_logits": (status, [handle, floats]),
-        "moss_bridge_clear": (status, [handle]),
-        "moss_bridge_set_text_logits": (status, [handle, ctypes.c_int32]),
-        "moss_bridge_status_string": (ctypes.c_char_p, [status]),
-        "moss_bridge_last_error": (ctypes.c_char_p, [handle]),
-        "moss_bridge_set_verbose": (status, [ctypes.c_int32]),
-        "moss_bridge_quantize": (status, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int32, ctypes.c_int32]),
-    }
-    for name, (restype, argtypes) in signatures.items():
-        try:
-            function = getattr(lib, name)
-        except AttributeError:
-            raise BridgeError(f"the bridge library {lib._name} lacks {name}: it is out of date, rebuild it") from None
-        function.restype = restype
-        function.argtypes = argtypes
+def bridge_library_path() -> Path:
+    """The bridge library to load: ``$MOSS_TTS_BRIDGE_LIB`` if set, else the cached build (built if needed).
 
-
-@functools.cache
-def load_bridge_library() -> ctypes.CDLL:
-    """The bridge as a ``ctypes.CDLL`` with every function's signature declared (built and loaded once)."""
+    Loading it, and declaring its functions, is ``llama/bindings.py``'s.
+    """
     prebuilt = os.environ.get(BRIDGE_LIB_ENV)
-    if prebuilt:
-        path = Path(prebuilt)
-        if not path.is_file():
-            raise BridgeError(f"{BRIDGE_LIB_ENV} names {path}, which does not exist")
-    else:
-        path = build_bridge_library()
-    # llama.cpp's CPU threads are OpenMP threads (libgomp, loaded with the bridge), which by default spin
-    # ~300k rounds after each decode and take a core from the audio heads that run next (measured: heads
-    # 2.0 -> 3.5 ms a step). 10k rounds still bridge the waits between a decode's ops (0 would not: its
-    # barriers would sleep, 29 -> 44 ms a decode). Read by libgomp when it loads; a user's value wins.
-    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
-    try:
-        lib = ctypes.CDLL(str(path))
-    except OSError as error:
-        raise BridgeError(f"cannot load the llama.cpp bridge {path}: {error}") from error
-    _declare(lib)
-    return lib
+    if not prebuilt:
+        return build_bridge_library()
+    path = Path(prebuilt)
+    if not path.is_file():
+        raise BridgeError(f"{BRIDGE_LIB_ENV} names {path}, which does not exist")
+    return path

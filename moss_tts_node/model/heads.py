@@ -32,8 +32,8 @@ import numpy as np
 
 from moss_tts_node.choices import HEADS_BACKENDS
 from moss_tts_node.errors import WeightsError
+from moss_tts_node.llama.bindings import llama_supports_gpu_offload
 from moss_tts_node.llama.gguf import GGUF_AUDIO_HEADS_KEY, GgufHeadsInfo
-from moss_tts_node.llama.probe import llama_supports_gpu_offload
 from moss_tts_node.model.delay import TextRule
 from moss_tts_node.model.embeddings import load_matrix
 from moss_tts_node.model.layout import audio_head_file

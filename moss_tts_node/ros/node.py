@@ -176,6 +176,7 @@ class TtsNode(Node):
         config = self._settings.config
         started = time.monotonic()
         self._synth = Synthesizer(config)
+        self._synth.prepare_voice()  # the first request prefills only its text
         self._load_s = time.monotonic() - started
         self._last: TimingReport | None = None  # the last request's figures, for diagnostics
         self._completed = 0  # requests spoken to their end
@@ -249,10 +250,23 @@ class TtsNode(Node):
             return SetParametersResult(successful=False, reason=str(err))
         return SetParametersResult(successful=True)
 
-    def _apply_parameters(self, _parameters: list[Parameter]) -> None:
+    def _apply_parameters(self, parameters: list[Parameter]) -> None:
         self._settings = self._checked(self._parameter_values())  # for requests accepted from now on
         self._synth.config = self._settings.config  # what the synthesizer reads on its own (the default voice)
         self._queue.policy = self._settings.queue_policy
+        if any(p.name.startswith("generation.") for p in parameters):
+            # Off this callback's thread: preparing waits for the request being spoken to end.
+            threading.Thread(target=self._prepare_voice, name="prepare-voice", daemon=True).start()
+
+    def _prepare_voice(self) -> None:
+        """Prefill the prompt prefix the new generation defaults give (nothing when it is already there)."""
+        try:
+            rows = self._synth.prepare_voice()
+        except MossTTSError as err:
+            self.get_logger().warning(f"could not prepare the voice for the new generation defaults: {err}")
+            return
+        if rows:
+            self.get_logger().info(f"voice prepared: {rows} prompt rows prefilled for the new generation defaults")
 
     # -- requests -----------------------------------------------------------------------------
 

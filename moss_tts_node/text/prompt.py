@@ -8,7 +8,7 @@ looked up in the tokenizer by the ids of the model config, never by name.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -54,30 +54,50 @@ class PromptBuilder:
         return text
 
     def user_content(self, fields: PromptFields, n_references: int) -> str:
+        return f"{self._content_before_text(fields, n_references)}{fields.text}\n</user_inst>"
+
+    def _content_before_text(self, fields: PromptFields, n_references: int) -> str:
         ref = "\n".join(f"[S{i + 1}]:\n{AUDIO_PLACEHOLDER}" for i in range(n_references)) or None
         return (
             f"<user_inst>\n- Reference(s):\n{ref}\n- Instruction:\n{fields.instruction}\n"
             f"- Tokens:\n{fields.tokens}\n- Quality:\n{fields.quality}\n- Sound Event:\n{fields.sound_event}\n"
             f"- Ambient Sound:\n{fields.ambient_sound}\n- Language:\n{fields.language}\n"
-            f"- Text:\n{fields.text}\n</user_inst>"
+            "- Text:\n"
         )
 
     def build(self, fields: PromptFields, references: Sequence[np.ndarray] = ()) -> np.ndarray:
         """The (S, 1 + n_vq) int64 prompt; ``references`` are (T, n_vq) code matrices."""
         self._refuse_control_tokens(fields)
-        spec, tok = self.spec, self._token_text
+        tok = self._token_text
         content = self.user_content(fields, len(references))
-        for codes in references:
-            slots = tok["audio_user_slot_token_id"] * (codes.shape[0] + spec.n_vq - 1)
-            block = tok["audio_start_token_id"] + slots + tok["audio_end_token_id"]
-            content = content.replace(AUDIO_PLACEHOLDER, block, 1)
         chat = (
             f"{tok['im_start_token_id']}user\n{content}{tok['im_end_token_id']}\n{tok['im_start_token_id']}assistant\n"
         )
+        return self._rows(chat, references, self.spec.audio_start_token_id)
+
+    def voice_prefix(self, fields: PromptFields, references: Sequence[np.ndarray] = ()) -> np.ndarray:
+        """The rows that ``build`` gives every text with these other fields and references first: the
+        prompt up to its text (reference clips, instruction, ..., language). ``fields.text`` is ignored.
+
+        The backbone keeps such a prefix in its KV cache between requests (``Backbone.prepare_prefix``).
+        """
+        self._refuse_control_tokens(replace(fields, text=""))
+        chat = f"{self._token_text['im_start_token_id']}user\n{self._content_before_text(fields, len(references))}"
+        return self._rows(chat, references, None)
+
+    def _rows(self, chat: str, references: Sequence[np.ndarray], last_token: int | None) -> np.ndarray:
+        """The chat's tokens as rows (audio columns padded), then ``last_token``'s row if given, with each
+        reference clip's codes in its slots."""
+        spec, tok = self.spec, self._token_text
+        for codes in references:
+            slots = tok["audio_user_slot_token_id"] * (codes.shape[0] + spec.n_vq - 1)
+            block = tok["audio_start_token_id"] + slots + tok["audio_end_token_id"]
+            chat = chat.replace(AUDIO_PLACEHOLDER, block, 1)
         ids = self.tokenizer.encode(chat, add_special_tokens=False).ids
-        rows = np.full((len(ids) + 1, spec.channels), spec.audio_pad_code, dtype=np.int64)
-        rows[:-1, 0] = ids
-        rows[-1, 0] = spec.audio_start_token_id
+        if last_token is not None:
+            ids.append(last_token)
+        rows = np.full((len(ids), spec.channels), spec.audio_pad_code, dtype=np.int64)
+        rows[:, 0] = ids
         self._place_reference_codes(rows, references)
         return rows
 

@@ -133,28 +133,15 @@ def _quantize_rows(rows: np.ndarray, qtype: Any) -> np.ndarray:
     quantized types as (n, bytes per row) uint8),
     quantized by ggml itself (through llama-cpp-python's libggml-base), so the rows are bit-identical to
     what llama.cpp's quantizer would write."""
-    import ctypes
-
     import gguf
 
-    from moss_tts_node.llama.bridge import llama_cpp_paths
+    from moss_tts_node.llama.bindings import load_ggml_base_library
 
     if qtype == gguf.GGMLQuantizationType.F32:  # GGUFReader hands these out typed, not as bytes
         return rows.astype(np.float32)
     if qtype == gguf.GGMLQuantizationType.F16:
         return rows.astype(np.float16)
-    _, libdir = llama_cpp_paths()
-    ggml = ctypes.CDLL(str(libdir / "libggml-base.so"))
-    ggml.ggml_quantize_chunk.restype = ctypes.c_size_t
-    ggml.ggml_quantize_chunk.argtypes = [
-        ctypes.c_int,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_int64,
-        ctypes.c_int64,
-        ctypes.c_int64,
-        ctypes.c_void_p,
-    ]
+    ggml = load_ggml_base_library()
     block, type_size = gguf.GGML_QUANT_SIZES[qtype]
     n, hidden = rows.shape
     src = np.ascontiguousarray(rows, dtype=np.float32)

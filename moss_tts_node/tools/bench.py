@@ -12,7 +12,10 @@ reports:
 - the backbone-only limit: llama.cpp decoding the same rows in a tight loop (text head on, as llama.cpp
   runs by default, and off, as the audio phase runs here; alternated in blocks of 10 steps);
 - overhead = (step - decode) / decode, time to first audio against the bound prefill + 33 steps + one
-  chunk decode, real-time factor, and peak RSS against GGUF + fp16 embeddings and heads + KV + 500 MB.
+  chunk decode, real-time factor, and peak RSS against GGUF + fp16 embeddings and heads + KV + 500 MB;
+- prompt-prefix reuse: the same voice (``--voice-seconds`` of random reference codes) then speaks another
+  text; its prefilled rows, prefill ms and time to first audio against the bound prefill(its new rows) +
+  33 steps + one chunk decode, next to the first request's (which prefills its whole prompt).
 
 The codec is the tiny demo codec for bench models; the real codec costs more: measure it with
 ``--set model.codec_dir=/path/to/MOSS-Audio-Tokenizer-ONNX`` (random codes decode at the real cost), or
@@ -40,6 +43,7 @@ from moss_tts_node.errors import MossTTSError
 from moss_tts_node.model.layout import EMBEDDINGS_DIR, HEADS_DIR, audio_head_file
 
 BENCH_TEXT = "Hello! I am a robot, and this is my voice. It is a fine day to test speech synthesis on a small computer."
+REPEAT_TEXT = "The kitchen is on the left, past the blue door."  # the repeat request's: another text, same voice
 BUDGET_SLACK = 500 * 1024 * 1024
 
 
@@ -61,6 +65,12 @@ def register(commands: Any) -> None:
     bench.add_argument("--threads", type=int, default=2, help="llama.cpp threads (and the heads'), default 2")
     bench.add_argument("--seed", type=int, default=1)
     bench.add_argument("--text", default=BENCH_TEXT)
+    bench.add_argument(
+        "--voice-seconds",
+        type=float,
+        default=0.0,
+        help="a reference voice of this many seconds of random codes in every request (default 0: none)",
+    )
     bench.add_argument("--no-prefill-compare", action="store_true", help="skip the every-position prefill run")
     bench.add_argument(
         "--ab-heads",
@@ -125,6 +135,7 @@ def run_bench(args: argparse.Namespace) -> int:
                     "threads": args.threads,
                     "seed": args.seed,
                     "text": args.text,
+                    "voice_seconds": args.voice_seconds,
                     "demo_codec": not args.config and "model.codec_dir" not in overrides,
                     "prefill_compare": not args.no_prefill_compare,
                 }
@@ -196,6 +207,7 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
     """Measure one configuration (runs in the worker process)."""
     import numpy as np
 
+    from moss_tts_node.codec.base import frames_for_seconds
     from moss_tts_node.config import backbone_path, load_config
     from moss_tts_node.synthesizer import Synthesizer
 
@@ -204,8 +216,11 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     synth = Synthesizer(config)
     load_s = time.perf_counter() - started
-    request = {"language": "en", "seed": job["seed"], "reference": ""}
+    voice_frames = frames_for_seconds(job["voice_seconds"])
+    voice = np.random.default_rng(job["seed"]).integers(0, synth.spec.audio_vocab_size, (voice_frames, synth.spec.n_vq))
+    request = {"language": "en", "seed": job["seed"], "reference": voice if voice_frames else ""}
     list(synth.stream(job["text"], max_new_tokens=8, **request))  # warm-up: page in the weights
+    synth.backbone.clear()  # the measured request is a first one: nothing of its prompt is in the KV cache
     stream = synth.stream(job["text"], max_new_tokens=job["steps"], **request)
     chunk_times = []
     t0 = time.perf_counter()
@@ -218,6 +233,10 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
     # where another process can take a core for a few hundred ms.
     decode_s = [seconds for _, seconds in clock.calls["backbone"]]
     step_starts = [start for start, _ in clock.calls["heads"]]
+    # the repeat request: same voice and fields, another text; its first frame needs 33 steps
+    repeat = synth.stream(REPEAT_TEXT, max_new_tokens=synth.spec.n_vq + 8, **request)
+    list(repeat)
+    assert repeat.report is not None
     steady = slice(40, None)  # past the ramp-up: every codebook sampled
     step_median = 1000 * float(np.median(np.diff(step_starts)[steady])) if len(step_starts) > 50 else None
     decode_median = 1000 * float(np.median(decode_s[steady])) if len(decode_s) > 50 else None
@@ -266,6 +285,7 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
     budget = gguf.stat().st_size + fp16 + kv + BUDGET_SLACK
     ttfa_ms = None if report.time_to_first_audio_s is None else report.time_to_first_audio_s * 1000
     ttfa_bound = report.prefill_ms + 33 * step_ms + (chunk_ms or 0.0)
+    repeat_ttfa_ms = None if repeat.report.time_to_first_audio_s is None else repeat.report.time_to_first_audio_s * 1000
     result = {
         "label": job["label"],
         "model": job["model"],
@@ -302,6 +322,13 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
         "vs_limit": step_ms / limit[True] - 1,
         "ttfa_ms": ttfa_ms,
         "ttfa_bound_ms": ttfa_bound,
+        "voice_frames": voice_frames,
+        "prefilled_rows": report.prefilled_rows,
+        "repeat_prompt_rows": repeat.report.prompt_rows,
+        "repeat_prefilled_rows": repeat.report.prefilled_rows,
+        "repeat_prefill_ms": repeat.report.prefill_ms,
+        "repeat_ttfa_ms": repeat_ttfa_ms,
+        "repeat_ttfa_bound_ms": repeat.report.prefill_ms + 33 * step_ms + (chunk_ms or 0.0),
         "first_chunk_decode_ms": chunk_ms,
         "rtf": report.real_time_factor,
         "rtf_steady": step_ms / 80.0,
@@ -502,6 +529,22 @@ def format_table(results: list[dict[str, Any]]) -> str:
         row(
             "time to first audio ms (bound)",
             lambda r: f"{_ms(r['ttfa_ms'], 0)} ({_ms(r['ttfa_bound_ms'], 0)})",
+        ),
+        row("reference voice frames", lambda r: str(r.get("voice_frames", 0))),
+        row(
+            "first request: prefilled / prompt rows, prefill ms",
+            lambda r: f"{r.get('prefilled_rows', '-')} / {r['prompt_rows']}, {_ms(r['prefill_ms'], 0)}",
+        ),
+        row(
+            "repeat request (same voice, another text): prefilled / prompt rows, prefill ms",
+            lambda r: (
+                f"{r.get('repeat_prefilled_rows', '-')} / {r.get('repeat_prompt_rows', '-')}, "
+                f"{_ms(r.get('repeat_prefill_ms'), 0)}"
+            ),
+        ),
+        row(
+            "repeat request: time to first audio ms (bound)",
+            lambda r: f"{_ms(r.get('repeat_ttfa_ms'), 0)} ({_ms(r.get('repeat_ttfa_bound_ms'), 0)})",
         ),
         row("real-time factor (steady state)", lambda r: f"{_ms(r['rtf'], 2)} ({r['rtf_steady']:.2f})"),
         row(

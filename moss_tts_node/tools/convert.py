@@ -311,16 +311,16 @@ def check_disk_space(out_dir: Path, needed: int, what: str) -> None:
 
 def quantize_gguf(source: Path, target: Path, gguf_type: str, n_threads: int = 0) -> None:
     """Quantize an F32/F16 GGUF with llama.cpp's own ``llama_model_quantize`` (as ``llama-quantize`` does)."""
-    from moss_tts_node.llama.bridge import load_bridge_library  # deferred: compiles the bridge on first use
+    # deferred: compiles the bridge on first use
+    from moss_tts_node.llama.bindings import Status, load_bridge_library, status_error
 
     ftype = GGUF_TYPES[gguf_type].ftype
     if ftype is None:
         raise ValueError(f"{gguf_type} is not a quantized type")
     lib = load_bridge_library()
     status = lib.moss_bridge_quantize(str(source).encode(), str(target).encode(), ftype, n_threads)
-    if status != 0:
-        detail = lib.moss_bridge_last_error(None).decode(errors="replace")
-        raise BridgeError(f"{lib.moss_bridge_status_string(status).decode()}: {detail}")
+    if status != Status.OK:
+        raise BridgeError(status_error(lib, status, None))
 
 
 class Progress:

@@ -11,7 +11,6 @@ It loads no model, so it is quick and safe to run on a busy robot.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import importlib
 import importlib.metadata
 import platform
@@ -91,7 +90,7 @@ def _check_environment(checks: list[Check]) -> _Environment:
 
 def _check_llama(checks: list[Check]) -> bool | None:
     """The bridge library, and whether the llama.cpp it links was built with GPU offload."""
-    from moss_tts_node.llama.bridge import load_bridge_library
+    from moss_tts_node.llama.bindings import llama_supports_gpu_offload, llama_system_info, load_bridge_library
 
     version = _version(_DISTRIBUTIONS["llama.cpp"])
     checks.append(Check("ok" if version else "--", "llama-cpp-python", version or "not installed"))
@@ -101,15 +100,10 @@ def _check_llama(checks: list[Check]) -> bool | None:
         checks.append(Check("FAIL", "llama.cpp bridge", str(error)))
         return None
     checks.append(Check("ok", "llama.cpp bridge", library._name))
-    # The bridge links libllama, so its handle resolves llama.cpp's own symbols too.
-    supports_gpu = library.llama_supports_gpu_offload
-    supports_gpu.restype = ctypes.c_bool
-    system_info = library.llama_print_system_info
-    system_info.restype = ctypes.c_char_p
-    offload = bool(supports_gpu())
+    offload = llama_supports_gpu_offload()
     detail = "yes" if offload else "no: a CPU-only build (rebuild with CMAKE_ARGS=-DGGML_CUDA=on)"
     checks.append(Check("ok" if offload else "--", "llama.cpp GPU offload", detail))
-    checks.append(Check("ok", "llama.cpp system", system_info().decode(errors="replace").strip(" |")))
+    checks.append(Check("ok", "llama.cpp system", llama_system_info()))
     return offload
 
 
