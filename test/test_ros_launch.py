@@ -26,7 +26,7 @@ def test_the_launch_file_is_there_and_names_every_shipped_config() -> None:
 def test_the_launch_chooses_a_shipped_config_or_your_params_file(tmp_path: Path) -> None:
     require_ros()
     from moss_tts_node.errors import ConfigError
-    from moss_tts_node.ros.node import choose_params_file
+    from moss_tts_node.ros.launch_params import choose_params_file
 
     config_dir = ROOT / "config"
     assert choose_params_file("", "jetson_orin_nx_8gb", config_dir) == config_dir / "jetson_orin_nx_8gb.yaml"
@@ -72,7 +72,7 @@ def test_a_launch_file_builds_a_launch_description(launch_file: Path) -> None:
 def test_launch_parameters_flatten_the_node_section_and_anchor_relative_paths(tmp_path: Path) -> None:
     require_ros()
     from moss_tts_node.errors import ConfigError
-    from moss_tts_node.ros.node import launch_parameters
+    from moss_tts_node.ros.launch_params import launch_parameters
 
     params = tmp_path / "robot" / "tts.yaml"
     params.parent.mkdir()

@@ -30,19 +30,46 @@ _INSTALL_HINT = (
     "(a source build: about 10 minutes)"
 )
 _SOURCES = ("moss_bridge.c", "moss_bridge.h")
+_PACKAGE = __name__.partition(".")[0]
+# Where setup.py installs the C sources, relative to the install prefix.
+INSTALLED_SOURCES = Path("share", _PACKAGE, "bridge")
 
 
 def bridge_source_dir() -> Path:
-    """The C sources: ``bridge/`` of a source checkout, else the copy installed as package data."""
-    checkout = Path(__file__).resolve().parents[2] / "bridge"
-    if (checkout / _SOURCES[0]).is_file():
-        return checkout
-    installed = Path(__file__).resolve().parents[1] / "bridge_src"
-    if (installed / _SOURCES[0]).is_file():
-        return installed
+    """The C sources: ``bridge/`` of the source checkout, else the copy installed with this module.
+
+    The checkout serves editable installs and ``colcon build --symlink-install`` (their modules resolve to
+    the checkout). setup.py installs the sources as data files under ``<prefix>/share/moss_tts_node/bridge``:
+    looked for beside this module's own install (``<prefix>/lib/pythonX.Y/site-packages``), then through the
+    ament index (``AMENT_PREFIX_PATH``, which ``source install/setup.bash`` sets) for other install layouts.
+    """
+    module = Path(__file__)
+    candidates = [
+        module.resolve().parents[2] / "bridge",
+        module.absolute().parents[2].parents[2] / INSTALLED_SOURCES,
+    ]
+    share = _ament_share_dir()
+    if share is not None:
+        candidates.append(share / INSTALLED_SOURCES.name)
+    for directory in candidates:
+        if (directory / _SOURCES[0]).is_file():
+            return directory
     raise BridgeError(
-        f"the bridge's C sources are missing (looked in {checkout} and {installed}); reinstall moss_tts_node"
+        f"the bridge's C sources are missing (looked in {', '.join(map(str, candidates))}); "
+        f"reinstall {_PACKAGE} (pip install, or colcon build and `source install/setup.bash`)"
     )
+
+
+def _ament_share_dir() -> Path | None:
+    """The package's share directory in the ament index, when ROS's ament_index_python is there and knows it."""
+    try:
+        from ament_index_python.packages import get_package_share_directory
+    except ImportError:
+        return None
+    try:
+        return Path(get_package_share_directory(_PACKAGE))
+    except (LookupError, OSError):  # not in the index, or AMENT_PREFIX_PATH unset
+        return None
 
 
 def llama_cpp_paths() -> tuple[Path, Path]:

@@ -46,9 +46,10 @@ from rclpy.qos import QoSProfile
 from rclpy.signals import SignalHandlerOptions
 from std_msgs.msg import Header, String
 
-from moss_tts_node.config import NODE_NAME, OPTIONS, Config, Option, check_value, from_flat, read_params_file
+from moss_tts_node.config import NODE_NAME, OPTIONS, Config, Option, check_value, from_flat
 from moss_tts_node.errors import EXIT_BAD_INPUT, ConfigError, MossTTSError, RequestError
 from moss_tts_node.ros.audio import ENCODINGS, AudioOut, encode
+from moss_tts_node.ros.launch_params import START_FAILURE
 from moss_tts_node.ros.queue import POLICIES, Outcome, Rejected, RequestQueue, Ticket
 from moss_tts_node.synthesizer import AudioStream, Synthesizer
 from moss_tts_node.timing import TimingReport
@@ -459,37 +460,6 @@ class TtsNode(Node):
         )
 
 
-def choose_params_file(params_file: str, config: str, config_dir: Path) -> Path:
-    """The params file a launch uses: ``params_file`` when given, else the shipped ``config_dir/<config>.yaml``."""
-    if params_file:
-        return Path(params_file)
-    shipped = sorted(p.stem for p in Path(config_dir).glob("*.yaml"))
-    config = config.removesuffix(".yaml")  # config:=cpu_only.yaml means the same
-    if config not in shipped:
-        raise ConfigError(
-            f"config:={config!r} is not one of the shipped configs ({', '.join(shipped)}); "
-            "pass params_file:=/path/to/your.yaml for your own"
-        )
-    return Path(config_dir) / f"{config}.yaml"
-
-
-def launch_parameters(params_file: str | Path) -> dict[str, Any]:
-    """A params file's parameters for this node, flat, for a launch file to pass as a dict.
-
-    Given a dict, launch_ros hands the values to the node under its full name, so the file's
-    ``moss_tts_node:`` section applies in any namespace (as a ``--params-file`` it only matches a
-    node in the root namespace). Relative paths are resolved against the file's folder, as the
-    CLI does; ``ros2 run ... --params-file`` resolves them against the working directory.
-    """
-    path = Path(params_file)
-    values = read_params_file(path)
-    for key, value in values.items():
-        option = ALL_OPTIONS.get(key)
-        if option is not None and option.path and isinstance(value, str) and value:
-            values[key] = str((path.parent / Path(value).expanduser()).resolve())
-    return values
-
-
 def _descriptor(option: Option, read_only: bool) -> ParameterDescriptor:
     """A parameter's description and range, from its config Option.
 
@@ -575,7 +545,7 @@ def main(args: Sequence[str] | None = None) -> int:
     try:
         node = TtsNode()
     except (MossTTSError, ParameterException) as err:
-        rclpy.logging.get_logger(NODE_NAME).error(f"cannot start: {err}")
+        rclpy.logging.get_logger(NODE_NAME).error(f"{START_FAILURE}{err}")
         rclpy.try_shutdown()
         return EXIT_BAD_INPUT
     executor = MultiThreadedExecutor(num_threads=node.executor_threads)

@@ -50,10 +50,10 @@ class LoopbackNamespace:
             "PYTHONUNBUFFERED": "1",
         }
 
-    def popen(self, argv: list[str], **kwargs: Any) -> subprocess.Popen[str]:
-        """Start a process inside the namespace."""
+    def popen(self, argv: list[str], env: dict[str, str] | None = None, **kwargs: Any) -> subprocess.Popen[str]:
+        """Start a process inside the namespace, with ``env`` (which should build on ``self.env``) or ``self.env``."""
         return subprocess.Popen(
-            ["nsenter", "-t", str(self._holder.pid), "-n", *argv], env=self.env, text=True, **kwargs
+            ["nsenter", "-t", str(self._holder.pid), "-n", *argv], env=env or self.env, text=True, **kwargs
         )
 
     def client(

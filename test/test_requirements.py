@@ -1,0 +1,60 @@
+"""setup.py's dependency ranges hold the versions tested: requirements.txt's pins (`make test`) and
+.ci/requirements-lowest.txt (CI's second run); llama-cpp-python is the one the bridge is written against."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from moss_tts_node.llama.bridge import LLAMA_CPP_PYTHON_VERSION
+
+requirements = pytest.importorskip("packaging.requirements")
+utils = pytest.importorskip("packaging.utils")
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def install_requires() -> dict[str, object]:
+    """setup.py's install_requires, by normalized name, read from its source."""
+    for node in ast.walk(ast.parse((ROOT / "setup.py").read_text())):
+        if isinstance(node, ast.keyword) and node.arg == "install_requires":
+            parsed = [requirements.Requirement(text) for text in ast.literal_eval(node.value)]
+            return {utils.canonicalize_name(r.name): r.specifier for r in parsed}
+    raise AssertionError("setup.py has no install_requires")
+
+
+def pins(path: Path) -> dict[str, str]:
+    """name -> version of each ``name==version`` line of a requirements file."""
+    found = {}
+    for line in path.read_text().splitlines():
+        text = line.partition("#")[0].strip()
+        if text:
+            requirement = requirements.Requirement(text)
+            found[utils.canonicalize_name(requirement.name)] = str(requirement.specifier).removeprefix("==")
+    return found
+
+
+@pytest.mark.parametrize("pinned", ["requirements.txt", ".ci/requirements-lowest.txt"])
+def test_the_tested_versions_are_inside_the_ranges(pinned: str) -> None:
+    versions = pins(ROOT / pinned)
+    ranges = install_requires()
+    assert set(ranges) <= set(versions), f"{pinned} lacks {sorted(set(ranges) - set(versions))}"
+    outside = {name: versions[name] for name, spec in ranges.items() if versions[name] not in spec}
+    assert not outside, f"{pinned} pins versions setup.py does not allow: {outside}"
+
+
+def test_the_lowest_versions_pin_only_runtime_dependencies() -> None:
+    assert set(pins(ROOT / ".ci" / "requirements-lowest.txt")) == set(install_requires())
+
+
+def test_the_ranges_take_what_apt_ros_ships() -> None:
+    ranges = install_requires()
+    for name, shipped in (("numpy", "1.21.5"), ("numpy", "1.26.4"), ("pyyaml", "5.4.1"), ("pyyaml", "6.0.1")):
+        assert shipped in ranges[name], f"{name} {shipped} (apt ROS Humble/Jazzy) is outside {ranges[name]}"
+    assert "2.4.6" in ranges["numpy"]
+
+
+def test_llama_cpp_python_is_the_version_the_bridge_is_written_against() -> None:
+    assert str(install_requires()["llama-cpp-python"]) == f"=={LLAMA_CPP_PYTHON_VERSION}"

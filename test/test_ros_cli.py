@@ -1,0 +1,272 @@
+"""README's ROS 2 route, run as a user would: colcon builds a workspace (plain and --symlink-install), and the
+real ``ros2`` command line talks to the node started from that install space.
+
+Every command a user types here is a line of README.md (checked first), with README's placeholders
+(``/path/to/...``) replaced by this run's files. The ``ros2`` CLI, launch and launch_ros are not on PyPI:
+``make test`` installs them from ``../shared/ros2cli/`` when that folder is there, else these tests skip.
+``source /opt/ros/<distro>/setup.bash`` is stood in for by the venv's bin on PATH and AMENT_PREFIX_PATH.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ros_helpers import require_ros
+from ros_helpers.netns import READY_LINE, LoopbackNamespace
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+PARAMS_PLACEHOLDER = "/path/to/my.yaml"
+CONFIG_PLACEHOLDER = "/path/to/config.yaml"
+COPY_IGNORE = shutil.ignore_patterns(
+    ".git", ".venv*", "build", "install", "log", "demo_weights", "__pycache__", "*.egg-info", ".*_cache"
+)
+
+# What README tells a user to type, in the order used here.
+BUILD = "python3 -m colcon build"
+BUILD_SYMLINK = "python3 -m colcon build --symlink-install"
+LINK_MSGS = "ln -s moss_tts_node/moss_tts_msgs src/moss_tts_msgs"
+DOCTOR = f"ros2 run moss_tts_node moss_tts doctor --config {CONFIG_PLACEHOLDER}"
+LAUNCH = f"ros2 launch moss_tts_node moss_tts.launch.py params_file:={PARAMS_PLACEHOLDER}"
+LAUNCH_IN_NAMESPACE = f"{LAUNCH} namespace:=robot1"
+LAUNCH_SHIPPED = "ros2 launch moss_tts_node moss_tts.launch.py config:=cpu_only"
+TOPIC_PUB = "ros2 topic pub --once /moss_tts_node/text std_msgs/msg/String \"{data: 'Hello, I am a robot.'}\""
+SERVICE_CALL = "ros2 service call /moss_tts_node/synthesize moss_tts_msgs/srv/Synthesize \"{text: 'Hello'}\""
+SERVICE_CALL_IN_NAMESPACE = SERVICE_CALL.replace("/moss_tts_node/", "/robot1/moss_tts_node/")
+SEND_GOAL = (
+    "ros2 action send_goal --feedback /moss_tts_node/speak moss_tts_msgs/action/Speak \"{text: 'Hello', language: en}\""
+)
+PARAM_SET = "ros2 param set /moss_tts_node queue_policy interrupt"
+DIAGNOSTICS = "ros2 topic echo --once /diagnostics"
+USER_COMMANDS = (
+    LINK_MSGS,
+    BUILD,
+    BUILD_SYMLINK,
+    DOCTOR,
+    LAUNCH,
+    LAUNCH_IN_NAMESPACE,
+    LAUNCH_SHIPPED,
+    TOPIC_PUB,
+    SERVICE_CALL,
+    SERVICE_CALL_IN_NAMESPACE,
+    SEND_GOAL,
+    PARAM_SET,
+    DIAGNOSTICS,
+)
+
+
+def test_every_command_run_here_is_in_the_readme() -> None:
+    missing = [command for command in USER_COMMANDS if command not in README]
+    assert not missing, f"README.md does not give these commands as the tests run them: {missing}"
+
+
+def require_ros2_cli() -> None:
+    require_ros()
+    for module, what in (("ros2cli", "the ros2 CLI"), ("launch_ros", "launch_ros"), ("colcon_core", "colcon")):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(
+                f"{what} is not installed for {sys.executable}: `make test` installs the ros2 CLI from "
+                "../shared/ros2cli/ when present, and colcon-common-extensions from requirements-ros.txt"
+            )
+
+
+class Workspace:
+    """A colcon workspace holding a copy of this repository, as README's clone gives, with a user's shell."""
+
+    def __init__(self, root: Path, netns: LoopbackNamespace) -> None:
+        self.root = root
+        self.netns = netns
+        shutil.copytree(ROOT, root / "src" / "moss_tts_node", ignore=COPY_IGNORE)
+        self.cache = root / "cache"  # a fresh bridge cache: the node must compile the bridge it finds
+        self.env = {
+            **{k: v for k, v in netns.env.items() if k != "PYTHONPATH"},  # the install space, not this checkout
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+            "AMENT_PREFIX_PATH": sys.prefix,  # what `source /opt/ros/<distro>/setup.bash` sets
+            "CMAKE_PREFIX_PATH": sys.prefix,
+            "XDG_CACHE_HOME": str(self.cache),
+        }
+
+    def _argv(self, command: str) -> list[str]:
+        setup = self.root / "install" / "setup.bash"
+        return ["bash", "-c", f"source {setup} && {command}" if setup.is_file() else command]
+
+    def run(self, command: str, timeout: float = 120.0) -> str:
+        """Run a user's command in the workspace, inside the loopback-only namespace; return what it printed."""
+        process = self.netns.popen(
+            self._argv(command), cwd=self.root, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        try:
+            out, _ = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            out, _ = process.communicate()
+            raise AssertionError(f"`{command}` timed out after {timeout} s:\n{out[-3000:]}") from None
+        assert process.returncode == 0, f"`{command}` exited with {process.returncode}:\n{out[-3000:]}"
+        return out
+
+    def retry(self, command: str, expected: str, timeout: float = 30.0) -> str:
+        """Run until the output has ``expected``: the ros2 daemon may not see a fresh node yet (ros2cli's README)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            process = self.netns.popen(
+                self._argv(command), cwd=self.root, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            )
+            out, _ = process.communicate(timeout=timeout)
+            if expected in out or time.monotonic() > deadline:
+                assert expected in out, f"`{command}` never printed {expected!r}:\n{out[-3000:]}"
+                return out
+            time.sleep(0.5)
+
+    def build(self, command: str) -> None:
+        (self.root / "src" / "moss_tts_msgs").symlink_to(Path("moss_tts_node") / "moss_tts_msgs")  # LINK_MSGS
+        out = self.run(command, timeout=900)
+        assert "2 packages finished" in out, out[-3000:]
+
+    def launch(self, command: str) -> Launch:
+        return Launch(self, command)
+
+
+class Launch:
+    """``ros2 launch`` in the background, its output in a log file; stop() is Ctrl-C to its process group."""
+
+    def __init__(self, workspace: Workspace, command: str) -> None:
+        self.log = workspace.root / f"launch-{time.monotonic_ns()}.log"
+        self._log_file = self.log.open("w")
+        self.process = workspace.netns.popen(
+            workspace._argv(f"exec {command}"),
+            cwd=workspace.root,
+            env=workspace.env,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while READY_LINE not in self.output():
+            assert self.process.poll() is None, f"the launch ended:\n{self.output()}"
+            assert time.monotonic() < deadline, f"the node was not ready after {timeout} s:\n{self.output()}"
+            time.sleep(0.2)
+
+    def wait(self, timeout: float = 60.0) -> int:
+        try:
+            return self.process.wait(timeout)
+        finally:
+            self._log_file.close()
+
+    def stop(self) -> int:
+        """SIGINT to the whole group (a background launch ignores a SIGINT to itself alone); kill if it hangs."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGINT)
+        try:
+            return self.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+            raise AssertionError(f"ros2 launch did not stop within 60 s:\n{self.output()}") from None
+
+
+@pytest.fixture(scope="module")
+def user_files(demo_config: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """README's placeholders -> the demo model's config and a node params file for it (one llama thread)."""
+    from moss_tts_node.config import flatten, load_config, write_params_file
+
+    values: dict[str, Any] = dict(flatten(load_config(demo_config))) | {"llama.n_threads": 1}
+    params = tmp_path_factory.mktemp("params") / "node.yaml"
+    write_params_file(params, values)
+    return {PARAMS_PLACEHOLDER: str(params), CONFIG_PLACEHOLDER: str(demo_config)}
+
+
+def as_user(command: str, files: dict[str, str]) -> str:
+    for placeholder, path in files.items():
+        command = command.replace(placeholder, path)
+    return command
+
+
+@pytest.fixture(scope="module")
+def netns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackNamespace]:
+    require_ros2_cli()
+    try:
+        ns = LoopbackNamespace(tmp_path_factory.mktemp("ros_cli"))
+    except (RuntimeError, OSError) as err:
+        pytest.skip(f"no loopback-only network namespace here: {err}")
+    yield ns
+    ns.close()
+
+
+def installed_bridge_sources(workspace: Workspace) -> tuple[str, str]:
+    """(where the installed module is, where it finds the bridge's C sources), asked from the install space."""
+    out = workspace.run(
+        "python3 -c 'import moss_tts_node.llama.bridge as b; print(b.__file__); print(b.bridge_source_dir())'"
+    )
+    module, sources = out.strip().splitlines()[-2:]
+    return module, sources
+
+
+def test_plain_colcon_build_then_the_readme_commands(
+    netns: LoopbackNamespace, user_files: dict[str, str], tmp_path: Path
+) -> None:
+    ws = Workspace(tmp_path / "ws", netns)
+    ws.build(BUILD)
+    module, sources = installed_bridge_sources(ws)
+    assert module.startswith(str(ws.root / "install" / "moss_tts_node" / "lib")), module
+    assert sources == str(ws.root / "install" / "moss_tts_node" / "share" / "moss_tts_node" / "bridge")
+
+    doctor = ws.run(as_user(DOCTOR, user_files))
+    assert "llama.cpp bridge" in doctor and str(ws.cache) in doctor, doctor  # compiled from the install
+
+    launch = ws.launch(as_user(LAUNCH, user_files))
+    try:
+        launch.wait_ready()
+        assert "publishing #1" in ws.run(TOPIC_PUB)
+        response = ws.run(SERVICE_CALL)
+        assert "success=True" in response and "sample_rate=24000" in response, response[-2000:]
+        goal = ws.run(SEND_GOAL)
+        assert "Feedback:" in goal and "Goal finished with status: SUCCEEDED" in goal, goal[-2000:]
+        ws.retry(PARAM_SET, "Set parameter successful")
+        diagnostics = ws.run(DIAGNOSTICS)
+        assert "key: model_loaded" in diagnostics and "key: queue_policy\n    value: interrupt" in diagnostics
+    finally:
+        code = launch.stop()
+    assert code == 0 and "process has finished cleanly" in launch.output(), launch.output()[-3000:]
+
+    # A shipped config names weights this machine does not have: the launch ends, its last line says why.
+    failed = ws.launch(LAUNCH_SHIPPED)
+    try:
+        failed.wait(120)
+    finally:
+        failed.stop()
+    last = failed.output().strip().splitlines()[-1]
+    assert "moss_tts_node exited with code 2: " in last and "not found" in last, failed.output()[-3000:]
+
+
+def test_symlink_install_launches_in_a_namespace(
+    netns: LoopbackNamespace, user_files: dict[str, str], tmp_path: Path
+) -> None:
+    ws = Workspace(tmp_path / "ws", netns)
+    ws.build(BUILD_SYMLINK)
+    module, sources = installed_bridge_sources(ws)
+    checkout = ws.root / "src" / "moss_tts_node"
+    assert Path(module).resolve().is_relative_to(checkout) and sources == str(checkout / "bridge"), (module, sources)
+
+    launch = ws.launch(as_user(LAUNCH_IN_NAMESPACE, user_files))
+    try:
+        launch.wait_ready()
+        response = ws.run(SERVICE_CALL_IN_NAMESPACE)
+        assert "success=True" in response, response[-2000:]
+    finally:
+        assert launch.stop() == 0, launch.output()[-3000:]
+    assert any(ws.cache.rglob("libmoss_bridge-*.so")), "the node did not compile the bridge into its cache"
