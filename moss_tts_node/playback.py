@@ -10,13 +10,14 @@ another, each from its chunks as they arrive:
   cancelled (the node publishes nothing more for it): it is dropped at once, as ``cancel()`` does.
 
 ``sounddevice`` is optional (``pip install 'moss_tts_node[play]'``); PortAudio comes from the system
-(Debian: ``libportaudio2``). The output stream is opened with PortAudio's "high" latency so a busy
-machine (the model runs beside it) does not click; ``cancel`` aborts the stream, which drops what
-the device had buffered, so a cancel is heard within one block.
+(Debian: ``libportaudio2``). The device buffers ``DEVICE_LATENCY_S`` so a busy machine (the model
+runs beside it) does not click; ``cancel`` aborts the stream, which drops what the device had
+buffered, so a cancel is heard within one block.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 from collections import deque
@@ -29,6 +30,7 @@ import numpy as np
 from moss_tts_node.errors import PlaybackError
 
 DEFAULT_PREBUFFER_S = 0.3  # covers the one-frame first chunk and the 0.4 s one after it (README "Speed")
+DEVICE_LATENCY_S = 0.1  # the device's buffer: room for the player thread to be late on a busy machine
 BLOCK_S = 0.02  # what the player thread writes at a time: a cancel waits for at most one block
 ENDED_MEMORY = 64  # ended utterances remembered, so a straggling chunk of one is refused, not replayed
 INSTALL_HINT = "pip install 'moss_tts_node[play]' (sounddevice) and the PortAudio library (Debian: libportaudio2)"
@@ -36,6 +38,8 @@ INSTALL_HINT = "pip install 'moss_tts_node[play]' (sounddevice) and the PortAudi
 
 class OutputStream(Protocol):
     """What the player needs of a started output stream (a ``sounddevice.OutputStream``)."""
+
+    latency: float  # seconds of audio the device buffers
 
     def write(self, data: np.ndarray) -> Any: ...
     def start(self) -> None: ...
@@ -70,7 +74,7 @@ def sound_output(device: str | int | None = None) -> OpenStream:
     def open_stream(sample_rate: int) -> OutputStream:
         try:
             stream = sounddevice.OutputStream(
-                samplerate=sample_rate, channels=1, dtype="float32", device=device, latency="high"
+                samplerate=sample_rate, channels=1, dtype="float32", device=device, latency=DEVICE_LATENCY_S
             )
         except sounddevice.PortAudioError as exc:
             raise PlaybackError(
@@ -78,6 +82,8 @@ def sound_output(device: str | int | None = None) -> OpenStream:
                 "'pulse' device, which resample"
             ) from exc
         stream.start()
+        # Through ALSA's PulseAudio plugin the first milliseconds after a start were lost: let them be silence.
+        stream.write(np.zeros(math.ceil(stream.latency * sample_rate), np.float32))
         return stream
 
     return open_stream
@@ -110,6 +116,17 @@ class _Utterance:
             wanted -= parts[-1].shape[0]
         self.buffered -= count - wanted
         return np.concatenate(parts) if parts else np.empty(0, np.float32)
+
+
+def _finish(output: OutputStream, sample_rate: int) -> None:
+    """Play out what was written, then release the stream.
+
+    Stopping does not wait for the device's own buffer everywhere (through ALSA's PulseAudio plugin
+    the last ``latency`` seconds were lost), so silence as long as that buffer goes first.
+    """
+    output.write(np.zeros(math.ceil((output.latency + BLOCK_S) * sample_rate), np.float32))
+    output.stop()
+    output.close()
 
 
 def _print_error(message: str) -> None:
@@ -212,8 +229,7 @@ class Speaker:
                     continue
                 if output is None or rate != utterance.sample_rate:
                     if output is not None:
-                        output.stop()  # plays out the previous utterance first
-                        output.close()
+                        _finish(output, rate)  # plays out the previous utterance first
                         output = None
                     try:
                         output, rate = self._open(utterance.sample_rate), utterance.sample_rate
@@ -230,8 +246,7 @@ class Speaker:
                     output = None  # reopened for the next utterance
         finally:
             if output is not None:
-                output.stop()
-                output.close()
+                _finish(output, rate)
 
     def _next_step(self) -> tuple[_Utterance, np.ndarray | None] | None:
         """Wait for the next thing to do: (utterance, its next block), (utterance, None) when the one

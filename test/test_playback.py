@@ -6,6 +6,7 @@ cancel comes is decided by the test, not by timing.
 
 from __future__ import annotations
 
+import itertools
 import sys
 import threading
 import time
@@ -21,6 +22,8 @@ RATE = 24000
 
 class FakeOutput:
     """Records opens, writes, aborts and stops in order; each write waits for a permit while held."""
+
+    latency = 0.05
 
     def __init__(self) -> None:
         self.events: list[tuple[str, object]] = []
@@ -56,7 +59,13 @@ class FakeOutput:
             assert self.written.wait_for(lambda: len(self.writes()) >= count, timeout=10)
 
     def writes(self) -> list[np.ndarray]:
-        return [data for kind, data in self.events if kind == "write"]  # type: ignore[misc]
+        """What was written, less the silence the player pads with before each stop."""
+        events = [*self.events, ("", None)]  # a copy: the player thread may be appending
+        return [
+            data  # type: ignore[misc]
+            for (kind, data), (after, _) in itertools.pairwise(events)
+            if kind == "write" and after != "stop"
+        ]
 
     def played(self) -> np.ndarray:
         return np.concatenate(self.writes())
@@ -137,7 +146,8 @@ def writes_around_abort(out: FakeOutput) -> tuple[list[np.ndarray], list[np.ndar
     """The writes before the (one) abort, and those after it."""
     assert out.kinds().count("abort") == 1
     cut = out.kinds().index("abort")
-    writes = [(number, data) for number, (kind, data) in enumerate(out.events) if kind == "write"]
+    played = {id(data) for data in out.writes()}
+    writes = [(number, data) for number, (kind, data) in enumerate(out.events) if id(data) in played]
     return [d for n, d in writes if n < cut], [d for n, d in writes if n > cut]  # type: ignore[misc]
 
 
