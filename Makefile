@@ -45,7 +45,13 @@ $(VENV)/.ros-installed: requirements-ros.txt $(VENV)/.installed
 msgs: $(VENV)/.ros-installed
 	scripts/build_msgs.sh $(VENV)
 
-test: lint msgs
+# Playback tests: sounddevice (the [play] extra) in the venv, PortAudio and PulseAudio from apt (skips without root).
+$(VENV)/.play-installed: $(VENV)/.installed
+	$(PY) -m pip install --quiet -e ".[play]"
+	scripts/audio_test_deps.sh
+	touch $@
+
+test: lint msgs $(VENV)/.play-installed
 	$(PY) -m pytest -q test
 
 clean:

@@ -36,6 +36,7 @@ setup(
     ],
     extras_require={
         "demo": ["onnx"],
+        "play": ["sounddevice"],
         "tensorrt": ["tensorrt", "pycuda"],
         "test": ["pytest", "onnx", "ruff", "safetensors"],
     },
@@ -43,6 +44,7 @@ setup(
         "console_scripts": [
             f"moss_tts = {PACKAGE}.tools.cli:main",
             f"moss_tts_node = {PACKAGE}.ros.node:main",
+            f"moss_tts_player = {PACKAGE}.ros.player:main",
         ],
     },
 )

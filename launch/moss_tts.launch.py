@@ -2,6 +2,7 @@
 
     ros2 launch moss_tts_node moss_tts.launch.py config:=jetson_orin_nx_8gb namespace:=robot1
     ros2 launch moss_tts_node moss_tts.launch.py params_file:=/path/to/my.yaml
+    ros2 launch moss_tts_node moss_tts.launch.py config:=cpu_only play:=true   # and hear it here
 
 config names a file of the package's config/ folder: default (GPU offload), cpu_only, jetson_orin_agx
 or jetson_orin_nx_8gb (edit their model paths, or copy one and pass it as params_file). The file is
@@ -17,6 +18,7 @@ from pathlib import Path
 from ament_index_python.packages import get_package_share_directory
 from launch import LaunchContext, LaunchDescription
 from launch.actions import DeclareLaunchArgument, EmitEvent, LogInfo, OpaqueFunction, RegisterEventHandler
+from launch.conditions import IfCondition
 from launch.event_handlers import OnProcessIO
 from launch.events import Shutdown
 from launch.events.process import ProcessExited, ProcessIO
@@ -41,6 +43,9 @@ def generate_launch_description() -> LaunchDescription:
             ),
             DeclareLaunchArgument("namespace", default_value="", description="namespace of the node"),
             DeclareLaunchArgument("log_level", default_value="info", description="debug, info, warn or error"),
+            DeclareLaunchArgument(
+                "play", default_value="false", description="true: also start moss_tts_player on this machine's speaker"
+            ),
             OpaqueFunction(function=_node),
         ]
     )
@@ -79,4 +84,14 @@ def _node(context: LaunchContext) -> list[Node | RegisterEventHandler]:
         emulate_tty=True,
         on_exit=end_launch,
     )
-    return [node, RegisterEventHandler(OnProcessIO(target_action=node, on_stdout=remember, on_stderr=remember))]
+    player = Node(
+        package=PACKAGE,
+        executable="moss_tts_player",
+        name="moss_tts_player",
+        namespace=LaunchConfiguration("namespace"),
+        arguments=["--ros-args", "--log-level", LaunchConfiguration("log_level")],
+        output="screen",
+        emulate_tty=True,
+        condition=IfCondition(LaunchConfiguration("play")),
+    )
+    return [node, player, RegisterEventHandler(OnProcessIO(target_action=node, on_stdout=remember, on_stderr=remember))]

@@ -31,5 +31,9 @@ class RequestError(MossTTSError):
     """A synthesis request is invalid (empty text, prompt too long, bad reference)."""
 
 
+class PlaybackError(MossTTSError):
+    """Audio cannot be played: no ``sounddevice``/PortAudio, no output device, or a rate it refuses."""
+
+
 class Cancelled(MossTTSError):
     """Raised by ``Synthesizer.synthesize`` when its cancel flag was set."""

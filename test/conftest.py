@@ -1,16 +1,22 @@
 """Shared fixtures and helpers: one tiny random model (real file formats) per test session, the demo
 codec, codec-tiny (the real codec architecture), small vocabularies, weight directories with a file left
-out, and the command line."""
+out, the command line, and a sound output to record."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pytest
 
 from moss_tts_node.model.spec import ModelSpec
@@ -89,3 +95,107 @@ def run_cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "moss_tts_node", *map(str, args)], capture_output=True, text=True, timeout=120
     )
+
+
+AUDIO_DEPS = "scripts/audio_test_deps.sh"
+
+
+class NullSink:
+    """A private PulseAudio server whose default output is a null sink, and a recorder of what it plays.
+
+    Processes given ``env`` play into it through PortAudio (ALSA's PulseAudio plugin). The sink runs
+    at the codec's 24 kHz, so what was played comes back sample for sample (16-bit precision).
+    """
+
+    NAME = "moss_test"
+    RATE = 24000
+    TAIL_S = 0.5
+
+    def __init__(self, folder: Path) -> None:
+        socket = folder / "native"
+        self.env = {**os.environ, "PULSE_SERVER": f"unix:{socket}"}
+        modules = [
+            f"module-native-protocol-unix socket={socket} auth-anonymous=1",
+            f"module-null-sink sink_name={self.NAME} rate={self.RATE} channels=1",
+        ]
+        self._log = (folder / "pulseaudio.log").open("w")
+        self._server = subprocess.Popen(
+            ["pulseaudio", "-n", "--daemonize=no", "--exit-idle-time=-1", "--disallow-exit", "--use-pid-file=no"]
+            + [arg for module in modules for arg in ("-L", module)],
+            env={**os.environ, "HOME": str(folder), "XDG_RUNTIME_DIR": str(folder)},
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 20
+        while subprocess.run(["pactl", "info"], env=self.env, capture_output=True).returncode != 0:
+            if self._server.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"PulseAudio did not start: {(folder / 'pulseaudio.log').read_text()[-2000:]}")
+            time.sleep(0.1)
+
+    @contextmanager
+    def recording(self, path: Path) -> Iterator[list[np.ndarray]]:
+        """Record the sink while the block runs; the list holds the float32 samples once it ends."""
+        got: list[np.ndarray] = []
+        with path.open("wb") as raw:
+            recorder = subprocess.Popen(
+                [
+                    "parec",
+                    "-d",
+                    f"{self.NAME}.monitor",
+                    "--raw",
+                    "--format=float32le",
+                    f"--rate={self.RATE}",
+                    "--channels=1",
+                ],
+                env=self.env,
+                stdout=raw,
+            )
+            started = time.monotonic()
+            try:
+                yield got
+            finally:
+                # The sink plays in real time and its monitor trails it: record on until the file holds
+                # TAIL_S more than the block's duration, so the last samples played are in.
+                wanted = (time.monotonic() - started + self.TAIL_S) * self.RATE * 4
+                deadline = time.monotonic() + 10
+                while path.stat().st_size < wanted and recorder.poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                recorder.send_signal(signal.SIGINT)
+                recorder.wait(10)
+        got.append(np.fromfile(path, dtype="<f4"))
+
+    @staticmethod
+    def snr_db(reference: np.ndarray, captured: np.ndarray) -> float:
+        """How well ``captured`` holds ``reference`` at one offset: the SNR in dB of the best-aligned copy.
+
+        One offset for the whole utterance, so a gap or a lost block anywhere costs tens of dB.
+        """
+        size = 1 << int(np.ceil(np.log2(reference.size + captured.size)))
+        spectrum = np.fft.rfft(captured, size) * np.conj(np.fft.rfft(reference, size))
+        lag = int(np.argmax(np.fft.irfft(spectrum, size)[: captured.size]))
+        aligned = np.zeros_like(reference)
+        part = captured[lag : lag + reference.size]
+        aligned[: part.size] = part
+        error = np.sum((reference.astype(np.float64) - aligned) ** 2)
+        return float(10 * np.log10(np.sum(reference.astype(np.float64) ** 2) / max(error, 1e-20)))
+
+    def close(self) -> None:
+        if self._server.poll() is None:
+            self._server.terminate()
+            self._server.wait(10)
+        self._log.close()
+
+
+@pytest.fixture(scope="session")
+def null_sink(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NullSink]:
+    """A sound output to play into and record back; skips with the reason where the machine has none."""
+    missing = [tool for tool in ("pulseaudio", "pactl", "parec") if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"no {', '.join(missing)}: `make test` installs PulseAudio as root on Debian ({AUDIO_DEPS})")
+    if importlib.util.find_spec("sounddevice") is None:
+        pytest.skip("sounddevice is not installed: pip install -e '.[play]' (make test does)")
+    sink = NullSink(tmp_path_factory.mktemp("pulse"))
+    yield sink
+    sink.close()

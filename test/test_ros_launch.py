@@ -13,6 +13,7 @@ import pytest
 from ros_helpers import require_ros
 
 ROOT = Path(__file__).resolve().parent.parent
+EXECUTABLES = {"moss_tts_node": "moss_tts_node.ros.node:main", "moss_tts_player": "moss_tts_node.ros.player:main"}
 LAUNCH_FILES = sorted((ROOT / "launch").glob("*.launch.py"))
 
 
@@ -45,7 +46,7 @@ def test_what_a_launch_file_names_exists(launch_file: Path) -> None:
         assert (ROOT / "launch" / included).is_file(), included
     scripts = {ep.name: ep.value for ep in entry_points(group="console_scripts")}
     for executable in re.findall(r'executable="(\w+)"', source):
-        assert scripts.get(executable) == "moss_tts_node.ros.node:main", f"no console script {executable!r} (setup.py)"
+        assert scripts.get(executable) == EXECUTABLES[executable], f"no console script {executable!r} (setup.py)"
 
 
 def test_the_node_entry_point_resolves() -> None:

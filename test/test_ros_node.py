@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import importlib.util
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pytest
 from ros_helpers import require_ros
 from ros_helpers.netns import LoopbackNamespace, NodeProcess
@@ -24,6 +27,9 @@ from ros_helpers.netns import LoopbackNamespace, NodeProcess
 from moss_tts_node.config import flatten, load_config, write_params_file
 from moss_tts_node.model.rates import SAMPLE_RATE, SAMPLES_PER_FRAME
 from moss_tts_node.ros.queue import FULL
+
+if TYPE_CHECKING:
+    from conftest import NullSink
 
 require_ros()
 
@@ -462,3 +468,40 @@ def test_a_soak_of_mixed_requests_is_answered_in_full_with_bounded_memory(params
     quarter = len(rss) // 4
     second, last = rss[quarter : 2 * quarter], rss[-quarter:]
     assert sum(last) / len(last) <= sum(second) / len(second) + SOAK_RSS_GROWTH_KIB, curve
+
+
+def test_the_player_plays_what_the_node_publishes(
+    netns: LoopbackNamespace, node: NodeProcess, null_sink: NullSink, tmp_path: Path
+) -> None:
+    netns.env["PULSE_SERVER"] = null_sink.env["PULSE_SERVER"]
+    log = tmp_path / "player.log"
+    with log.open("w") as out:
+        # A prebuffer longer than the utterance: it plays once whole, however slow the node is here.
+        player = netns.popen(
+            [sys.executable, "-m", "moss_tts_node.ros.player", "--ros-args", "-p", "prebuffer_s:=60.0"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while "playing /moss_tts_node/audio" not in log.read_text():
+            assert player.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        sent_file = tmp_path / "sent.npy"
+        with null_sink.recording(tmp_path / "sink.raw") as captured:
+            netns.client("text", texts=["Hello robot."], save=str(sent_file))
+            sent = np.load(sent_file)
+            while played_span(tmp_path / "sink.raw") < sent.size - SAMPLE_RATE // 100:  # until it has all played
+                assert player.poll() is None and time.monotonic() < deadline + 60, log.read_text()
+                time.sleep(0.1)
+        assert null_sink.snr_db(sent, captured[0]) > 15, log.read_text()  # see test_cli's play test
+    finally:
+        player.send_signal(signal.SIGINT)
+        assert player.wait(30) == 0, log.read_text()
+
+
+def played_span(raw: Path) -> int:
+    """Samples from the first to the last that is not silence, in a float32 recording."""
+    loud = np.flatnonzero(np.abs(np.fromfile(raw, dtype="<f4")) > 1e-4)
+    return int(loud[-1] - loud[0] + 1) if loud.size else 0

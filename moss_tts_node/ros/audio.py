@@ -40,6 +40,15 @@ def encode(samples: np.ndarray, encoding: str) -> bytes:
     return float_to_pcm16(samples)
 
 
+def decode(data: bytes, encoding: str) -> np.ndarray:
+    """The float32 samples of ``data`` in ``encoding`` (one of ENCODINGS); ValueError for another."""
+    if encoding == AudioChunkMsg.ENCODING_FLOAT32:
+        return np.frombuffer(data, dtype="<f4").astype(np.float32)
+    if encoding == AudioChunkMsg.ENCODING_PCM_S16LE:
+        return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32767.0  # as float_to_pcm16 scales
+    raise ValueError(f"unknown encoding {encoding!r}: expected one of {', '.join(ENCODINGS)}")
+
+
 def _audio_common() -> ModuleType | None:
     try:
         return importlib.import_module("audio_common_msgs.msg")

@@ -11,6 +11,7 @@ import importlib
 import sys
 import time
 from collections.abc import Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import yaml
 
 from moss_tts_node.errors import EXIT_BAD_INPUT, MossTTSError, RequestError
 from moss_tts_node.model.rates import FRAMES_PER_SECOND
+from moss_tts_node.playback import DEFAULT_PREBUFFER_S
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -41,7 +43,19 @@ def build_parser() -> argparse.ArgumentParser:
     synth = commands.add_parser("synth", help="text to a WAV file")
     synth.add_argument("--config", required=True, type=Path, help="params file (config/*.yaml)")
     synth.add_argument("--text", required=True, help="what to say")
-    synth.add_argument("--output", required=True, type=Path, help="WAV file to write (24 kHz mono, 16-bit)")
+    synth.add_argument("--output", type=Path, help="WAV file to write (24 kHz mono, 16-bit)")
+    synth.add_argument(
+        "--play", action="store_true", help="play it on the sound output while it streams (needs the [play] extra)"
+    )
+    synth.add_argument("--device", help="with --play: output device name or index (default: the system's)")
+    synth.add_argument(
+        "--prebuffer",
+        type=float,
+        default=DEFAULT_PREBUFFER_S,
+        metavar="SECONDS",
+        help=f"with --play: audio queued before playing starts (default {DEFAULT_PREBUFFER_S}); "
+        "raise it where synthesis is slower than real time",
+    )
     synth.add_argument("--reference", help="voice to clone: WAV/FLAC clip, or .npy codes from encode-voice")
     synth.add_argument("--language", help="language tag, e.g. en or zh")
     synth.add_argument("--instruction", help="style instruction")
@@ -104,9 +118,13 @@ def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
 def run_synth(args: argparse.Namespace) -> int:
     from moss_tts_node.codec.audio_io import write_wav
     from moss_tts_node.config import load_config
+    from moss_tts_node.playback import Speaker, sound_output
     from moss_tts_node.synthesizer import Synthesizer
     from moss_tts_node.timing import StopReason
 
+    if args.output is None and not args.play:
+        raise RequestError("nothing to do: give --output FILE.wav, --play, or both")
+    open_output = sound_output(args.device) if args.play else None  # no sound output: say so before loading
     overrides = parse_overrides(args.set)
     for flag, key in (
         ("text_temperature", "sampling.text_temperature"),
@@ -116,7 +134,7 @@ def run_synth(args: argparse.Namespace) -> int:
         if getattr(args, flag) is not None:
             overrides[key] = getattr(args, flag)
     config = load_config(args.config, overrides)
-    with Synthesizer(config) as synth:
+    with Synthesizer(config) as synth, ExitStack() as playing:
         stream = synth.stream(
             args.text,
             language=args.language,
@@ -125,22 +143,29 @@ def run_synth(args: argparse.Namespace) -> int:
             seed=args.seed,
             streaming=False,  # a file: the codec's decode of the whole utterance, not the stitched stream
         )
+        speaker = playing.enter_context(Speaker(open_output, args.prebuffer)) if open_output else None
         chunks = []
         progress = Progress()
         for chunk in stream:
             chunks.append(chunk.samples)
+            if speaker:
+                speaker.feed("synth", chunk.samples, chunk.sample_rate, chunk.is_final)
             progress.show(chunk.start_s + chunk.samples.shape[0] / chunk.sample_rate)
         progress.done()
+        if speaker:
+            speaker.wait()
     report = stream.report
     assert report is not None and stream.generated is not None and stream.codes is not None
     audio = np.concatenate(chunks)
-    write_wav(args.output, audio, synth.spec.sampling_rate)
+    if args.output:
+        write_wav(args.output, audio, synth.spec.sampling_rate)
     if args.save_tokens:
         np.savez(args.save_tokens, prompt=stream.prompt, generated=stream.generated, codes=stream.codes)
     if args.profile:
         print(report.format())
     rtf = f", real-time factor {report.real_time_factor:.2f}" if report.real_time_factor else ""
-    print(f"wrote {args.output}: {report.audio_seconds:.2f} s of audio in {report.wall_s:.2f} s{rtf}")
+    done = f"wrote {args.output}" if args.output else "played"
+    print(f"{done}: {report.audio_seconds:.2f} s of audio in {report.wall_s:.2f} s{rtf}")
     if report.stop_reason is StopReason.MAX_NEW_TOKENS:
         print("note: stopped at max_new_tokens; raise it (--max-new-tokens) for longer text", file=sys.stderr)
     return 0

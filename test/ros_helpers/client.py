@@ -3,7 +3,7 @@
 It plays one scenario against the node at ``/moss_tts_node`` and prints one JSON line with what
 it saw. Commands:
 
-- ``text``        publish on ~/text, collect ~/audio chunks up to the final one
+- ``text``        publish on ~/text, collect ~/audio chunks up to the final one (``save``: their audio to a .npy)
 - ``synthesize``  call ~/synthesize
 - ``speak``       send Speak goals one after another; then optionally cancel them or signal the
                   node; collect feedback, results and chunks
@@ -29,6 +29,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import rclpy
 from action_msgs.msg import GoalStatus
 from diagnostic_msgs.msg import DiagnosticArray
@@ -43,6 +44,8 @@ from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.task import Future
 from std_msgs.msg import String
 
+from moss_tts_node.ros.audio import decode
+
 NODE = "/moss_tts_node"
 MATCH_TIMEOUT = 20.0
 QUEUED, GENERATING = Speak.Feedback.STATE_QUEUED, Speak.Feedback.STATE_GENERATING
@@ -53,6 +56,8 @@ class Client(Node):
     def __init__(self) -> None:
         super().__init__("moss_tts_test_client")
         self.chunks: list[dict[str, Any]] = []
+        self.samples: dict[str, list[np.ndarray]] = defaultdict(list)  # decoded audio by request id
+        self.started = time.monotonic()
         self.feedback: dict[str, list[dict[str, Any]]] = defaultdict(list)  # by goal id
         self.received = 0  # messages of either kind, to tell when the node has gone quiet
         # Deep queues: the demo model makes a chunk and a feedback every few milliseconds.
@@ -77,6 +82,7 @@ class Client(Node):
 
     def _on_chunk(self, msg: AudioChunk) -> None:
         self.received += 1
+        self.samples[msg.request_id].append(decode(bytes(msg.data), msg.encoding))
         self.chunks.append(
             {
                 "request_id": msg.request_id,
@@ -197,6 +203,8 @@ def run_text(client: Client, args: dict[str, Any]) -> dict[str, Any]:
     client.spin_until(
         lambda: sum(c["is_final"] for c in client.chunks) >= expected, args.get("timeout", 30), "final chunks"
     )
+    if "save" in args:  # the audio of every request, one after another, as float32 .npy
+        np.save(args["save"], np.concatenate([np.concatenate(parts) for parts in client.samples.values()]))
     return {"chunks": client.chunks}
 
 

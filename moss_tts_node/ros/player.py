@@ -1,0 +1,99 @@
+"""``moss_tts_player``: plays the node's ``~/audio`` on this machine's speaker.
+
+    ros2 run moss_tts_node moss_tts_player [--ros-args -p tts_node:=moss_tts_node -p device:=pulse]
+    ros2 launch moss_tts_node moss_tts.launch.py play:=true
+
+It subscribes to ``<tts_node>/audio`` (AudioChunk, either encoding, the rate each message gives)
+and feeds a ``Speaker`` (playback.py): a jitter buffer, one utterance per ``request_id`` in order.
+The node publishes nothing more for a cancelled request (no final chunk), so the player also
+follows the Speak action's goal statuses: a goal canceling, canceled or aborted stops its audio at
+once. A ``~/text`` request has no goal; if it is interrupted, the next request's first chunk stops it.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+
+import rclpy
+from action_msgs.msg import GoalStatus, GoalStatusArray
+from moss_tts_msgs.msg import AudioChunk as AudioChunkMsg
+from rclpy.node import Node
+from rclpy.qos import qos_profile_action_status_default
+from rclpy.signals import SignalHandlerOptions
+
+from moss_tts_node.config import NODE_NAME
+from moss_tts_node.errors import EXIT_BAD_INPUT, MossTTSError, PlaybackError
+from moss_tts_node.playback import DEFAULT_PREBUFFER_S, Speaker, sound_output
+from moss_tts_node.ros.audio import AUDIO_QOS, decode
+
+PLAYER_NAME = "moss_tts_player"
+STOPPED = (GoalStatus.STATUS_CANCELING, GoalStatus.STATUS_CANCELED, GoalStatus.STATUS_ABORTED)
+SIGNAL_POLL_S = 0.1
+
+
+class PlayerNode(Node):
+    """Parameters: ``tts_node`` (whose ~/audio to play), ``device`` (empty: the default), ``prebuffer_s``."""
+
+    def __init__(self) -> None:
+        super().__init__(PLAYER_NAME)
+        tts_node = self.declare_parameter("tts_node", NODE_NAME).value
+        device = self.declare_parameter("device", "").value
+        prebuffer_s = float(self.declare_parameter("prebuffer_s", DEFAULT_PREBUFFER_S).value)
+        self.speaker = Speaker(sound_output(device or None), prebuffer_s, self.get_logger().error)
+        self._next_index: dict[str, int] = {}
+        self.create_subscription(AudioChunkMsg, f"{tts_node}/audio", self._on_chunk, AUDIO_QOS)
+        self.create_subscription(
+            GoalStatusArray, f"{tts_node}/speak/_action/status", self._on_status, qos_profile_action_status_default
+        )
+        self.get_logger().info(f"playing {self.resolve_topic_name(f'{tts_node}/audio')} (prebuffer {prebuffer_s} s)")
+
+    def _on_chunk(self, msg: AudioChunkMsg) -> None:
+        key = msg.request_id
+        expected = self._next_index.get(key, 0)
+        if msg.chunk_index != expected:
+            self.get_logger().warning(f"request {key[:8]}: chunk {msg.chunk_index} after {expected - 1}: a gap")
+        self._next_index = {key: msg.chunk_index + 1}  # only the current request's count is needed
+        try:
+            samples = decode(bytes(msg.data), msg.encoding)
+            if msg.channels > 1:
+                samples = samples.reshape(-1, msg.channels).mean(axis=1)
+            self.speaker.feed(key, samples, msg.sample_rate, msg.is_final)
+        except (ValueError, PlaybackError) as err:
+            self.get_logger().error(f"request {key[:8]}, chunk {msg.chunk_index} not played: {err}")
+
+    def _on_status(self, msg: GoalStatusArray) -> None:
+        for status in msg.status_list:
+            if status.status in STOPPED:
+                key = bytes(status.goal_info.goal_id.uuid).hex()
+                if self.speaker.cancel(key):
+                    self.get_logger().info(f"request {key[:8]} stopped (goal status {status.status})")
+
+
+def main(args: Sequence[str] | None = None) -> int:
+    """Play until SIGINT or SIGTERM; exit 2 when there is no sound output to play on."""
+    rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        node = PlayerNode()
+    except MossTTSError as err:
+        rclpy.logging.get_logger(PLAYER_NAME).error(f"cannot start: {err}")
+        rclpy.try_shutdown()
+        return EXIT_BAD_INPUT
+    spinner = threading.Thread(target=rclpy.spin, args=(node,), name="executor")
+    spinner.start()
+    while not stop.wait(SIGNAL_POLL_S):  # short slices: a signal's handler runs in the main thread
+        pass
+    node.speaker.close()
+    rclpy.try_shutdown()
+    spinner.join()
+    node.destroy_node()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
