@@ -44,10 +44,10 @@ def bridge_source_dir() -> Path:
     ament index (``AMENT_PREFIX_PATH``, which ``source install/setup.bash`` sets) for other install layouts.
     """
     module = Path(__file__)
-    candidates = [
-        module.resolve().parents[2] / "bridge",
-        module.absolute().parents[2].parents[2] / INSTALLED_SOURCES,
-    ]
+    candidates = [module.resolve().parents[2] / "bridge"]
+    installed = module.absolute().parents  # <prefix>/lib/pythonX.Y/site-packages/moss_tts_node/llama/bridge.py
+    if len(installed) > 5:
+        candidates.append(installed[5] / INSTALLED_SOURCES)
     share = _ament_share_dir()
     if share is not None:
         candidates.append(share / INSTALLED_SOURCES.name)
