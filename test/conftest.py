@@ -152,6 +152,13 @@ class NullSink:
                 env=self.env,
                 stdout=raw,
             )
+            # The idle sink's monitor streams silence: once some has arrived the recorder is connected,
+            # and a player started now is recorded from its first sample (synthesis can be that fast).
+            deadline = time.monotonic() + 20
+            while path.stat().st_size == 0:
+                if recorder.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"parec recorded nothing (exit status {recorder.poll()})")
+                time.sleep(0.02)
             started = time.monotonic()
             try:
                 yield got

@@ -43,7 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     synth = commands.add_parser("synth", help="text to a WAV file")
     synth.add_argument("--config", required=True, type=Path, help="params file (config/*.yaml)")
     synth.add_argument("--text", required=True, help="what to say")
-    synth.add_argument("--output", type=Path, help="WAV file to write (24 kHz mono, 16-bit)")
+    synth.add_argument(
+        "--output",
+        type=Path,
+        help="WAV file to write (24 kHz mono, 16-bit): the codec's decode of the utterance, with --play what played",
+    )
     synth.add_argument(
         "--play", action="store_true", help="play it on the sound output while it streams (needs the [play] extra)"
     )
@@ -141,7 +145,9 @@ def run_synth(args: argparse.Namespace) -> int:
             instruction=args.instruction,
             reference=args.reference,
             seed=args.seed,
-            streaming=False,  # a file: the codec's decode of the whole utterance, not the stitched stream
+            # A file alone gets the codec's decode of the whole utterance; --play streams, and the file then
+            # holds what was played.
+            streaming=args.play,
         )
         speaker = playing.enter_context(Speaker(open_output, args.prebuffer)) if open_output else None
         chunks = []
