@@ -16,7 +16,6 @@ RequestQueue (ros/queue.py) and run one at a time on it.
 from __future__ import annotations
 
 import math
-import signal
 import sys
 import threading
 import time
@@ -43,13 +42,13 @@ from rclpy.executors import MultiThreadedExecutor
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile
-from rclpy.signals import SignalHandlerOptions
 from std_msgs.msg import Header, String
 
 from moss_tts_node.config import NODE_NAME, OPTIONS, Config, Option, check_value, from_flat
-from moss_tts_node.errors import EXIT_BAD_INPUT, ConfigError, MossTTSError, RequestError
+from moss_tts_node.errors import ConfigError, MossTTSError, RequestError
 from moss_tts_node.ros.audio import ENCODINGS, AudioOut, encode
 from moss_tts_node.ros.launch_params import START_FAILURE
+from moss_tts_node.ros.process import start_node, wait_for_stop
 from moss_tts_node.ros.queue import POLICIES, Outcome, Rejected, RequestQueue, Ticket
 from moss_tts_node.synthesizer import AudioStream, Synthesizer
 from moss_tts_node.timing import TimingReport
@@ -118,7 +117,6 @@ FEEDBACK_QOS = QoSProfile(depth=100)
 # After the last request is answered on shutdown: time for the executor and DDS to deliver it.
 SHUTDOWN_FLUSH_S = 0.5
 SHUTDOWN_REASON = "the node is shutting down"
-SIGNAL_POLL_S = 0.1
 CLIENT_CANCEL = "canceled by the client"
 
 
@@ -534,20 +532,11 @@ def _figure(value: float | None) -> str:
 def main(args: Sequence[str] | None = None) -> int:
     """Run the node until SIGINT or SIGTERM; exit 0 after a clean shutdown, 2 on bad parameters,
     1 if a callback crashed.
-
-    rclpy's own signal handlers would shut the context down at once, before the waiting
-    requests could be answered; these only ask the main thread to close the node in order.
     """
-    rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    try:
-        node = TtsNode()
-    except (MossTTSError, ParameterException) as err:
-        rclpy.logging.get_logger(NODE_NAME).error(f"{START_FAILURE}{err}")
-        rclpy.try_shutdown()
-        return EXIT_BAD_INPUT
+    started = start_node(args, TtsNode, NODE_NAME, START_FAILURE, (MossTTSError, ParameterException))
+    if isinstance(started, int):
+        return started
+    node, stop = started
     executor = MultiThreadedExecutor(num_threads=node.executor_threads)
     executor.add_node(node)
     crashed = threading.Event()
@@ -563,10 +552,7 @@ def main(args: Sequence[str] | None = None) -> int:
 
     spinner = threading.Thread(target=spin, name="executor")
     spinner.start()
-    # The kernel may hand a signal to any thread; Python then runs the handler in the main thread
-    # only when that thread next runs bytecode, so wait in short slices rather than block.
-    while not stop.wait(SIGNAL_POLL_S):
-        pass
+    wait_for_stop(stop)
     node.get_logger().info(f"{SHUTDOWN_REASON}: stopping the current request, aborting the queued ones")
     node.close()
     executor.shutdown()

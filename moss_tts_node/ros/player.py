@@ -12,7 +12,6 @@ once. A ``~/text`` request has no goal; if it is interrupted, the next request's
 
 from __future__ import annotations
 
-import signal
 import sys
 import threading
 from collections.abc import Sequence
@@ -22,16 +21,15 @@ from action_msgs.msg import GoalStatus, GoalStatusArray
 from moss_tts_msgs.msg import AudioChunk as AudioChunkMsg
 from rclpy.node import Node
 from rclpy.qos import qos_profile_action_status_default
-from rclpy.signals import SignalHandlerOptions
 
 from moss_tts_node.config import NODE_NAME
-from moss_tts_node.errors import EXIT_BAD_INPUT, MossTTSError, PlaybackError
+from moss_tts_node.errors import MossTTSError, PlaybackError
 from moss_tts_node.playback import DEFAULT_PREBUFFER_S, Speaker, sound_output
 from moss_tts_node.ros.audio import AUDIO_QOS, decode
+from moss_tts_node.ros.process import start_node, wait_for_stop
 
 PLAYER_NAME = "moss_tts_player"
 STOPPED = (GoalStatus.STATUS_CANCELING, GoalStatus.STATUS_CANCELED, GoalStatus.STATUS_ABORTED)
-SIGNAL_POLL_S = 0.1
 
 
 class PlayerNode(Node):
@@ -74,20 +72,13 @@ class PlayerNode(Node):
 
 def main(args: Sequence[str] | None = None) -> int:
     """Play until SIGINT or SIGTERM; exit 2 when there is no sound output to play on."""
-    rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    try:
-        node = PlayerNode()
-    except MossTTSError as err:
-        rclpy.logging.get_logger(PLAYER_NAME).error(f"cannot start: {err}")
-        rclpy.try_shutdown()
-        return EXIT_BAD_INPUT
+    started = start_node(args, PlayerNode, PLAYER_NAME, "cannot start: ", (MossTTSError,))
+    if isinstance(started, int):
+        return started
+    node, stop = started
     spinner = threading.Thread(target=rclpy.spin, args=(node,), name="executor")
     spinner.start()
-    while not stop.wait(SIGNAL_POLL_S):  # short slices: a signal's handler runs in the main thread
-        pass
+    wait_for_stop(stop)
     node.speaker.close()
     rclpy.try_shutdown()
     spinner.join()
