@@ -12,3 +12,5 @@ FLASH_ATTN_MODES = ("auto", "on", "off")
 HEADS_BACKENDS = ("auto", "gguf", "onnx", "numpy")
 CODEC_BACKENDS = ("onnx", "tensorrt")
 ONNX_PROVIDERS = ("auto", "cpu", "cuda")
+# audio.stream_decoder: the words it takes besides a path to a stream decoder graph
+STREAM_DECODER_MODES = ("auto", "off")

@@ -36,9 +36,10 @@ from moss_tts_node.choices import (
     HEADS_BACKENDS,
     KV_CACHE_TYPES,
     ONNX_PROVIDERS,
+    STREAM_DECODER_MODES,
     UNQUANTIZED_KV_CACHE_TYPES,
 )
-from moss_tts_node.codec.layout import DECODER_FILE, ENCODER_FILE
+from moss_tts_node.codec.layout import DECODER_FILE, ENCODER_FILE, STREAM_DECODER_FILE
 from moss_tts_node.errors import ConfigError
 from moss_tts_node.model.layout import CONFIG_FILE, DEFAULT_GGUF, EMBEDDINGS_DIR, HEADS_DIR, TOKENIZER_DIR
 
@@ -53,9 +54,11 @@ def _option(
     max: float | None = None,
     choices: tuple[str, ...] | None = None,
     path: bool = False,
+    keywords: tuple[str, ...] = (),
 ) -> Any:
-    """A config field with the metadata the validator and the ROS node need."""
-    meta = {"doc": doc, "min": min, "max": max, "choices": choices, "path": path}
+    """A config field with the metadata the validator and the ROS node need; ``keywords`` are the words a
+    ``path`` field also takes, which are not resolved as paths."""
+    meta = {"doc": doc, "min": min, "max": max, "choices": choices, "path": path, "keywords": keywords}
     return field(default=default, metadata=meta)
 
 
@@ -130,6 +133,15 @@ class AudioConfig:
         min=0,
         max=500,
     )
+    stream_decoder: str = _option(
+        "auto",
+        f"Streaming decode: auto (model.codec_dir/{STREAM_DECODER_FILE}, made by build-stream-decoder, when it "
+        "exists: each chunk decodes only its new frames, as the offline decode; else re-decoding with "
+        "left_context_frames), off (always re-decode), or a path to a stream decoder graph. It runs in ONNX Runtime "
+        'on the CPU whatever the backend (README "Streaming").',
+        path=True,
+        keywords=STREAM_DECODER_MODES,
+    )
     heads_backend: str = _option(
         "auto",
         "Audio heads: gguf (inside llama.cpp, needs a GGUF that carries them: attach-heads), onnx (8-bit, "
@@ -186,6 +198,11 @@ class Option:
     max: float | None
     choices: tuple[str, ...] | None
     path: bool
+    keywords: tuple[str, ...] = ()
+
+    def names_a_path(self, value: Any) -> bool:
+        """Whether ``value`` of this option is a path (to resolve against the params file's folder)."""
+        return self.path and isinstance(value, str) and bool(value) and value not in self.keywords
 
 
 _GROUP_TYPES = {
@@ -257,7 +274,7 @@ def from_flat(values: Mapping[str, Any], base_dir: Path, source: str) -> Config:
     groups: dict[str, dict[str, Any]] = {name: {} for name in _GROUP_TYPES}
     for key, value in values.items():
         option = OPTIONS[key]
-        if option.path and value:
+        if option.names_a_path(value):
             value = str((base_dir / Path(value).expanduser()).resolve())
         group, name = key.split(".", 1)
         groups[group][name] = value
@@ -368,9 +385,36 @@ def _check_files(config: Config, source: str) -> None:
         decoder = Path(model.codec_dir) / DECODER_FILE
         if not decoder.is_file():
             raise ConfigError(f"{source}: 'model.codec_dir' has no {DECODER_FILE}: {decoder}")
+    _check_stream_decoder(config, source)
     reference = config.generation.reference_audio
     if reference and not Path(reference).is_file():
         raise ConfigError(f"{source}: 'generation.reference_audio' file not found: {reference}")
+
+
+def _check_stream_decoder(config: Config, source: str) -> None:
+    """An explicit graph must exist; whether it is a stream decoder graph only ONNX Runtime can tell, so the
+    synthesizer checks that when it loads the graph (naming this key too)."""
+    graph = config.audio.stream_decoder
+    if graph not in STREAM_DECODER_MODES and not Path(graph).is_file():
+        raise ConfigError(
+            f"{source}: 'audio.stream_decoder' file not found: {graph}; build it with `python -m moss_tts_node "
+            f"build-stream-decoder <codec checkpoint dir> --out {graph}`, or set it to auto or off"
+        )
+
+
+def stream_decoder_path(config: Config) -> Path | None:
+    """The stream decoder graph ``audio.stream_decoder`` selects, or None for the windowed scheme.
+
+    ``auto`` takes the graph beside the codec's ONNX graphs when it is there (with either backend: it
+    runs in ONNX Runtime on the CPU). ``model.low_memory`` never streams, so it selects none.
+    """
+    graph = config.audio.stream_decoder
+    if config.model.low_memory or graph == "off":
+        return None
+    if graph == "auto":
+        beside = Path(config.model.codec_dir) / STREAM_DECODER_FILE
+        return beside if config.model.codec_dir and beside.is_file() else None
+    return Path(graph)
 
 
 def backbone_path(config: Config) -> Path:

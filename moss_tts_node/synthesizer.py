@@ -24,9 +24,24 @@ import numpy as np
 from moss_tts_node.codec.audio_io import load_reference_audio
 from moss_tts_node.codec.base import AudioCodec
 from moss_tts_node.codec.factory import open_codec
-from moss_tts_node.codec.streaming import OfflineDecoding, SegmentDecoder, SegmentDecoding, WindowedStreamDecoding
-from moss_tts_node.config import AudioConfig, Config, GenerationConfig, SamplingConfig, backbone_path, load_config
-from moss_tts_node.errors import Cancelled, RequestError
+from moss_tts_node.codec.stream_decoder import StreamDecoder
+from moss_tts_node.codec.streaming import (
+    OfflineDecoding,
+    SegmentDecoder,
+    SegmentDecoding,
+    StatefulStreamDecoding,
+    WindowedStreamDecoding,
+)
+from moss_tts_node.config import (
+    AudioConfig,
+    Config,
+    GenerationConfig,
+    SamplingConfig,
+    backbone_path,
+    load_config,
+    stream_decoder_path,
+)
+from moss_tts_node.errors import Cancelled, CodecError, ConfigError, RequestError
 from moss_tts_node.llama.backbone import Backbone, BackboneParams
 from moss_tts_node.model.delay import DelayState, FrameAssembler
 from moss_tts_node.model.embeddings import EmbeddingTables
@@ -135,6 +150,9 @@ class Synthesizer:
     heads, then the codec's decoder. Each request reloads them and decodes only once generation
     is over, so nothing streams; start-up loads each stage once so bad files still fail early. A
     reloaded backbone starts with an empty KV cache: low_memory cannot reuse a prompt prefix.
+
+    Streams decode with the stream decoder graph that ``audio.stream_decoder`` selects, loaded here
+    once (its state is one utterance's, reset between requests), or else with the windowed scheme.
     """
 
     def __init__(self, config: Config) -> None:
@@ -155,6 +173,7 @@ class Synthesizer:
             open_codec(config).close()
         else:
             self.codec = open_codec(config)
+        self.stream_decoding = _open_stream_decoding(config)  # None: streams use the windowed scheme
         self._default_voice: np.ndarray | None = None
         # prepare_voice may come from another thread than the one generating: it waits for the backbone
         # to be idle, and a generation waits for a preparation under way.
@@ -222,6 +241,7 @@ class Synthesizer:
 
     def close(self) -> None:
         self._unload_generation()
+        self.stream_decoding = None  # its caches and graph go with it
         if self.codec is not None:
             self.codec.close()
 
@@ -295,7 +315,8 @@ class Synthesizer:
         ``reference=None`` uses the configured default voice, ``""`` none. Fields left ``None``
         take the config's generation defaults. ``streaming=False`` (for whole-utterance outputs)
         yields the codec's offline decode of each piece once it is generated, instead of chunks
-        decoded with ``audio.left_context_frames`` of context as they are generated. A text whose
+        decoded as they are generated (by the stream decoder when one is loaded, which gives the same
+        audio, else each with ``audio.left_context_frames`` of context). A text whose
         speech would not fit the context (or one codec window) is split at sentence boundaries and
         spoken piece by piece in the same stream. ``max_new_tokens`` applies to each piece and is
         clamped to what n_ctx leaves after its prompt; a prompt that leaves no room for one frame is
@@ -424,10 +445,7 @@ class Synthesizer:
             streaming = False  # nothing left to stream
         codes: list[np.ndarray] = []
         done: list[Generated] = []
-        with self._codec_stage(encoder=False) as codec:
-            decoding: SegmentDecoding = (
-                WindowedStreamDecoding(codec, audio.left_context_frames) if streaming else OfflineDecoding(codec)
-            )
+        with self._codec_stage(encoder=False) as codec, self._segment_decoding(codec, audio, streaming) as decoding:
             for piece, frames in zip(pieces, generated, strict=False):
                 decoder = SegmentDecoder(decoding, audio.chunk_frames, spec.n_vq)
                 for frame in frames:
@@ -465,6 +483,22 @@ class Synthesizer:
             ),
         )
         return StreamResult(generated_rows, all_codes, report, clock)
+
+    @contextmanager
+    def _segment_decoding(self, codec: AudioCodec, audio: AudioConfig, streaming: bool) -> Iterator[SegmentDecoding]:
+        """How this request's segments become samples. The stream decoder's state is reset before and after
+        the request, however it ends (cancelled, failed, or its stream dropped unfinished), so no request
+        starts from another's."""
+        if not streaming:
+            yield OfflineDecoding(codec)
+        elif self.stream_decoding is None:
+            yield WindowedStreamDecoding(codec, audio.left_context_frames)
+        else:
+            self.stream_decoding.reset()
+            try:
+                yield self.stream_decoding
+            finally:
+                self.stream_decoding.reset()
 
     def _frames(
         self, piece: Piece, sampling: SamplingConfig, cancelled: Callable[[], bool], clock: StageClock
@@ -522,6 +556,21 @@ class Synthesizer:
                 if end.stop is StopReason.CANCELLED:
                     break
         return done
+
+
+def _open_stream_decoding(config: Config) -> StatefulStreamDecoding | None:
+    """The stream decoder ``audio.stream_decoder`` selects, loaded and checked now; None for the windowed scheme."""
+    path = stream_decoder_path(config)
+    if path is None:
+        return None
+    try:
+        decoder = StreamDecoder(path, threads=config.audio.codec_threads)
+    except CodecError as error:
+        raise ConfigError(
+            f"'audio.stream_decoder' {config.audio.stream_decoder} selects a graph that cannot be used: {error}; "
+            "or set 'audio.stream_decoder' to off"
+        ) from error
+    return StatefulStreamDecoding(decoder)
 
 
 def _flag(cancel: CancelFlag) -> Callable[[], bool]:

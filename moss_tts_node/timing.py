@@ -133,7 +133,8 @@ class TimingReport:
         warning = (
             [
                 f"warning            the codec streams at {codec_rtf}x real time on this machine: playback will "
-                'stall; raise audio.chunk_frames or lower audio.left_context_frames (README "Streaming")'
+                "stall; raise audio.chunk_frames, and with the windowed scheme lower audio.left_context_frames or "
+                'build a stream decoder (README "Streaming")'
             ]
             if self.codec_stalls
             else []

@@ -57,6 +57,17 @@ def codec_tiny_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def codec_tiny_streaming_dir(codec_tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """codec-tiny with its stream decoder graph built beside its ONNX graphs, where build-stream-decoder puts it."""
+    from moss_tts_node.codec.layout import STREAM_DECODER_FILE
+    from moss_tts_node.tools.stream_decoder_build import build_stream_decoder
+
+    directory = linked_copy(codec_tiny_dir, tmp_path_factory.mktemp(CODEC_TINY))
+    build_stream_decoder(codec_tiny_dir, directory / STREAM_DECODER_FILE)
+    return directory
+
+
+@pytest.fixture(scope="session")
 def demo_codec(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(encoder.onnx, decoder.onnx) of the tiny demo codec; read-only."""
     return write_demo_codec(tmp_path_factory.mktemp("demo_codec"))

@@ -5,8 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import linked_copy
 
-from moss_tts_node.config import OPTIONS, flatten, load_config, write_params_file
+from moss_tts_node.choices import STREAM_DECODER_MODES
+from moss_tts_node.codec.layout import STREAM_DECODER_FILE
+from moss_tts_node.config import OPTIONS, flatten, load_config, stream_decoder_path, write_params_file
 from moss_tts_node.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -129,3 +132,33 @@ def test_a_written_params_file_reads_back_the_same(demo_config: Path, tmp_path: 
 def test_llama_values_are_refused_with_their_key(demo_config: Path, overrides: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config(demo_config, overrides=overrides)
+
+
+def test_the_stream_decoder_key_takes_auto_off_or_an_existing_graph(demo_config: Path, tmp_path: Path) -> None:
+    weights = demo_config.parent
+    codec_dir = weights / "codec"
+    assert not (codec_dir / STREAM_DECODER_FILE).exists()
+    assert stream_decoder_path(load_config(demo_config)) is None  # auto, nothing built: the windowed scheme
+    for word in STREAM_DECODER_MODES:  # words, not paths relative to the file
+        assert load_config(demo_config, overrides={"audio.stream_decoder": word}).audio.stream_decoder == word
+    with pytest.raises(ConfigError, match=r"'audio\.stream_decoder' file not found: .*build-stream-decoder"):
+        load_config(demo_config, overrides={"audio.stream_decoder": str(tmp_path / "absent.onnx")})
+
+    graph = tmp_path / "graphs" / "stream.onnx"  # only its existence is checked here; the synthesizer loads it
+    graph.parent.mkdir()
+    graph.write_bytes(b"")
+    params = demo_paths(demo_config) | {"audio.stream_decoder": "graphs/stream.onnx"}
+    write_params_file(tmp_path / "params.yaml", params)
+    config = load_config(tmp_path / "params.yaml")  # a relative path is taken from the file's folder
+    assert stream_decoder_path(config) == graph
+    low_memory = load_config(tmp_path / "params.yaml", overrides={"model.low_memory": True})
+    assert stream_decoder_path(low_memory) is None  # it never streams
+
+
+def test_auto_finds_the_stream_decoder_beside_the_codec_graphs(demo_config: Path, tmp_path: Path) -> None:
+    codec_dir = linked_copy(demo_config.parent / "codec", tmp_path)
+    (codec_dir / STREAM_DECODER_FILE).write_bytes(b"")
+    overrides = {"model.codec_dir": str(codec_dir)}
+    assert stream_decoder_path(load_config(demo_config, overrides)) == codec_dir / STREAM_DECODER_FILE
+    off = load_config(demo_config, overrides | {"audio.stream_decoder": "off"})
+    assert stream_decoder_path(off) is None

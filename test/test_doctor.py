@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import linked_copy, run_cli
 
+from moss_tts_node.codec.layout import STREAM_DECODER_FILE
 from moss_tts_node.config import load_config, write_params_file
 from moss_tts_node.tools.doctor import diagnose
 
@@ -99,3 +100,26 @@ def test_the_audio_heads_line_says_where_they_run_and_how_to_put_them_on_the_gpu
     assert status == "warn" and "on the CPU while the layers run on the GPU" in detail and "attach-heads" in detail
     (weights / "lm_heads" / "lm_head_audio_07.npy").unlink()
     assert heads_line(plain, "numpy", 0)[0] == "FAIL"
+
+
+def test_the_stream_decoder_line_says_which_decode_streams_use(demo_config: Path, tmp_path: Path) -> None:
+    weights = linked_copy(demo_config.parent, tmp_path / "weights")
+    params = {
+        "model.weights_dir": str(weights),
+        "model.backbone_gguf": load_config(demo_config).model.backbone_gguf,
+        "model.codec_dir": str(weights / "codec"),
+    }
+
+    def stream_line(**overrides: object) -> tuple[str, str]:
+        config = tmp_path / "c.yaml"
+        write_params_file(config, params | overrides)
+        return by_name(config)["stream decoder"]
+
+    status, detail = stream_line()
+    assert status == "--" and "re-decode audio.left_context_frames (5)" in detail and "build-stream-decoder" in detail
+    assert stream_line(**{"audio.stream_decoder": "off"})[1].startswith("audio.stream_decoder off")
+    graph = weights / "codec" / STREAM_DECODER_FILE
+    graph.write_bytes(b"")  # the doctor loads no model: presence is what it reports
+    status, detail = stream_line()
+    assert status == "ok" and detail.startswith(f"{graph}: streams decode only their new frames")
+    assert stream_line(**{"model.low_memory": True}) == ("--", "not used: model.low_memory does not stream")

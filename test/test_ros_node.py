@@ -24,6 +24,7 @@ import pytest
 from ros_helpers import require_ros
 from ros_helpers.netns import LoopbackNamespace, NodeProcess
 
+from moss_tts_node.codec.streaming import OfflineDecoding, WindowedStreamDecoding
 from moss_tts_node.config import flatten, load_config, write_params_file
 from moss_tts_node.model.rates import SAMPLE_RATE, SAMPLES_PER_FRAME
 from moss_tts_node.ros.queue import FULL
@@ -120,6 +121,7 @@ def test_synthesize_returns_the_audio_of_every_frame(
     assert response["duration"] == pytest.approx(timing["frames"] * SAMPLES_PER_FRAME / SAMPLE_RATE)
     assert (response["sample_rate"], response["channels"], response["encoding"]) == (SAMPLE_RATE, 1, encoding)
     assert 0 < timing["time_to_first_audio"] <= timing["wall_time"] and timing["real_time_factor"] > 0
+    assert timing["codec_decode"] == OfflineDecoding.name and timing["codec_rtf"] > 0
 
 
 def test_speak_gives_feedback_then_a_result(netns: LoopbackNamespace, node: NodeProcess) -> None:
@@ -135,6 +137,7 @@ def test_speak_gives_feedback_then_a_result(netns: LoopbackNamespace, node: Node
     assert feedback[-1]["chunks"] == len(chunks)
     assert feedback[-1]["audio_produced"] == pytest.approx(goal["duration"])
     assert goal["duration"] == pytest.approx(goal["timing"]["frames"] * SAMPLES_PER_FRAME / SAMPLE_RATE)
+    assert goal["timing"]["codec_decode"] == WindowedStreamDecoding.name  # the demo codec has no stream decoder
 
 
 def test_cancel_stops_the_utterance_within_a_step(netns: LoopbackNamespace, node: NodeProcess) -> None:

@@ -7,6 +7,7 @@ ring. The shared folder is found through MOSS_SHARED_DIR, by default ``shared`` 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ import pytest
 
 from moss_tts_node.codec.base import AudioCodec
 from moss_tts_node.codec.stream_decoder import StreamDecoder
+from moss_tts_node.codec.streaming import StatefulStreamDecoding
 from moss_tts_node.errors import CodecError, WeightsError
 from moss_tts_node.tools.stream_decoder_build import build_stream_decoder
 
@@ -168,3 +170,15 @@ def test_the_build_command_writes_a_graph_that_equals_the_offline_decode(
     np.testing.assert_allclose(stream(StreamDecoder(out), codes, 5), reference["audio_full"], atol=ATOL)
     assert main(["build-stream-decoder", str(TINY), "--out", str(out)]) == 2  # no silent overwrite
     assert "--force" in capsys.readouterr().err
+
+
+def test_the_streams_decoding_splits_chunks_a_ring_graph_cannot_take_at_once(graphs, codes) -> None:
+    decoding = StatefulStreamDecoding(StreamDecoder(graphs["ring"]))
+    first = 2 * SPAN_FRAMES + 5  # more than one call's worth, as a long pending chunk at a segment's end can be
+    audio = np.concatenate([decoding.decode(codes[:first], 0), decoding.decode(codes[: first + 3], first)])
+    calls = StreamDecoder(graphs["ring"])  # the calls it must make: at most 10 frames, in order
+    bounds = [0, SPAN_FRAMES, 2 * SPAN_FRAMES, first, first + 3]
+    expected = np.concatenate([calls.decode(codes[a:b]) for a, b in itertools.pairwise(bounds)])
+    np.testing.assert_array_equal(audio, expected)
+    decoding.reset()
+    assert decoding.decoder.frames_done == 0

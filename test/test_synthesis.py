@@ -13,8 +13,9 @@ import pytest
 from conftest import linked_copy
 
 from moss_tts_node.codec.audio_io import write_wav
+from moss_tts_node.codec.layout import STREAM_DECODER_FILE
 from moss_tts_node.codec.onnx import OnnxCodec
-from moss_tts_node.errors import RequestError, WeightsError
+from moss_tts_node.errors import ConfigError, RequestError, WeightsError
 from moss_tts_node.model.delay import remove_delay
 from moss_tts_node.model.rates import SAMPLE_RATE, SAMPLES_PER_FRAME
 from moss_tts_node.synthesizer import Synthesizer
@@ -60,6 +61,68 @@ def test_whole_utterance_is_the_codecs_offline_decode_on_codec_tiny(
     assert streamed.report is not None and streamed.report.codec_decode == "windowed stream"
     np.testing.assert_array_equal(streamed.codes, result.codes)
     assert np.abs(audio - one_call).max() > 1e-3  # stitched chunks are not what the codec decodes
+
+
+@pytest.fixture(scope="module")
+def stateful_synth(demo_config: Path, codec_tiny_streaming_dir: Path) -> Iterator[Synthesizer]:
+    """The demo model speaking through codec-tiny, whose stream decoder graph sits beside its ONNX graphs."""
+    with Synthesizer.from_config_file(demo_config, {"model.codec_dir": str(codec_tiny_streaming_dir)}) as loaded:
+        yield loaded
+
+
+def streamed_audio(synth: Synthesizer, text: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A stream's audio and its codes, with the checks every stateful stream must pass on the way."""
+    stream = synth.stream(text, seed=seed)
+    chunks = [chunk.samples for chunk in stream]
+    assert stream.report is not None and stream.report.codec_decode == "stateful stream"
+    assert stream.codes is not None and len(chunks) > 2  # decoded in several chunks, not once at the end
+    return np.concatenate(chunks), stream.codes
+
+
+def test_the_stateful_stream_is_the_offline_decode_request_after_request(
+    stateful_synth: Synthesizer, codec_tiny_dir: Path
+) -> None:
+    """The stream decoder carries the attention state over the chunks (equal to one offline call, where the
+    windowed scheme differs by 1e-3 and more, above), and starts every request afresh, also after a cancel."""
+    offline = OnnxCodec(codec_tiny_dir / "decoder.onnx", provider="cpu")
+    for text, seed in ((TEXT, 1), ("A second request, in another voice.", 2)):
+        audio, codes = streamed_audio(stateful_synth, text, seed)
+        np.testing.assert_allclose(audio, offline.decode(codes), rtol=0, atol=1e-6)  # float32 round-off, 1e-2 peaks
+    cancel = threading.Event()
+    cancelled = stateful_synth.stream(TEXT, seed=3, cancel=cancel)
+    chunks = iter(cancelled)
+    for _ in range(2):  # the decoder is mid-utterance when the cancel comes
+        next(chunks)
+    cancel.set()
+    assert list(chunks) == [] and cancelled.cancelled
+    audio, codes = streamed_audio(stateful_synth, TEXT, 1)
+    np.testing.assert_allclose(audio, offline.decode(codes), rtol=0, atol=1e-6)
+
+
+def test_whole_utterances_stay_offline_and_off_selects_the_windowed_scheme(
+    demo_config: Path, codec_tiny_streaming_dir: Path, stateful_synth: Synthesizer
+) -> None:
+    assert stateful_synth.synthesize(TEXT, seed=1).report.codec_decode == "offline"
+    overrides = {"model.codec_dir": str(codec_tiny_streaming_dir), "audio.stream_decoder": "off"}
+    with Synthesizer.from_config_file(demo_config, overrides) as windowed:
+        stream = windowed.stream(TEXT, seed=1, max_new_tokens=40)
+        list(stream)
+        assert windowed.stream_decoding is None
+        assert stream.report is not None and stream.report.codec_decode == "windowed stream"
+
+
+def test_a_graph_that_is_no_stream_decoder_is_refused_at_load_naming_the_key(
+    demo_config: Path, codec_tiny_dir: Path, tmp_path: Path
+) -> None:
+    explicit = {"model.codec_dir": str(codec_tiny_dir), "audio.stream_decoder": str(codec_tiny_dir / "decoder.onnx")}
+    with pytest.raises(ConfigError, match=r"'audio\.stream_decoder' .*decoder\.onnx is not a stream decoder graph"):
+        Synthesizer.from_config_file(demo_config, explicit)
+    codec_dir = linked_copy(codec_tiny_dir, tmp_path)  # auto finds a decoder_stream.onnx that is something else
+    (codec_dir / STREAM_DECODER_FILE).symlink_to(codec_tiny_dir / "decoder.onnx")
+    with pytest.raises(
+        ConfigError, match=r"'audio\.stream_decoder' auto selects .*or set 'audio\.stream_decoder' to off"
+    ):
+        Synthesizer.from_config_file(demo_config, {"model.codec_dir": str(codec_dir)})
 
 
 def test_the_stream_clock_times_every_step(synth: Synthesizer) -> None:

@@ -12,9 +12,9 @@ an audio segment (the frames between gaps) into samples, a chunk at a time, by a
   samples. The real codec's Transformer layers stack attention spans, so no affordable context
   reaches the offline decode: the stream differs from it at every chunk (README "Streaming" has
   the error per setting).
-
-A decoder that keeps state between calls plugs in as another ``SegmentDecoding``: it decodes
-only the new frames and resets at each segment's end.
+- ``StatefulStreamDecoding``: a ``StreamDecoder`` keeps the codec's attention state between
+  calls, so each chunk decodes only its new frames; with a "window" graph the stream equals the
+  offline decode (docs/stream-decoder.md). Its state is the utterance's, reset at each segment's end.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import ClassVar
 import numpy as np
 
 from moss_tts_node.codec.base import AudioCodec
+from moss_tts_node.codec.stream_decoder import StreamDecoder
 
 
 class SegmentDecoding(ABC):
@@ -74,6 +75,28 @@ class WindowedStreamDecoding(SegmentDecoding):
 
     def reset(self) -> None:
         pass  # each call carries its own context
+
+
+class StatefulStreamDecoding(SegmentDecoding):
+    """Each chunk's new frames decoded by a ``StreamDecoder``, which holds the attention state of the frames before."""
+
+    name = "stateful stream"
+    streams = True
+
+    def __init__(self, decoder: StreamDecoder) -> None:
+        self.decoder = decoder
+
+    def decode(self, segment: np.ndarray, start: int) -> np.ndarray:
+        # The state must be this segment's frames before ``start``: a stream abandoned mid-segment
+        # (never reset) would otherwise continue someone else's audio.
+        assert self.decoder.frames_done == start, f"stream decoder at frame {self.decoder.frames_done}, not {start}"
+        new = segment[start:]
+        per_call = self.decoder.max_frames or len(new)  # ring graphs take a bounded number of frames per call
+        return np.concatenate([self.decoder.decode(new[i : i + per_call]) for i in range(0, len(new), per_call)])
+
+    def reset(self) -> None:
+        if self.decoder.frames_done:  # nothing decoded since the last reset: the state is already empty
+            self.decoder.reset()
 
 
 class SegmentDecoder:

@@ -506,6 +506,7 @@ def _timing(job: Job | None) -> Timing:
         prefill_time=nan,
         steps_per_second=nan,
         seed=-1,
+        codec_rtf=nan,
     )
     if report is not None:
         timing.time_to_first_audio = _or_nan(report.time_to_first_audio_s)
@@ -518,6 +519,8 @@ def _timing(job: Job | None) -> Timing:
         timing.prompt_rows = report.prompt_rows
         timing.seed = report.seed
         timing.stop_reason = report.stop_reason
+        timing.codec_decode = report.codec_decode
+        timing.codec_rtf = _or_nan(report.codec_rtf)
     return timing
 
 

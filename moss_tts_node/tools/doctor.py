@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moss_tts_node.codec.layout import DECODER_FILE, ENCODER_FILE
+from moss_tts_node.codec.layout import DECODER_FILE, ENCODER_FILE, STREAM_DECODER_FILE
 from moss_tts_node.errors import MossTTSError
 from moss_tts_node.model.layout import (
     EMBEDDINGS_DIR,
@@ -167,6 +167,7 @@ def _check_config(path: Path, environment: _Environment, checks: list[Check]) ->
         checks.append(
             Check("warn", "llama.n_gpu_layers", f"{config.llama.n_gpu_layers}, but llama.cpp has no GPU: CPU only")
         )
+    _check_stream_decoder(config, checks)
     if config.audio.backend == "tensorrt":
         _check_engines(Path(config.model.engine_dir), environment, checks)
         return
@@ -176,6 +177,25 @@ def _check_config(path: Path, environment: _Environment, checks: list[Check]) ->
     checks.append(Check("ok", "codec (onnx)", detail))
     if config.audio.onnx_provider == "cuda" and "CUDAExecutionProvider" not in environment.onnx_providers:
         checks.append(Check("FAIL", "audio.onnx_provider", "cuda, but this onnxruntime has no CUDA provider"))
+
+
+def _check_stream_decoder(config: Any, checks: list[Check]) -> None:
+    """Which decode streams use: the stream decoder graph ``audio.stream_decoder`` selects, or the windowed scheme."""
+    from moss_tts_node.config import stream_decoder_path
+
+    windowed = f"streams re-decode audio.left_context_frames ({config.audio.left_context_frames}) frames per chunk"
+    path = stream_decoder_path(config)
+    if path is not None:
+        detail = f"{path}: streams decode only their new frames (ONNX Runtime, CPU; the graph is checked at load)"
+        checks.append(Check("ok", "stream decoder", detail))
+    elif config.model.low_memory:
+        checks.append(Check("--", "stream decoder", "not used: model.low_memory does not stream"))
+    elif config.audio.stream_decoder == "off":
+        checks.append(Check("--", "stream decoder", f"audio.stream_decoder off: {windowed}"))
+    else:
+        build = f'build {STREAM_DECODER_FILE} there with build-stream-decoder (README "Streaming")'
+        where = config.model.codec_dir or "model.codec_dir (not set)"
+        checks.append(Check("--", "stream decoder", f"none in {where}: {windowed}; {build}"))
 
 
 def _check_weights(weights: Path, gguf: Path, checks: list[Check]) -> None:

@@ -183,9 +183,10 @@ def _request_fields(args: dict[str, Any], message: Any) -> Any:
 
 
 def _timing(timing: Any) -> dict[str, Any]:
-    fields = ("queue_wait", "time_to_first_audio", "wall_time", "real_time_factor", "prefill_time")
+    fields = ("queue_wait", "time_to_first_audio", "wall_time", "real_time_factor", "prefill_time", "codec_rtf")
     out: dict[str, Any] = {name: _number(getattr(timing, name)) for name in fields}
-    out |= {"steps": timing.steps, "frames": timing.frames, "seed": timing.seed, "stop_reason": timing.stop_reason}
+    names = ("steps", "frames", "seed", "stop_reason", "codec_decode")
+    out |= {name: getattr(timing, name) for name in names}
     return out
 
 
