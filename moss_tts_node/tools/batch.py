@@ -305,11 +305,13 @@ class Batch:
         self._voice_uses = Counter(u.reference for u in todo if isinstance(u.reference, Path))
         todo_ids = {u.id for u in todo}
         totals, left = self.totals, len(todo)
+        interrupted = False
         started = time.perf_counter()
         with (self.out_dir / SUMMARY_FILE).open("a", encoding="utf-8") as summary, _stop_after_this_line() as stop:
             for number, entry in enumerate(entries):
-                if stop.is_set():
+                if stop.is_set():  # a Ctrl-C during the last line stops nothing: the run is complete
                     totals.not_reached = len(entries) - number
+                    interrupted = True
                     break
                 synthesized = len(todo) - left
                 eta = totals.busy_s / synthesized * left if synthesized else None
@@ -330,7 +332,7 @@ class Batch:
             else:
                 self.progress.bar(len(entries), len(entries), 0.0)
         self.progress.done()
-        return self._report(time.perf_counter() - started, stop.is_set())
+        return self._report(time.perf_counter() - started, interrupted)
 
     def _synthesize(self, utterance: Utterance) -> SummaryRow:
         assert self.synth is not None
