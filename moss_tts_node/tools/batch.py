@@ -309,7 +309,7 @@ class Batch:
         started = time.perf_counter()
         with (self.out_dir / SUMMARY_FILE).open("a", encoding="utf-8") as summary, _stop_after_this_line() as stop:
             for number, entry in enumerate(entries):
-                if stop.is_set():  # a Ctrl-C during the last line stops nothing: the run is complete
+                if stop.is_set():  # checked before each line: a Ctrl-C during the last one leaves nothing undone
                     totals.not_reached = len(entries) - number
                     interrupted = True
                     break
@@ -416,6 +416,10 @@ def _write_whole(path: Path, audio: np.ndarray, sample_rate: int) -> None:
     try:
         write_wav(partial, audio, sample_rate)
         os.replace(partial, path)
+    except (OSError, RuntimeError) as exc:  # soundfile's errors are RuntimeErrors
+        raise RequestError(
+            f"cannot write {path} ({exc}); check that the folder is writable and has room, then run again to resume"
+        ) from exc
     finally:
         partial.unlink(missing_ok=True)
 
