@@ -5,6 +5,7 @@ Every error says what is wrong and how to fix it; adapters (CLI, ROS node) show
 """
 
 EXIT_BAD_INPUT = 2  # what the CLI and the node exit with when the input (config, request, files) is bad
+EXIT_INTERRUPTED = 130  # what the CLI exits with after Ctrl-C (128 + SIGINT, as shells report it)
 
 
 class MossTTSError(Exception):

@@ -108,6 +108,15 @@ def run_cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def bad_input_message(*args: str | Path) -> str:
+    """Run the command line, which must refuse the input with exit status 2 and one ``error:`` line; that line."""
+    done = run_cli(*args)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    return lines[0]
+
+
 AUDIO_DEPS = "scripts/audio_test_deps.sh"
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import soundfile as sf
-from conftest import run_cli
+from conftest import bad_input_message, run_cli
 
 from moss_tts_node.codec.audio_io import float_to_pcm16, load_reference_audio, write_wav
 from moss_tts_node.codec.onnx import OnnxCodec
@@ -78,14 +78,6 @@ def test_encode_voice_takes_set_and_synth_writes_the_offline_decode_on_codec_tin
     written, _ = sf.read(out, dtype="int16")
     expected = float_to_pcm16(codec.decode(np.load(tokens)["codes"]))
     np.testing.assert_allclose(written, np.frombuffer(expected, "<i2"), atol=1)  # one LSB of rounding
-
-
-def bad_input_message(*args: str | Path) -> str:
-    done = run_cli(*args)
-    assert done.returncode == 2, done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
-    return lines[0]
 
 
 def test_bad_inputs_exit_2_with_one_line(demo_config: Path, tmp_path: Path) -> None:
