@@ -30,7 +30,7 @@ setup(
         "tokenizers>=0.15",
         "soundfile>=0.12",
         "onnxruntime>=1.17",
-        "gguf>=0.10",
+        "gguf>=0.17",  # older gguf imports sentencepiece at import time without declaring it
         "llama-cpp-python==0.3.36",
         "threadpoolctl>=3",
     ],
