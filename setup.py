@@ -29,7 +29,7 @@ setup(
         "PyYAML>=5.4",
         "tokenizers>=0.15",
         "soundfile>=0.12",
-        "onnxruntime>=1.17",
+        "onnxruntime>=1.22",  # the onnx heads backend needs 8-bit MatMulNBits (1.21 and older: 4-bit only)
         "gguf>=0.17",  # older gguf imports sentencepiece at import time without declaring it
         "llama-cpp-python==0.3.36",
         "threadpoolctl>=3",

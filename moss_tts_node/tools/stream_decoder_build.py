@@ -48,6 +48,7 @@ from moss_tts_node.tools.safetensors_io import SafetensorsCheckpoint
 # the earlier queries lose the oldest keys the later ones overwrite.
 ATTENTION_MODES = ("window", "ring")
 OPSET = 20  # Gelu is a standard op from 20 on
+IR_VERSION = 9  # the oldest IR that carries opset 20, so older ONNX Runtimes load the graph too
 _QUANTIZER_TYPES = ("rlfq", "random_prefix_rlfq")  # both decode codes the same way
 # Protobuf cannot hold a model over 2 GiB; above this the weights go to a side file.
 _EXTERNAL_DATA_BYTES = 1_800_000_000
@@ -417,6 +418,7 @@ def _write_graph(spec: CodecSpec, checkpoint: SafetensorsCheckpoint, out_path: P
         raise
     body = helper.make_graph(graph.nodes, "moss_stream_decoder", inputs, outputs, graph.initializers)
     model = helper.make_model(body, opset_imports=[helper.make_opsetid("", OPSET)], producer_name=__name__)
+    model.ir_version = IR_VERSION
     properties = {FORMAT_KEY: FORMAT_VERSION, "attention": attention}
     if attention == "ring":
         properties[MAX_FRAMES_KEY] = str(_ring_max_frames(spec))
