@@ -84,3 +84,37 @@ def test_no_import_circles() -> None:
             if back and not any(b.startswith(module + ".") or module.startswith(b + ".") for b in back[1:-1]):
                 circles.append(" -> ".join([module, *back]))
     assert not circles, circles[:5]
+
+
+def _top_level_names(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.If):  # TYPE_CHECKING blocks
+            for inner in node.body:
+                if isinstance(inner, (ast.Import, ast.ImportFrom)):
+                    names.update((alias.asname or alias.name).split(".")[0] for alias in inner.names)
+    return names
+
+
+def test_every_imported_name_exists_where_it_is_imported_from() -> None:
+    """Deferred imports (inside functions) run only on some code paths; a name moved away breaks them late."""
+    roots = [PACKAGE_DIR, PACKAGE_DIR.parent / "test", PACKAGE_DIR.parent / "scripts"]
+    modules = {_module_name(p): p for p in PACKAGE_DIR.rglob("*.py")}
+    missing = []
+    for root in roots:
+        for path in root.rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in modules):
+                    continue
+                defined = _top_level_names(modules[node.module])
+                for alias in node.names:
+                    if alias.name not in defined and f"{node.module}.{alias.name}" not in modules:
+                        missing.append(f"{path.name}:{node.lineno}: {node.module}.{alias.name}")
+    assert not missing, missing

@@ -207,8 +207,8 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
     """Measure one configuration (runs in the worker process)."""
     import numpy as np
 
-    from moss_tts_node.codec.base import frames_for_seconds
     from moss_tts_node.config import backbone_path, load_config
+    from moss_tts_node.model.rates import frames_for_seconds
     from moss_tts_node.synthesizer import Synthesizer
 
     overrides = {"llama.n_threads": job["threads"], "audio.codec_threads": job["threads"], **job["overrides"]}
