@@ -182,3 +182,10 @@ def test_the_streams_decoding_splits_chunks_a_ring_graph_cannot_take_at_once(gra
     np.testing.assert_array_equal(audio, expected)
     decoding.reset()
     assert decoding.decoder.frames_done == 0
+
+
+def test_a_chunk_that_does_not_follow_the_decoders_state_is_refused(graphs, codes) -> None:
+    decoding = StatefulStreamDecoding(StreamDecoder(graphs["window"]))
+    decoding.decode(codes[:3], 0)
+    with pytest.raises(CodecError, match="holds 3 frames of state, not the 5"):
+        decoding.decode(codes[:6], 5)  # another stream's chunk: its frames 3 and 4 never reached this decoder

@@ -20,12 +20,14 @@ an audio segment (the frames between gaps) into samples, a chunk at a time, by a
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import ClassVar
 
 import numpy as np
 
 from moss_tts_node.codec.base import AudioCodec
 from moss_tts_node.codec.stream_decoder import StreamDecoder
+from moss_tts_node.errors import CodecError
 
 
 class SegmentDecoding(ABC):
@@ -35,8 +37,10 @@ class SegmentDecoding(ABC):
     streams: ClassVar[bool]  # False: decodes only once the segment has ended
 
     @abstractmethod
-    def decode(self, segment: np.ndarray, start: int) -> np.ndarray:
-        """Samples of ``segment[start:]``, given the segment's frames so far (T, n_vq), T > start."""
+    def decode(self, segment: Sequence[np.ndarray], start: int) -> np.ndarray:
+        """Samples of ``segment[start:]``, given the segment's frames so far (T frames of n_vq, T > start).
+
+        Each strategy stacks only the frames it reads, so a long segment is not copied whole per chunk."""
 
     @abstractmethod
     def reset(self) -> None:
@@ -52,8 +56,8 @@ class OfflineDecoding(SegmentDecoding):
     def __init__(self, codec: AudioCodec) -> None:
         self.codec = codec
 
-    def decode(self, segment: np.ndarray, start: int) -> np.ndarray:
-        return self.codec.decode(segment)[start * self.codec.samples_per_frame :]
+    def decode(self, segment: Sequence[np.ndarray], start: int) -> np.ndarray:
+        return self.codec.decode(np.stack(segment))[start * self.codec.samples_per_frame :]
 
     def reset(self) -> None:
         pass  # the codec graphs are stateless
@@ -69,9 +73,9 @@ class WindowedStreamDecoding(SegmentDecoding):
         self.codec = codec
         self.left_context = left_context
 
-    def decode(self, segment: np.ndarray, start: int) -> np.ndarray:
+    def decode(self, segment: Sequence[np.ndarray], start: int) -> np.ndarray:
         left = max(0, start - self.left_context)
-        return self.codec.decode(segment[left:])[(start - left) * self.codec.samples_per_frame :]
+        return self.codec.decode(np.stack(segment[left:]))[(start - left) * self.codec.samples_per_frame :]
 
     def reset(self) -> None:
         pass  # each call carries its own context
@@ -86,11 +90,15 @@ class StatefulStreamDecoding(SegmentDecoding):
     def __init__(self, decoder: StreamDecoder) -> None:
         self.decoder = decoder
 
-    def decode(self, segment: np.ndarray, start: int) -> np.ndarray:
+    def decode(self, segment: Sequence[np.ndarray], start: int) -> np.ndarray:
         # The state must be this segment's frames before ``start``: a stream abandoned mid-segment
         # (never reset) would otherwise continue someone else's audio.
-        assert self.decoder.frames_done == start, f"stream decoder at frame {self.decoder.frames_done}, not {start}"
-        new = segment[start:]
+        if self.decoder.frames_done != start:
+            raise CodecError(
+                f"the stream decoder holds {self.decoder.frames_done} frames of state, not the {start} this chunk "
+                "follows: two streams of one synthesizer were iterated at once; run them one after the other"
+            )
+        new = np.stack(segment[start:])
         per_call = self.decoder.max_frames or len(new)  # ring graphs take a bounded number of frames per call
         return np.concatenate([self.decoder.decode(new[i : i + per_call]) for i in range(0, len(new), per_call)])
 
@@ -138,7 +146,7 @@ class SegmentDecoder:
     def _decode_pending(self) -> np.ndarray | None:
         if len(self.segment) == self.emitted:
             return None
-        samples = self.decoding.decode(np.stack(self.segment), self.emitted)
+        samples = self.decoding.decode(self.segment, self.emitted)
         self.emitted = len(self.segment)
         self.chunks_out += 1
         return samples
