@@ -117,7 +117,8 @@ def test_outputs_equal_synthesize_of_the_same_text_and_seed(demo_config: Path, t
         for line in lines:
             request = {key: value for key, value in line.items() if key not in ("id", "text")}
             if "reference" in request:
-                request["reference"] = clip
+                del request["reference"]
+                request["voice"] = clip
             expected = synth.synthesize(line["text"], **request)
             written, rate = sf.read(out / f"{line['id']}.wav", dtype="int16")
             assert rate == expected.sample_rate
@@ -130,7 +131,9 @@ def test_outputs_equal_synthesize_of_the_same_text_and_seed(demo_config: Path, t
     ]
     for row in rows:
         assert row["audio_s"] == pytest.approx(sf.info(out / f"{row['id']}.wav").duration, abs=1e-3)
-        assert row["real_time_factor"] == pytest.approx(row["generation_s"] / row["audio_s"], rel=0.01)
+        # generation_s is rounded to 1 ms, which on a short line is a few percent of the ratio
+        rounding = 0.0005 / row["audio_s"] + 0.00005
+        assert row["real_time_factor"] == pytest.approx(row["generation_s"] / row["audio_s"], rel=0.01, abs=rounding)
         assert row["stop_reason"] == "end" and row["error"] is None
 
 
