@@ -6,13 +6,16 @@ Heavy modules load lazily, so ``import moss_tts_node`` stays cheap for tools tha
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from moss_tts_node.config import Config, load_config
 from moss_tts_node.errors import Cancelled, CodecError, ConfigError, MossTTSError, RequestError, WeightsError
 
 if TYPE_CHECKING:
-    from moss_tts_node.synthesizer import AudioChunk, AudioStream, Synthesis, Synthesizer
+    from moss_tts_node.synthesis.request import SpeechRequest
+    from moss_tts_node.synthesis.results import AudioChunk, AudioStream, Synthesis
+    from moss_tts_node.synthesizer import Synthesizer
 
 __all__ = [
     "AudioChunk",
@@ -23,6 +26,7 @@ __all__ = [
     "ConfigError",
     "MossTTSError",
     "RequestError",
+    "SpeechRequest",
     "Synthesis",
     "Synthesizer",
     "WeightsError",
@@ -30,9 +34,17 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in ("AudioChunk", "AudioStream", "Synthesis", "Synthesizer"):
-        from moss_tts_node import synthesizer
+# Loaded on first use: the facade imports the whole synthesis stack (tokenizers, llama.cpp, ONNX Runtime).
+_LAZY = {
+    "AudioChunk": "moss_tts_node.synthesis.results",
+    "AudioStream": "moss_tts_node.synthesis.results",
+    "Synthesis": "moss_tts_node.synthesis.results",
+    "SpeechRequest": "moss_tts_node.synthesis.request",
+    "Synthesizer": "moss_tts_node.synthesizer",
+}
 
-        return getattr(synthesizer, name)
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(name)

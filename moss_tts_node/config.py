@@ -55,10 +55,21 @@ def _option(
     choices: tuple[str, ...] | None = None,
     path: bool = False,
     keywords: tuple[str, ...] = (),
+    per_request: bool = False,
 ) -> Any:
     """A config field with the metadata the validator and the ROS node need; ``keywords`` are the words a
-    ``path`` field also takes, which are not resolved as paths."""
-    meta = {"doc": doc, "min": min, "max": max, "choices": choices, "path": path, "keywords": keywords}
+    ``path`` field also takes, which are not resolved as paths. ``per_request``: the synthesizer reads the
+    key for each request (from the settings the request was accepted under), so a running node may change
+    it; every other key is read when the model loads."""
+    meta = {
+        "doc": doc,
+        "min": min,
+        "max": max,
+        "choices": choices,
+        "path": path,
+        "keywords": keywords,
+        "per_request": per_request,
+    }
     return field(default=default, metadata=meta)
 
 
@@ -125,6 +136,7 @@ class AudioConfig:
         'smaller arrives more evenly, costs more codec calls (README "Streaming": the trade-off).',
         min=1,
         max=500,
+        per_request=True,
     )
     left_context_frames: int = _option(
         5,
@@ -132,6 +144,7 @@ class AudioConfig:
         "chunk decodes this many frames more. Whole-utterance outputs are decoded offline and ignore it.",
         min=0,
         max=500,
+        per_request=True,
     )
     stream_decoder: str = _option(
         "auto",
@@ -153,25 +166,41 @@ class AudioConfig:
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    text_temperature: float = _option(1.5, "Text channel temperature; <= 0 is greedy.", min=0.0, max=100.0)
-    text_top_k: int = _option(50, "Text channel top-k; 0 disables.", min=0, max=1000000)
-    text_top_p: float = _option(1.0, "Text channel top-p.", min=0.0, max=1.0)
-    audio_temperature: float = _option(1.7, "Audio channels temperature; <= 0 is greedy.", min=0.0, max=100.0)
-    audio_top_k: int = _option(25, "Audio channels top-k; 0 disables.", min=0, max=1025)
-    audio_top_p: float = _option(0.8, "Audio channels top-p.", min=0.0, max=1.0)
-    audio_repetition_penalty: float = _option(1.0, "Audio repetition penalty; 1.0 disables.", min=0.01, max=100.0)
-    seed: int = _option(-1, "Random seed of each request; -1 draws a fresh one.", min=-1, max=2**63 - 1)
+    text_temperature: float = _option(
+        1.5, "Text channel temperature; <= 0 is greedy.", min=0.0, max=100.0, per_request=True
+    )
+    text_top_k: int = _option(50, "Text channel top-k; 0 disables.", min=0, max=1000000, per_request=True)
+    text_top_p: float = _option(1.0, "Text channel top-p.", min=0.0, max=1.0, per_request=True)
+    audio_temperature: float = _option(
+        1.7, "Audio channels temperature; <= 0 is greedy.", min=0.0, max=100.0, per_request=True
+    )
+    audio_top_k: int = _option(25, "Audio channels top-k; 0 disables.", min=0, max=1025, per_request=True)
+    audio_top_p: float = _option(0.8, "Audio channels top-p.", min=0.0, max=1.0, per_request=True)
+    audio_repetition_penalty: float = _option(
+        1.0, "Audio repetition penalty; 1.0 disables.", min=0.01, max=100.0, per_request=True
+    )
+    seed: int = _option(
+        -1, "Random seed of each request; -1 draws a fresh one.", min=-1, max=2**63 - 1, per_request=True
+    )
 
 
 @dataclass(frozen=True)
 class GenerationConfig:
     max_new_tokens: int = _option(
-        1500, "Most generation steps (80 ms of audio each); clamped to what n_ctx leaves.", min=1, max=1000000
+        1500,
+        "Most generation steps (80 ms of audio each); clamped to what n_ctx leaves.",
+        min=1,
+        max=1000000,
+        per_request=True,
     )
-    normalize_text: bool = _option(True, "Clean markdown and punctuation from the text before speaking.")
-    language: str = _option("", "Default language tag (en, zh, ...); empty prints None in the prompt.")
-    instruction: str = _option("", "Default style instruction; empty prints None.")
-    quality: str = _option("", "Default quality field of the prompt; empty prints None.")
+    normalize_text: bool = _option(
+        True, "Clean markdown and punctuation from the text before speaking.", per_request=True
+    )
+    language: str = _option(
+        "", "Default language tag (en, zh, ...); empty prints None in the prompt.", per_request=True
+    )
+    instruction: str = _option("", "Default style instruction; empty prints None.", per_request=True)
+    quality: str = _option("", "Default quality field of the prompt; empty prints None.", per_request=True)
     reference_audio: str = _option(
         "", "Default voice: a WAV/FLAC clip or a .npy of codes from encode-voice; empty for none.", path=True
     )
@@ -199,6 +228,7 @@ class Option:
     choices: tuple[str, ...] | None
     path: bool
     keywords: tuple[str, ...] = ()
+    per_request: bool = False  # read for each request, so a running node may change it (see _option)
 
     def names_a_path(self, value: Any) -> bool:
         """Whether ``value`` of this option is a path (to resolve against the params file's folder)."""

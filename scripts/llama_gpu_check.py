@@ -99,7 +99,9 @@ def main() -> int:
     for label, overrides in (("plain_gguf", gpu), ("heads_in_gguf", {**gpu, "model.backbone_gguf": carrying})):
         with Synthesizer.from_config_file(demo, overrides) as synth:
             result = synth.synthesize("Hello from the GPU.", seed=1)
-            report[f"demo_synthesis_ngl-1_{label}"] = {"heads": synth.heads.name, **result.report.to_dict()}
+            with synth.stages.generation() as stage:
+                heads = stage.heads.name
+            report[f"demo_synthesis_ngl-1_{label}"] = {"heads": heads, **result.report.to_dict()}
         ok &= result.codes.shape[0] > 0 and result.audio.shape[0] == SAMPLES_PER_FRAME * result.codes.shape[0]
 
     if os.environ.get("SKIP_SPEED"):

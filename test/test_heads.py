@@ -176,8 +176,8 @@ def test_gguf_backend_needs_a_gguf_that_carries_the_heads(model: HeadsModel) -> 
 
 
 def test_one_row_embedding_equals_the_batched_path(synth: Synthesizer) -> None:
-    embeddings = synth.embeddings
-    assert embeddings is not None
+    with synth.stages.generation() as stage:
+        embeddings = stage.embeddings
     rng = np.random.default_rng(0)
     rows = np.concatenate(
         [rng.integers(0, 200, (3, 1)), rng.integers(0, 1025, (3, embeddings.spec.n_vq))], axis=1
@@ -205,7 +205,8 @@ def test_synthesis_runs_on_each_heads_backend(demo_config: Path, carrying_demo_g
     if backend == "gguf":
         overrides["model.backbone_gguf"] = str(carrying_demo_gguf)
     with Synthesizer.from_config_file(demo_config, overrides) as synth:
-        assert synth.heads.name == backend
+        with synth.stages.generation() as stage:
+            assert stage.heads.name == backend
         result = synth.synthesize("Hello! I am a robot.", seed=3, max_new_tokens=60)
         assert result.codes.shape[0] > 0 and np.isfinite(result.audio).all()
 
@@ -229,14 +230,11 @@ def test_a_gguf_carrying_the_heads_speaks_the_same_on_the_other_backends(
 
 def test_fast_audio_sampling_draws_what_the_general_path_draws() -> None:
     """Top-k on the float32 logits, scaling only the candidates: the same codes as scaling everything."""
-    import dataclasses
-
-    from moss_tts_node.config import SamplingConfig
-    from moss_tts_node.model.sampling import Sampler, sample_rows
+    from moss_tts_node.model.sampling import Sampler, SamplingParams, sample_rows
 
     spec = ModelSpec()
     prompt = np.full((4, spec.channels), spec.audio_pad_code, dtype=np.int64)
-    config = dataclasses.replace(SamplingConfig(), seed=11)
+    config = SamplingParams(seed=11)
     fast = Sampler(config, spec, prompt)
     general = np.random.default_rng(11)
     rng = np.random.default_rng(0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ from moss_tts_node.codec.audio_io import write_wav
 from moss_tts_node.codec.base import WINDOW_OVERLAP_SPANS, run_windowed, window_context
 from moss_tts_node.codec.onnx import OnnxCodec
 from moss_tts_node.codec.streaming import SegmentDecoder, WindowedStreamDecoding
+from moss_tts_node.llama.backbone import Backbone
 from moss_tts_node.model.rates import SAMPLE_RATE, SAMPLES_PER_FRAME, frames_for_seconds
 from moss_tts_node.synthesizer import Synthesizer
 from moss_tts_node.text.prompt import PromptFields
@@ -187,13 +189,23 @@ def test_a_cancelled_split_request_stops_at_once(small_context: Synthesizer) -> 
 def test_low_memory_loads_stages_in_turn_and_gives_the_same_speech(
     demo_config: Path, synth: Synthesizer, tmp_path: Path
 ) -> None:
+    resident = _loaded_stages()  # the ``synth`` fixture's
     with Synthesizer.from_config_file(demo_config, {"model.low_memory": True}) as staged:
-        assert staged.backbone is None and staged.codec is None  # nothing resident between requests
+        assert _loaded_stages() == resident  # nothing of its own resident between requests
         expected = synth.synthesize("Hello! I am a robot.", seed=4)
         got = staged.synthesize("Hello! I am a robot.", seed=4)
         np.testing.assert_array_equal(got.codes, expected.codes)
         np.testing.assert_allclose(got.audio, expected.audio, atol=1e-5)
-        assert staged.backbone is None and staged.codec is None
+        assert _loaded_stages() == resident
         clip = tmp_path / "voice.wav"
         write_wav(clip, 0.3 * np.sin(2 * np.pi * 220 * np.arange(SAMPLE_RATE) / SAMPLE_RATE), SAMPLE_RATE)
         np.testing.assert_array_equal(staged.encode_reference(clip), synth.encode_reference(clip))
+
+
+def _loaded_stages() -> tuple[int, int]:
+    """Backbones holding a llama.cpp model, and codecs holding an ONNX Runtime session, alive in this process."""
+    gc.collect()
+    objects = gc.get_objects()
+    backbones = sum(1 for o in objects if isinstance(o, Backbone) and o._handle is not None)
+    codecs = sum(1 for o in objects if isinstance(o, OnnxCodec) and not o._closed)
+    return backbones, codecs

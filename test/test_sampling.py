@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 from conftest import small_spec
 
-from moss_tts_node.config import SamplingConfig
 from moss_tts_node.model.delay import TextRule
-from moss_tts_node.model.sampling import Sampler, penalized, sample_rows
+from moss_tts_node.model.sampling import Sampler, SamplingParams, penalized, sample_rows
 
 SPEC = small_spec(10)
 N = SPEC.n_vq
@@ -23,7 +20,7 @@ def empty_prompt() -> np.ndarray:
 
 
 def sampler(seed: int = 0, **overrides: float) -> Sampler:
-    return Sampler(dataclasses.replace(SamplingConfig(), seed=seed, **overrides), SPEC, empty_prompt())
+    return Sampler(SamplingParams(seed=seed, **overrides), SPEC, empty_prompt())
 
 
 def frequencies(draws: np.ndarray, size: int) -> np.ndarray:

@@ -18,6 +18,7 @@ from moss_tts_node.codec.onnx import OnnxCodec
 from moss_tts_node.errors import ConfigError, RequestError, WeightsError
 from moss_tts_node.model.delay import remove_delay
 from moss_tts_node.model.rates import SAMPLE_RATE, SAMPLES_PER_FRAME
+from moss_tts_node.synthesis.request import SpeechRequest
 from moss_tts_node.synthesizer import Synthesizer
 from moss_tts_node.text.prompt import PromptFields
 from moss_tts_node.timing import StageClock, TimingReport
@@ -35,7 +36,8 @@ def test_stream_equals_offline_decode_and_keeps_the_last_chunk(synth: Synthesize
     assert codes is not None and codes.shape[0] > 1
     audio = np.concatenate([c.samples for c in chunks])
     assert audio.shape == (codes.shape[0] * SAMPLES_PER_FRAME,)
-    np.testing.assert_allclose(audio, synth.codec.decode(codes), atol=1e-5)
+    with synth.stages.decoder() as codec:
+        np.testing.assert_allclose(audio, codec.decode(codes), atol=1e-5)
     assert [c.index for c in chunks] == list(range(len(chunks)))
     assert [c.is_final for c in chunks] == [False] * (len(chunks) - 1) + [True]
     starts = np.cumsum([0] + [c.samples.shape[0] for c in chunks[:-1]]) / SAMPLE_RATE
@@ -107,7 +109,7 @@ def test_whole_utterances_stay_offline_and_off_selects_the_windowed_scheme(
     with Synthesizer.from_config_file(demo_config, overrides) as windowed:
         stream = windowed.stream(TEXT, seed=1, max_new_tokens=40)
         list(stream)
-        assert windowed.stream_decoding is None
+        assert windowed.pipeline.stream_decoding is None
         assert stream.report is not None and stream.report.codec_decode == "windowed stream"
 
 
@@ -240,8 +242,8 @@ def test_reference_from_clip_and_from_codes(synth: Synthesizer, tmp_path: Path) 
     codes = synth.encode_reference(clip)
     assert codes.shape == (13, 32) and codes.dtype == np.int64  # 1 s padded up to 13 frames
     np.save(tmp_path / "voice.npy", codes)
-    from_clip = synth.stream(TEXT, reference=clip, seed=1)
-    from_codes = synth.stream(TEXT, reference=tmp_path / "voice.npy", seed=1)
+    from_clip = synth.stream(TEXT, voice=clip, seed=1)
+    from_codes = synth.stream(TEXT, voice=tmp_path / "voice.npy", seed=1)
     assert np.array_equal(from_clip.prompt, from_codes.prompt)
     slots = from_clip.prompt[:, 0] == synth.spec.audio_user_slot_token_id
     assert slots.sum() == 13 + 31
@@ -252,15 +254,15 @@ def test_bad_references_are_refused(synth: Synthesizer, tmp_path: Path) -> None:
     fake = tmp_path / "voice.wav"
     fake.write_text("not audio")
     with pytest.raises(RequestError, match=r"voice\.wav"):
-        synth.stream(TEXT, reference=fake)
+        synth.stream(TEXT, voice=fake)
     with pytest.raises(RequestError, match="not found"):
-        synth.stream(TEXT, reference=tmp_path / "absent.wav")
+        synth.stream(TEXT, voice=tmp_path / "absent.wav")
     np.save(tmp_path / "bad.npy", np.zeros((5, 8), dtype=np.int64))
     with pytest.raises(RequestError, match=r"shape \(5, 8\)"):
-        synth.stream(TEXT, reference=tmp_path / "bad.npy")
+        synth.stream(TEXT, voice=tmp_path / "bad.npy")
     np.save(tmp_path / "range.npy", np.full((5, 32), 1024, dtype=np.int64))
     with pytest.raises(RequestError, match=r"0\.\.1023"):
-        synth.stream(TEXT, reference=tmp_path / "range.npy")
+        synth.stream(TEXT, voice=tmp_path / "range.npy")
 
 
 @pytest.fixture(scope="module")
@@ -286,25 +288,25 @@ def test_reused_prompt_prefix_generates_what_a_full_prefill_does(exact_synth: Sy
     rng = np.random.default_rng(4)
     voice_a, voice_b = (rng.integers(0, 1024, size=(frames, 32)) for frames in (12, 7))
     requests: list[dict[str, Any]] = [
-        {"text": TEXT, "reference": voice_a, "language": "en"},
-        {"text": "Good morning, how are you?", "reference": voice_a, "language": "en"},  # only the text differs
-        {"text": "Good morning, how are you?", "reference": voice_a, "language": "zh"},
-        {"text": TEXT, "reference": voice_a, "language": "zh", "instruction": "slowly"},
-        {"text": TEXT, "reference": voice_b, "language": "en"},  # another voice: the ChatML header is shared
-        {"text": "Stop here.", "reference": voice_b, "language": "en", "cancel_after": 1},
-        {"text": "After the cancel.", "reference": voice_b, "language": "en"},
-        {"text": "No voice at all.", "reference": ""},
-        {"text": TEXT, "reference": voice_a, "language": "en"},  # the first request again
+        {"text": TEXT, "voice": voice_a, "language": "en"},
+        {"text": "Good morning, how are you?", "voice": voice_a, "language": "en"},  # only the text differs
+        {"text": "Good morning, how are you?", "voice": voice_a, "language": "zh"},
+        {"text": TEXT, "voice": voice_a, "language": "zh", "instruction": "slowly"},
+        {"text": TEXT, "voice": voice_b, "language": "en"},  # another voice: the ChatML header is shared
+        {"text": "Stop here.", "voice": voice_b, "language": "en", "cancel_after": 1},
+        {"text": "After the cancel.", "voice": voice_b, "language": "en"},
+        {"text": "No voice at all.", "voice": ""},
+        {"text": TEXT, "voice": voice_a, "language": "en"},  # the first request again
     ]
 
     def run(request: dict[str, Any], fresh: bool) -> tuple[np.ndarray, int, int]:
         """The request's generated rows, prefilled rows and prompt rows."""
         if fresh:
-            assert exact_synth.backbone is not None
-            exact_synth.backbone.clear()
+            with exact_synth.stages.generation() as stage:
+                stage.backbone.clear()
         cancel = threading.Event()
         fields = {key: value for key, value in request.items() if key != "cancel_after"}
-        stream = exact_synth.stream(**fields, seed=3, cancel=cancel)
+        stream = exact_synth.stream(SpeechRequest(**fields, seed=3), cancel=cancel)
         for number, _ in enumerate(stream, start=1):
             if number == request.get("cancel_after"):
                 cancel.set()
@@ -326,11 +328,12 @@ def test_reused_prompt_prefix_generates_what_a_full_prefill_does(exact_synth: Sy
 
 def test_prepared_voice_leaves_only_the_text_to_prefill(exact_synth: Synthesizer) -> None:
     voice = np.random.default_rng(5).integers(0, 1024, size=(9, 32))
-    exact_synth.backbone.clear()  # type: ignore[union-attr]
-    prepared = exact_synth.prepare_voice(reference=voice, language="en")
+    with exact_synth.stages.generation() as stage:
+        stage.backbone.clear()
+    prepared = exact_synth.prepare_voice(voice=voice, language="en")
     assert prepared > 9 + 31  # the clip's rows and the fields before the text
-    assert exact_synth.prepare_voice(reference=voice, language="en") == 0
-    stream = exact_synth.stream(TEXT, reference=voice, language="en", seed=1)
+    assert exact_synth.prepare_voice(voice=voice, language="en") == 0
+    stream = exact_synth.stream(TEXT, voice=voice, language="en", seed=1)
     list(stream)
     assert stream.report is not None
     assert stream.report.prefilled_rows == stream.prompt.shape[0] - prepared

@@ -31,6 +31,7 @@ from moss_tts_node.codec.onnx import OnnxCodec
 from moss_tts_node.config import load_config
 from moss_tts_node.errors import CodecError, ConfigError, MossTTSError, WeightsError
 from moss_tts_node.model.rates import SAMPLES_PER_FRAME
+from moss_tts_node.synthesis.stages import codec_params
 from moss_tts_node.tools.demo_codec import write_demo_codec
 
 ORIN = GpuInfo("Orin", "8.7", 7 * 2**30)
@@ -146,7 +147,7 @@ def test_without_tensorrt_every_entry_point_says_what_is_missing(demo_config: Pa
     weights = demo_config.parent
     config = load_config(demo_config, {"audio.backend": "tensorrt", "model.engine_dir": str(tmp_path)})
     with pytest.raises(MossTTSError, match=r"TensorRT is not usable|no CUDA|CUDA is not usable"):
-        open_codec(config)
+        open_codec(codec_params(config))
     out = tmp_path / "engines"
     command = ["build-engines", "--decoder", weights / "codec" / "decoder.onnx", "--out", out, "--max-seconds", "2"]
     done = run_cli(*command)

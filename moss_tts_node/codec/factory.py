@@ -1,47 +1,55 @@
-"""The one place a codec backend is chosen from a config."""
+"""The one place a codec backend is chosen, from the codec's own parameters."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from moss_tts_node.codec.base import AudioCodec, read_attention_span
 from moss_tts_node.codec.layout import DECODER_FILE, ENCODER_FILE
 from moss_tts_node.codec.onnx import OnnxCodec
-from moss_tts_node.model.rates import frames_for_seconds
-
-if TYPE_CHECKING:
-    from moss_tts_node.config import Config
+from moss_tts_node.errors import CodecError
 
 
-def open_codec(config: Config, *, encoder: bool = True, decoder: bool = True) -> AudioCodec:
-    """The codec backend ``config.audio.backend`` names, holding the graphs asked for.
+@dataclass(frozen=True)
+class CodecParams:
+    """How to open the codec. The values are checked once, by the config (``model.*`` and ``audio.*`` keys)."""
 
-    The one place a backend is chosen: the synthesizer and the CLI open their codec here.
+    backend: str  # a name of choices.CODEC_BACKENDS
+    codec_dir: Path | None  # the ONNX graphs (and the codec's config.json, which TensorRT engines lack)
+    engine_dir: Path | None  # TensorRT engines, for the tensorrt backend
+    onnx_provider: str = "auto"  # a name of choices.ONNX_PROVIDERS
+    threads: int = 0  # ONNX Runtime intra-op threads; 0 lets it choose
+    max_frames: int = 500  # the most frames one codec call takes; longer audio is coded in windows
+
+
+def open_codec(params: CodecParams, *, encoder: bool = True, decoder: bool = True) -> AudioCodec:
+    """The codec backend ``params.backend`` names, holding the graphs asked for.
+
     ``encoder``/``decoder`` let ``low_memory`` hold one stage at a time. With both, a missing
     encoder (never downloaded or built) only fails when something is encoded, since most
     robots use voices pre-encoded with encode-voice; opened to encode only, it fails at once.
     """
-    audio = config.audio
-    max_frames = frames_for_seconds(audio.max_codec_seconds)
-    if audio.backend == "tensorrt":
+    if params.backend == "tensorrt":
         from moss_tts_node.codec.tensorrt import TensorRTCodec  # needs TensorRT: import only when chosen
 
+        if params.engine_dir is None:
+            raise CodecError("the tensorrt codec backend needs the engines' directory (model.engine_dir)")
         # The engines carry no settings of their own: the ONNX directory they were built from may.
-        span = read_attention_span(Path(config.model.codec_dir) if config.model.codec_dir else None)
         return TensorRTCodec(
-            Path(config.model.engine_dir),
+            params.engine_dir,
             encoder=encoder,
             decoder=decoder,
-            max_frames=max_frames,
-            attention_span_frames=span,
+            max_frames=params.max_frames,
+            attention_span_frames=read_attention_span(params.codec_dir),
         )
-    codec_dir = Path(config.model.codec_dir)
-    encoder_path = codec_dir / ENCODER_FILE
+    if params.codec_dir is None:
+        raise CodecError("the onnx codec backend needs the codec's directory (model.codec_dir)")
+    encoder_path = params.codec_dir / ENCODER_FILE
     return OnnxCodec(
-        codec_dir / DECODER_FILE if decoder else None,
+        params.codec_dir / DECODER_FILE if decoder else None,
         encoder_path if encoder and (encoder_path.is_file() or not decoder) else None,
-        provider=audio.onnx_provider,
-        threads=audio.codec_threads,
-        max_frames=max_frames,
+        provider=params.onnx_provider,
+        threads=params.threads,
+        max_frames=params.max_frames,
     )

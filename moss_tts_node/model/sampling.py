@@ -8,10 +8,10 @@ kept); softmax; multinomial draw. Temperature <= 0 is greedy: argmax after the p
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from moss_tts_node.config import SamplingConfig
 from moss_tts_node.model.delay import TextRule
 from moss_tts_node.model.spec import ModelSpec
 
@@ -49,10 +49,24 @@ def penalized(logits: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarra
     return np.where(seen & (logits > 0), logits / penalty, np.where(seen, logits * penalty, logits))
 
 
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request samples; the user-facing values are checked once, by the config (``sampling.*``)."""
+
+    text_temperature: float = 1.5  # <= 0 is greedy
+    text_top_k: int = 50  # 0 disables
+    text_top_p: float = 1.0
+    audio_temperature: float = 1.7
+    audio_top_k: int = 25
+    audio_top_p: float = 0.8
+    audio_repetition_penalty: float = 1.0  # 1.0 disables
+    seed: int = 0  # the request's, already drawn when the config said -1
+
+
 class Sampler:
     """Samples one row of tokens per step; owns the request's random generator."""
 
-    def __init__(self, config: SamplingConfig, spec: ModelSpec, prompt: np.ndarray) -> None:
+    def __init__(self, config: SamplingParams, spec: ModelSpec, prompt: np.ndarray) -> None:
         self.config = config
         self.spec = spec
         self.rng = np.random.default_rng(config.seed)

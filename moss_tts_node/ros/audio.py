@@ -22,7 +22,7 @@ from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from std_msgs.msg import Header
 
 from moss_tts_node.codec.audio_io import float_to_pcm16
-from moss_tts_node.synthesizer import AudioChunk
+from moss_tts_node.synthesis.results import AudioChunk
 
 ENCODINGS = (AudioChunkMsg.ENCODING_PCM_S16LE, AudioChunkMsg.ENCODING_FLOAT32)
 

@@ -50,7 +50,8 @@ from moss_tts_node.ros.audio import ENCODINGS, AudioOut, encode
 from moss_tts_node.ros.launch_params import START_FAILURE
 from moss_tts_node.ros.process import start_node, wait_for_stop
 from moss_tts_node.ros.queue import POLICIES, Outcome, Rejected, RequestQueue, Ticket
-from moss_tts_node.synthesizer import AudioStream, Synthesizer
+from moss_tts_node.synthesis.results import AudioStream
+from moss_tts_node.synthesizer import Synthesizer
 from moss_tts_node.timing import TimingReport
 
 
@@ -295,7 +296,7 @@ class TtsNode(Node):
             request.text,
             language=request.language or None,
             instruction=request.instruction or None,
-            reference=request.reference_audio or None,
+            voice=request.reference_audio or None,
             seed=request.seed,
             cancel=cancel,
             streaming=not collect,  # a whole-utterance answer is the codec's offline decode

@@ -340,7 +340,7 @@ class Batch:
         try:
             result = self.synth.synthesize(
                 utterance.text,
-                reference=self._voice(utterance.reference),
+                voice=self._voice(utterance.reference),
                 language=utterance.language,
                 instruction=utterance.instruction,
                 seed=utterance.seed,

@@ -218,9 +218,10 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
     load_s = time.perf_counter() - started
     voice_frames = frames_for_seconds(job["voice_seconds"])
     voice = np.random.default_rng(job["seed"]).integers(0, synth.spec.audio_vocab_size, (voice_frames, synth.spec.n_vq))
-    request = {"language": "en", "seed": job["seed"], "reference": voice if voice_frames else ""}
+    request = {"language": "en", "seed": job["seed"], "voice": voice if voice_frames else ""}
     list(synth.stream(job["text"], max_new_tokens=8, **request))  # warm-up: page in the weights
-    synth.backbone.clear()  # the measured request is a first one: nothing of its prompt is in the KV cache
+    with synth.stages.generation() as stage:
+        stage.backbone.clear()  # the measured request is a first one: nothing of its prompt is in the KV cache
     stream = synth.stream(job["text"], max_new_tokens=job["steps"], **request)
     chunk_times = []
     t0 = time.perf_counter()
@@ -242,18 +243,20 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
     decode_median = 1000 * float(np.median(decode_s[steady])) if len(decode_s) > 50 else None
 
     # the backbone-only limit: the same rows, decoded in a tight loop, text head on and off
-    embeddings = synth.embeddings.embed(generated[:-1])
-    prompt_embeddings = synth.embeddings.embed(prompt)
+    with synth.stages.generation() as stage:
+        backbone, heads_name = stage.backbone, stage.heads.name
+        embeddings = stage.embeddings.embed(generated[:-1])
+        prompt_embeddings = stage.embeddings.embed(prompt)
     np.save(Path(job["workdir"]) / "prompt.npy", prompt_embeddings)
     # One replay, the text head on and off in alternate blocks of 10 steps (it changes nothing in the KV
     # cache), so that both see the same machine: a shared machine drifts by ~10% from minute to minute.
-    synth.backbone.clear()
-    synth.backbone.prefill(prompt_embeddings)
+    backbone.clear()
+    backbone.prefill(prompt_embeddings)
     times: dict[bool, list[float]] = {True: [], False: []}
     for i, row in enumerate(embeddings):
         text_head = (i // 10) % 2 == 0
         t = time.perf_counter()
-        synth.backbone.decode(row, text_logits=text_head)
+        backbone.decode(row, text_logits=text_head)
         times[text_head].append(time.perf_counter() - t)
     limit = {k: 1000 * float(np.mean(v)) for k, v in times.items()}
     limit_median = {k: 1000 * float(np.median(v)) for k, v in times.items()}
@@ -261,10 +264,11 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
     chunk_ms = None
     if first_frame is not None:
         times = []
-        for _ in range(5):
-            t = time.perf_counter()
-            synth.codec.decode(first_frame)
-            times.append(time.perf_counter() - t)
+        with synth.stages.decoder() as codec:
+            for _ in range(5):
+                t = time.perf_counter()
+                codec.decode(first_frame)
+                times.append(time.perf_counter() - t)
         chunk_ms = 1000 * float(np.median(times))
 
     steps = report.steps
@@ -281,7 +285,7 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
     weights = Path(config.model.weights_dir)
     fp16 = sum(p.stat().st_size for p in (weights / EMBEDDINGS_DIR).glob("*.npy"))
     fp16 += sum((weights / HEADS_DIR / audio_head_file(k)).stat().st_size for k in range(synth.spec.n_vq))
-    kv = kv_cache_bytes(gguf, synth.backbone.n_ctx, config.llama.kv_cache_type_k, config.llama.kv_cache_type_v)
+    kv = kv_cache_bytes(gguf, synth.n_ctx, config.llama.kv_cache_type_k, config.llama.kv_cache_type_v)
     budget = gguf.stat().st_size + fp16 + kv + BUDGET_SLACK
     ttfa_ms = None if report.time_to_first_audio_s is None else report.time_to_first_audio_s * 1000
     ttfa_bound = report.prefill_ms + 33 * step_ms + (chunk_ms or 0.0)
@@ -289,10 +293,10 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
     result = {
         "label": job["label"],
         "model": job["model"],
-        "heads_backend": synth.heads.name,
+        "heads_backend": heads_name,
         "gguf": gguf.name,
         "gguf_bytes": gguf.stat().st_size,
-        "n_embd": synth.backbone.n_embd,
+        "n_embd": backbone.n_embd,
         "threads": job["threads"],
         "codec": "demo codec (tiny; the real codec costs more)" if job["demo_codec"] else "configured codec",
         "load_s": load_s,

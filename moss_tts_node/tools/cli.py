@@ -144,7 +144,7 @@ def run_synth(args: argparse.Namespace) -> int:
             args.text,
             language=args.language,
             instruction=args.instruction,
-            reference=args.reference,
+            voice=args.reference,
             seed=args.seed,
             # A file alone gets the codec's decode of the whole utterance; --play streams, and the file then
             # holds what was played.
@@ -182,9 +182,10 @@ def run_encode_voice(args: argparse.Namespace) -> int:
     from moss_tts_node.codec.audio_io import load_reference_audio
     from moss_tts_node.codec.factory import open_codec
     from moss_tts_node.config import load_config
+    from moss_tts_node.synthesis.stages import codec_params
 
     config = load_config(args.config, parse_overrides(args.set))
-    with open_codec(config, decoder=False) as codec:
+    with open_codec(codec_params(config), decoder=False) as codec:
         codes = codec.encode(load_reference_audio(args.audio))
     np.save(args.output, codes)
     print(f"wrote {args.output}: {codes.shape[0]} frames ({codes.shape[0] / FRAMES_PER_SECOND:.2f} s) of voice codes")

@@ -1,0 +1,235 @@
+"""The pipeline: a request's planned pieces become one stream of ``AudioChunk``s (docs/design.md, "Data flow").
+
+Each piece is generated row by row (``model/generation.py``), its rows become frames as the delay pattern
+completes them (``FrameAssembler``), and frames become samples through one ``SegmentDecoding`` for the whole
+request. Every generator here hands its end marker back as its return value: ``_frames`` returns what the
+piece generated (``Generated``), ``run`` the ``StreamResult``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, replace
+from typing import TypeVar
+
+import numpy as np
+
+from moss_tts_node.codec.base import AudioCodec
+from moss_tts_node.codec.streaming import (
+    OfflineDecoding,
+    SegmentDecoder,
+    SegmentDecoding,
+    StatefulStreamDecoding,
+    WindowedStreamDecoding,
+)
+from moss_tts_node.config import AudioConfig
+from moss_tts_node.model.delay import DelayState, FrameAssembler
+from moss_tts_node.model.generation import generate_rows
+from moss_tts_node.model.sampling import Sampler, SamplingParams
+from moss_tts_node.model.spec import ModelSpec
+from moss_tts_node.synthesis.results import AudioChunk, StreamResult
+from moss_tts_node.synthesis.stages import GenerationStage, Stages
+from moss_tts_node.text.pieces import Piece
+from moss_tts_node.timing import StageClock, StopReason, TimingReport
+
+# A piece's frames as they complete: (n_vq,) codes, or None for a gap (an all-pad frame, which ends an
+# audio segment); the generator's return value is what the piece generated.
+Frames = Generator[np.ndarray | None, None, "Generated"]
+_Item = TypeVar("_Item")
+_End = TypeVar("_End")
+
+
+@dataclass(frozen=True)
+class Generated:
+    """What generating one piece produced."""
+
+    rows: np.ndarray  # (N, 1 + n_vq)
+    stop: StopReason
+
+
+class _ChunkMaker:
+    """Numbers a request's chunks and keeps their offsets, across its pieces."""
+
+    def __init__(self, sample_rate: int, clock: StageClock) -> None:
+        self.sample_rate = sample_rate
+        self.clock = clock
+        self.samples = 0  # emitted so far
+        self.index = 0
+
+    def chunk(self, samples: np.ndarray, final: bool) -> AudioChunk:
+        out = AudioChunk(samples, self.sample_rate, self.index, self.samples / self.sample_rate, final)
+        self.samples += samples.shape[0]
+        self.index += 1
+        self.clock.mark_first_audio()
+        return out
+
+
+class Pipeline:
+    """Runs requests on ``stages``; streams decode with ``stream_decoding`` when given, else re-decode windows."""
+
+    def __init__(self, spec: ModelSpec, stages: Stages, stream_decoding: StatefulStreamDecoding | None) -> None:
+        self.spec = spec
+        self.stages = stages
+        self.stream_decoding = stream_decoding
+
+    def run(
+        self,
+        pieces: list[Piece],
+        sampling: SamplingParams,
+        audio: AudioConfig,
+        cancelled: Callable[[], bool],
+        streaming: bool,
+    ) -> Generator[AudioChunk, None, StreamResult]:
+        """Generate and decode every piece as one stream: indices and offsets run on, one final chunk.
+
+        With stages that cannot decode while generating (low_memory), every piece is generated first and
+        each decoded offline afterwards: nothing streams.
+        """
+        clock = StageClock()
+        out = _ChunkMaker(self.spec.sampling_rate, clock)
+        done: list[Generated] = []
+        codes: list[np.ndarray] = []
+        with ExitStack() as stack:
+            if self.stages.streams:
+                stage = stack.enter_context(self.stages.generation())
+                frames: Iterable[Frames] = (
+                    self._frames(stage, piece, _seeded(sampling, number), cancelled, clock)
+                    for number, piece in enumerate(pieces)
+                )
+            else:
+                frames = self._generated_first(pieces, sampling, cancelled, clock)
+                streaming = False
+            codec = stack.enter_context(self.stages.decoder())
+            decoding = stack.enter_context(self._decoding(codec, audio, streaming))
+            for piece, piece_frames in zip(pieces, frames, strict=False):
+                decoder = SegmentDecoder(decoding, audio.chunk_frames, self.spec.n_vq)
+                generated = yield from self._decoded(piece_frames, decoder, out)
+                done.append(generated)
+                codes.append(decoder.codes())
+                if generated.stop is StopReason.CANCELLED:
+                    break
+                with clock.stage("codec"):
+                    rest = decoder.end_segment()
+                if piece is pieces[-1]:
+                    yield out.chunk(rest if rest is not None else np.empty(0, dtype=np.float32), final=True)
+                elif rest is not None:
+                    yield out.chunk(rest, final=False)
+        rows = np.concatenate([piece.rows for piece in done])
+        all_codes = np.concatenate(codes)
+        stops = {piece.stop for piece in done}
+        report = TimingReport.from_clock(
+            clock,
+            seed=sampling.seed,
+            prompt_rows=sum(piece.prompt.shape[0] for piece in pieces),
+            max_new_tokens=sum(piece.max_steps for piece in pieces),
+            steps=rows.shape[0],
+            frames=all_codes.shape[0],
+            audio_seconds=out.samples / self.spec.sampling_rate,
+            codec_decode=decoding.name,
+            streamed=decoding.streams,
+            stop_reason=next(
+                stop for stop in (StopReason.CANCELLED, StopReason.MAX_NEW_TOKENS, StopReason.END) if stop in stops
+            ),
+        )
+        return StreamResult(rows, all_codes, report, clock)
+
+    @staticmethod
+    def _decoded(frames: Frames, decoder: SegmentDecoder, out: _ChunkMaker) -> Generator[AudioChunk, None, Generated]:
+        """A chunk whenever the frames so far make one due; returns what the piece generated."""
+        while True:
+            try:
+                frame = next(frames)
+            except StopIteration as end:
+                return end.value
+            with out.clock.stage("codec"):
+                samples = decoder.end_segment() if frame is None else decoder.push(frame)
+            if samples is not None:
+                yield out.chunk(samples, final=False)
+
+    @contextmanager
+    def _decoding(self, codec: AudioCodec, audio: AudioConfig, streaming: bool) -> Iterator[SegmentDecoding]:
+        """How this request's segments become samples. The stream decoder's state is reset before and after
+        the request, however it ends (cancelled, failed, or its stream dropped unfinished), so no request
+        starts from another's."""
+        if not streaming:
+            yield OfflineDecoding(codec)
+        elif self.stream_decoding is None:
+            yield WindowedStreamDecoding(codec, audio.left_context_frames)
+        else:
+            self.stream_decoding.reset()
+            try:
+                yield self.stream_decoding
+            finally:
+                self.stream_decoding.reset()
+
+    def _frames(
+        self,
+        stage: GenerationStage,
+        piece: Piece,
+        sampling: SamplingParams,
+        cancelled: Callable[[], bool],
+        clock: StageClock,
+    ) -> Frames:
+        """Generate ``piece``: each frame as it completes, None for a gap; returns what it generated."""
+        spec = self.spec
+        state = DelayState(spec, piece.prompt)
+        sampler = Sampler(sampling, spec, piece.prompt)
+        assembler = FrameAssembler(spec.n_vq, spec.audio_pad_code, capacity=piece.max_steps)
+        rows: list[np.ndarray] = []
+        generation = generate_rows(
+            stage.backbone,
+            stage.embeddings,
+            stage.heads,
+            piece.prompt,
+            state,
+            sampler,
+            piece.max_steps,
+            cancelled,
+            clock,
+        )
+        while True:
+            try:
+                row = next(generation)
+            except StopIteration as end:
+                stop: StopReason = end.value
+                break
+            rows.append(row)
+            frame = assembler.push(row[1:])
+            if frame is not None:
+                yield None if assembler.is_gap(frame) else frame
+        return Generated(np.stack(rows) if rows else np.empty((0, spec.channels), dtype=np.int64), stop)
+
+    def _generated_first(
+        self, pieces: list[Piece], sampling: SamplingParams, cancelled: Callable[[], bool], clock: StageClock
+    ) -> list[Frames]:
+        """Generate the pieces with the generation stage loaded for that time only (until one is cancelled);
+        replays of their frames, for the decoder to load after."""
+        replays = []
+        with self.stages.generation() as stage:
+            for number, piece in enumerate(pieces):
+                frames, generated = _run_to_end(self._frames(stage, piece, _seeded(sampling, number), cancelled, clock))
+                replays.append(_replay(frames, generated))
+                if generated.stop is StopReason.CANCELLED:
+                    break
+        return replays
+
+
+def _seeded(sampling: SamplingParams, piece_number: int) -> SamplingParams:
+    """Each piece gets its own seed, derived from the request's, so a request replays exactly."""
+    return replace(sampling, seed=(sampling.seed + piece_number) % 2**63)
+
+
+def _run_to_end(generator: Generator[_Item, None, _End]) -> tuple[list[_Item], _End]:
+    """What ``generator`` yields, and what it returns."""
+    items = []
+    while True:
+        try:
+            items.append(next(generator))
+        except StopIteration as end:
+            return items, end.value
+
+
+def _replay(items: list[_Item], end: _End) -> Generator[_Item, None, _End]:
+    yield from items
+    return end

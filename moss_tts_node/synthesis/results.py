@@ -1,0 +1,86 @@
+"""What a synthesis gives back: chunks as they are produced, the whole utterance, and the figures.
+
+Only NumPy and the timing types: the player node and other consumers of audio import these without the
+synthesis stack (tokenizers, llama.cpp, ONNX Runtime).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from moss_tts_node.timing import StageClock, StopReason, TimingReport
+
+
+@dataclass(frozen=True)
+class AudioChunk:
+    """A piece of the utterance: float32 mono samples in [-1, 1]."""
+
+    samples: np.ndarray
+    sample_rate: int
+    index: int
+    start_s: float  # offset of the first sample from the start of the utterance
+    is_final: bool
+
+
+@dataclass(frozen=True)
+class Synthesis:
+    """A whole utterance with what produced it (for ``--save-tokens`` and for tests)."""
+
+    audio: np.ndarray
+    sample_rate: int
+    report: TimingReport
+    prompt: np.ndarray  # (S, 1 + n_vq)
+    generated: np.ndarray  # (N, 1 + n_vq)
+    codes: np.ndarray  # (T, n_vq)
+
+
+@dataclass(frozen=True)
+class StreamResult:
+    """What a stream produced besides its chunks: what its producer returns when it ends."""
+
+    generated: np.ndarray  # (N, 1 + n_vq)
+    codes: np.ndarray  # (T, n_vq)
+    report: TimingReport
+    clock: StageClock  # every stage call's timing, for per-step figures
+
+
+class AudioStream:
+    """Iterate for AudioChunks; ``report``, ``generated``, ``codes`` and ``clock`` are there once it ends.
+
+    A text too long for one generation is spoken in pieces, still as one stream: ``prompt`` is
+    then the first piece's, ``generated`` and ``codes`` are the pieces' one after the other.
+    """
+
+    def __init__(self, prompt: np.ndarray, chunks: Generator[AudioChunk, None, StreamResult]) -> None:
+        self.prompt = prompt
+        self.result: StreamResult | None = None
+        self._chunks = self._run(chunks)
+
+    def _run(self, chunks: Generator[AudioChunk, None, StreamResult]) -> Iterator[AudioChunk]:
+        self.result = yield from chunks
+
+    def __iter__(self) -> Iterator[AudioChunk]:
+        return self._chunks
+
+    @property
+    def report(self) -> TimingReport | None:
+        return None if self.result is None else self.result.report
+
+    @property
+    def generated(self) -> np.ndarray | None:
+        return None if self.result is None else self.result.generated
+
+    @property
+    def codes(self) -> np.ndarray | None:
+        return None if self.result is None else self.result.codes
+
+    @property
+    def clock(self) -> StageClock | None:
+        return None if self.result is None else self.result.clock
+
+    @property
+    def cancelled(self) -> bool:
+        return self.report is not None and self.report.stop_reason is StopReason.CANCELLED

@@ -1,0 +1,224 @@
+"""The model's three stages and when they are in memory: the generation stage (llama.cpp backbone,
+embedding tables, audio heads), the codec's encoder (only to encode a reference clip) and its decoder.
+
+``ResidentStages`` loads them once and keeps them; ``PerRequestStages`` (``model.low_memory``, for 8 GB
+boards) loads each for the duration of its use, one at a time, so a request generates every piece before
+the decoder loads and nothing streams. Either way a stage is handed out as a context manager that yields
+the loaded object, never ``None``: the pipeline does not know which kind it has, only whether the
+decoder can run while the backbone generates (``streams``).
+
+Here the config is mapped onto each layer's own parameters (``BackboneParams``, ``CodecParams``).
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from moss_tts_node.codec.base import AudioCodec
+from moss_tts_node.codec.factory import CodecParams, open_codec
+from moss_tts_node.config import Config, backbone_path
+from moss_tts_node.llama.backbone import Backbone, BackboneParams
+from moss_tts_node.model.embeddings import EmbeddingTables
+from moss_tts_node.model.heads import AudioHeads, load_audio_heads
+from moss_tts_node.model.layout import EMBEDDINGS_DIR, HEADS_DIR
+from moss_tts_node.model.rates import frames_for_seconds
+from moss_tts_node.model.spec import ModelSpec
+
+
+def backbone_params(config: Config) -> BackboneParams:
+    llama = config.llama
+    return BackboneParams(
+        gguf_path=backbone_path(config),
+        n_ctx=llama.n_ctx,
+        n_batch=llama.n_batch,
+        n_threads=llama.n_threads,
+        n_gpu_layers=llama.n_gpu_layers,
+        kv_cache_type_k=llama.kv_cache_type_k,
+        kv_cache_type_v=llama.kv_cache_type_v,
+        flash_attn=llama.flash_attn,
+    )
+
+
+def codec_params(config: Config) -> CodecParams:
+    model, audio = config.model, config.audio
+    return CodecParams(
+        backend=audio.backend,
+        codec_dir=Path(model.codec_dir) if model.codec_dir else None,
+        engine_dir=Path(model.engine_dir) if model.engine_dir else None,
+        onnx_provider=audio.onnx_provider,
+        threads=audio.codec_threads,
+        max_frames=frames_for_seconds(audio.max_codec_seconds),
+    )
+
+
+@dataclass(frozen=True)
+class GenerationStage:
+    """What the step loop runs on: the backbone, its input embedding tables and the audio heads."""
+
+    backbone: Backbone
+    embeddings: EmbeddingTables
+    heads: AudioHeads
+
+    @classmethod
+    def load(cls, config: Config, spec: ModelSpec) -> GenerationStage:
+        weights = Path(config.model.weights_dir)
+        backbone = Backbone(backbone_params(config))
+        try:
+            heads = load_audio_heads(
+                config.audio.heads_backend,
+                weights / HEADS_DIR,
+                spec,
+                backbone.n_embd,
+                backbone_path(config),
+                threads=config.llama.n_threads,
+                n_gpu_layers=config.llama.n_gpu_layers,
+            )
+            text_vocab = heads.text_vocab or backbone.n_vocab
+            embeddings = EmbeddingTables(weights / EMBEDDINGS_DIR, spec, backbone.n_embd, text_vocab)
+        except BaseException:
+            backbone.close()
+            raise
+        return cls(backbone, embeddings, heads)
+
+    def close(self) -> None:
+        """Free llama.cpp's memory now; the NumPy tables and heads go once unreferenced."""
+        self.heads.close()
+        self.backbone.close()
+
+
+class Stages(ABC):
+    """The stages a synthesizer runs requests on. ``n_ctx`` is what llama.cpp made of ``llama.n_ctx``."""
+
+    streams: bool  # whether the decoder can run while the backbone generates
+    n_ctx: int
+
+    @abstractmethod
+    def generation(self) -> Iterator[GenerationStage]:
+        """A context manager: the generation stage, for one request's generation."""
+
+    @abstractmethod
+    def prepare_prefix(self, prefix: np.ndarray) -> int:
+        """Have the (P, channels) prompt rows ``prefix`` in the KV cache ahead of the requests that begin with
+        them, once no request is generating; returns the rows prefilled (0 where nothing was, or none can be)."""
+
+    @abstractmethod
+    def decoder(self) -> Iterator[AudioCodec]:
+        """A context manager: a codec that decodes."""
+
+    @abstractmethod
+    def encoder(self) -> Iterator[AudioCodec]:
+        """A context manager: a codec that encodes (reference clips)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Free every stage."""
+
+
+class ResidentStages(Stages):
+    """Every stage loaded once, at construction, and kept until ``close``.
+
+    One backbone means one KV cache: ``prepare_prefix`` (maybe called from another thread than the one
+    generating) waits until no request is generating, and ``generation`` waits for a preparation under way.
+    """
+
+    streams = True
+
+    def __init__(self, config: Config, spec: ModelSpec) -> None:
+        self._generation = GenerationStage.load(config, spec)
+        try:
+            self._codec = open_codec(codec_params(config))
+        except BaseException:
+            self._generation.close()
+            raise
+        self.n_ctx = self._generation.backbone.n_ctx
+        self._use = threading.Condition()
+        self._generating = 0
+        self._preparing = False
+
+    @contextmanager
+    def generation(self) -> Iterator[GenerationStage]:
+        with self._use:
+            self._use.wait_for(lambda: not self._preparing)
+            self._generating += 1
+        try:
+            yield self._generation
+        finally:
+            with self._use:
+                self._generating -= 1
+                self._use.notify_all()
+
+    def prepare_prefix(self, prefix: np.ndarray) -> int:
+        with self._use:
+            self._use.wait_for(lambda: self._generating == 0 and not self._preparing)
+            self._preparing = True
+        try:
+            stage = self._generation
+            return stage.backbone.prepare_prefix(prefix, stage.embeddings.embed)
+        finally:
+            with self._use:
+                self._preparing = False
+                self._use.notify_all()
+
+    @contextmanager
+    def decoder(self) -> Iterator[AudioCodec]:
+        yield self._codec
+
+    @contextmanager
+    def encoder(self) -> Iterator[AudioCodec]:
+        yield self._codec
+
+    def close(self) -> None:
+        self._generation.close()
+        self._codec.close()
+
+
+class PerRequestStages(Stages):
+    """Each stage loaded for the duration of its use, one at a time (``model.low_memory``).
+
+    Construction loads each stage once and frees it, so bad files fail at start-up as with resident
+    stages. A reloaded backbone starts with an empty KV cache: there is no prefix to prepare or reuse.
+    """
+
+    streams = False
+
+    def __init__(self, config: Config, spec: ModelSpec) -> None:
+        self._config = config
+        self._spec = spec
+        with self.generation() as stage:
+            self.n_ctx = stage.backbone.n_ctx
+        open_codec(codec_params(config)).close()
+
+    @contextmanager
+    def generation(self) -> Iterator[GenerationStage]:
+        stage = GenerationStage.load(self._config, self._spec)
+        try:
+            yield stage
+        finally:
+            stage.close()
+
+    def prepare_prefix(self, prefix: np.ndarray) -> int:
+        return 0  # the backbone is reloaded per request, with an empty KV cache
+
+    @contextmanager
+    def decoder(self) -> Iterator[AudioCodec]:
+        with open_codec(codec_params(self._config), encoder=False) as codec:
+            yield codec
+
+    @contextmanager
+    def encoder(self) -> Iterator[AudioCodec]:
+        with open_codec(codec_params(self._config), decoder=False) as codec:
+            yield codec
+
+    def close(self) -> None:
+        pass  # nothing stays loaded
+
+
+def open_stages(config: Config, spec: ModelSpec) -> Stages:
+    return PerRequestStages(config, spec) if config.model.low_memory else ResidentStages(config, spec)
