@@ -84,8 +84,8 @@ def register(commands: Any) -> None:
 
 def run_bench(args: argparse.Namespace) -> int:
     from moss_tts_node.errors import RequestError
-    from moss_tts_node.tools.bench_models import bench_model_dir, ensure_bench_model, ensure_heads_gguf
-    from moss_tts_node.tools.cli import parse_overrides
+    from moss_tts_node.tools.dev.bench_models import bench_model_dir, ensure_bench_model, ensure_heads_gguf
+    from moss_tts_node.tools.overrides import parse_overrides
 
     heads = [h.strip() for h in args.heads.split(",") if h.strip()]
     for h in heads:
@@ -108,7 +108,7 @@ def run_bench(args: argparse.Namespace) -> int:
                 [
                     sys.executable,
                     "-m",
-                    "moss_tts_node.tools.bench",
+                    "moss_tts_node.tools.dev.bench",
                     "ab",
                     json.dumps({"model": name, "threads": args.threads}),
                 ],
@@ -164,7 +164,7 @@ def run_worker(job: dict[str, Any], command: list[str] | None = None) -> dict[st
     with tempfile.TemporaryDirectory(prefix="moss_bench_") as tmp:
         job["workdir"] = tmp
         proc = subprocess.run(
-            [*(command or [sys.executable, "-m", "moss_tts_node.tools.bench", "worker"]), json.dumps(job)],
+            [*(command or [sys.executable, "-m", "moss_tts_node.tools.dev.bench", "worker"]), json.dumps(job)],
             capture_output=True,
             text=True,
             check=False,
@@ -582,7 +582,7 @@ def heads_ab(job: dict[str, Any], rounds: int = 6, block: int = 20) -> str:
     from moss_tts_node.model.generation import step_logits
     from moss_tts_node.model.heads import load_audio_heads
     from moss_tts_node.model.spec import ModelSpec
-    from moss_tts_node.tools.bench_models import GGUF_NAME, HEADS_GGUF_NAME, bench_model_dir
+    from moss_tts_node.tools.dev.bench_models import GGUF_NAME, HEADS_GGUF_NAME, bench_model_dir
 
     directory, spec, threads = bench_model_dir(job["model"]), ModelSpec(), job["threads"]
 
