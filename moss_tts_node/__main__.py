@@ -1,7 +1,7 @@
-"""``python -m moss_tts_node``: see ``tools/cli.py``."""
+"""``python -m moss_tts_node``: see ``tools/cli/main.py``."""
 
 import sys
 
-from moss_tts_node.tools.cli import main
+from moss_tts_node.tools.cli.main import main
 
 sys.exit(main())

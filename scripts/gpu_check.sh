@@ -93,7 +93,7 @@ trt_checks() {
     pycuda_pid=$!
   fi
 
-  "$python" -c "from moss_tts_node.tools.demo_codec import write_demo_codec; write_demo_codec('$work/codec')"
+  "$python" -c "from moss_tts_node.tools.dev.demo_codec import write_demo_codec; write_demo_codec('$work/codec')"
   note "build-engines, 40 s profile ($(elapsed) s)"
   "$python" -m moss_tts_node build-engines --encoder "$work/codec/encoder.onnx" --decoder "$work/codec/decoder.onnx" \
     --out "$work/engines40" --max-seconds 40 2>&1 | tail -4 | tee -a "$summary"

@@ -25,9 +25,9 @@ from qwen3_reference import qwen3_forward  # noqa: E402
 from moss_tts_node.llama.backbone import Backbone, BackboneParams, set_llama_verbose  # noqa: E402
 from moss_tts_node.model.rates import SAMPLES_PER_FRAME  # noqa: E402
 from moss_tts_node.synthesizer import Synthesizer  # noqa: E402
-from moss_tts_node.tools.attach_heads import attach_heads  # noqa: E402
-from moss_tts_node.tools.demo_weights import write_demo_weights  # noqa: E402
-from moss_tts_node.tools.qwen3_gguf import Qwen3Shape, random_qwen3_tensors, write_qwen3_gguf  # noqa: E402
+from moss_tts_node.tools.dev.demo_weights import write_demo_weights  # noqa: E402
+from moss_tts_node.tools.prepare.attach_heads import attach_heads  # noqa: E402
+from moss_tts_node.tools.prepare.qwen3_gguf import Qwen3Shape, random_qwen3_tensors, write_qwen3_gguf  # noqa: E402
 
 
 def hidden_states(gguf: Path, n_gpu_layers: int, rows: np.ndarray, kv: str, flash: str) -> np.ndarray:

@@ -63,7 +63,7 @@ crash_report() {
 cc -O2 scripts/llama_gpu_smoke.c -Ibridge -L"$build" -lmoss_bridge -Wl,-rpath,"$build" -Wl,-rpath,"$lib" \
   -o "$build/llama_gpu_smoke"
 "$python" -c 'import sys; from pathlib import Path; sys.path.insert(0, "."); \
-from moss_tts_node.tools.qwen3_gguf import Qwen3Shape, random_qwen3_tensors, write_qwen3_gguf; \
+from moss_tts_node.tools.prepare.qwen3_gguf import Qwen3Shape, random_qwen3_tensors, write_qwen3_gguf; \
 s = Qwen3Shape(hidden=256, layers=4, heads=8, kv_heads=4, head_dim=32, ffn=512, vocab=1000); \
 write_qwen3_gguf(Path(sys.argv[1]), s, random_qwen3_tensors(s, seed=1).items(), dtype="f32")' "$build/tiny.gguf"
 for ngl in 0 -1; do

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from moss_tts_node.model.spec import ModelSpec
-from moss_tts_node.tools.demo_codec import write_demo_codec
-from moss_tts_node.tools.demo_weights import write_demo_weights
+from moss_tts_node.tools.dev.demo_codec import write_demo_codec
+from moss_tts_node.tools.dev.demo_weights import write_demo_weights
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # The directory of shared fixtures; CI keeps a copy beside the clone (<clone>/../shared).
@@ -60,7 +60,7 @@ def codec_tiny_dir() -> Path:
 def codec_tiny_streaming_dir(codec_tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """codec-tiny with its stream decoder graph built beside its ONNX graphs, where build-stream-decoder puts it."""
     from moss_tts_node.codec.layout import STREAM_DECODER_FILE
-    from moss_tts_node.tools.stream_decoder_build import build_stream_decoder
+    from moss_tts_node.tools.prepare.stream_decoder_build import build_stream_decoder
 
     directory = linked_copy(codec_tiny_dir, tmp_path_factory.mktemp(CODEC_TINY))
     build_stream_decoder(codec_tiny_dir, directory / STREAM_DECODER_FILE)

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from moss_tts_node.llama.backbone import Backbone, BackboneParams
-from moss_tts_node.tools.qwen3_gguf import Qwen3Shape
+from moss_tts_node.tools.prepare.qwen3_gguf import Qwen3Shape
 
 
 def exact_backbone(gguf_path: Path) -> Backbone:

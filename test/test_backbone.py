@@ -22,7 +22,7 @@ from moss_tts_node.llama.bindings import (
     load_bridge_library,
 )
 from moss_tts_node.llama.bridge import bridge_source_dir
-from moss_tts_node.tools.qwen3_gguf import (
+from moss_tts_node.tools.prepare.qwen3_gguf import (
     Qwen3Shape,
     gguf_tensor_name,
     qwen3_tensor_shapes,

@@ -17,9 +17,9 @@ from conftest import bad_input_message, run_cli
 from moss_tts_node.codec.audio_io import float_to_pcm16, write_wav
 from moss_tts_node.codec.onnx import OnnxCodec
 from moss_tts_node.synthesizer import Synthesizer
-from moss_tts_node.tools import cli
-from moss_tts_node.tools.batch import BadLine, Utterance, read_list
-from moss_tts_node.tools.cli import Progress
+from moss_tts_node.tools.cli.batch import BadLine, Utterance, read_list
+from moss_tts_node.tools.cli.main import main as cli_main
+from moss_tts_node.tools.cli.progress import Progress
 
 SUMMARY = "summary.jsonl"
 
@@ -42,7 +42,7 @@ def summary_rows(out: Path) -> list[dict[str, Any]]:
 
 def batch(demo_config: Path, listing: Path, out: Path, *extra: str) -> int:
     """The batch command in this process, so that spies on the synthesizer and codec see its calls."""
-    return cli.main(["batch", str(listing), "--out", str(out), "--config", str(demo_config), *extra])
+    return cli_main(["batch", str(listing), "--out", str(out), "--config", str(demo_config), *extra])
 
 
 @pytest.fixture

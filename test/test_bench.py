@@ -6,10 +6,10 @@ from pathlib import Path
 
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.text.prompt import PromptBuilder, PromptFields
-from moss_tts_node.tools.bench import format_table, kv_cache_bytes, run_bench
-from moss_tts_node.tools.bench_models import BENCH_SHAPES, TEXT_VOCAB, write_padded_tokenizer
-from moss_tts_node.tools.cli import build_parser
-from moss_tts_node.tools.qwen3_gguf import Qwen3Shape, random_qwen3_tensors, write_qwen3_gguf
+from moss_tts_node.tools.cli.main import build_parser
+from moss_tts_node.tools.dev.bench import format_table, kv_cache_bytes, run_bench
+from moss_tts_node.tools.dev.bench_models import BENCH_SHAPES, TEXT_VOCAB, write_padded_tokenizer
+from moss_tts_node.tools.prepare.qwen3_gguf import Qwen3Shape, random_qwen3_tensors, write_qwen3_gguf
 
 
 def test_bench_is_a_command() -> None:

@@ -17,7 +17,7 @@ from moss_tts_node.codec.onnx import OnnxCodec
 from moss_tts_node.errors import CodecError, RequestError, WeightsError
 from moss_tts_node.model.rates import SAMPLE_RATE as RATE
 from moss_tts_node.model.rates import SAMPLES_PER_FRAME as FRAME
-from moss_tts_node.tools.demo_codec import write_demo_codec
+from moss_tts_node.tools.dev.demo_codec import write_demo_codec
 
 
 @pytest.fixture(scope="module", params=["demo", "codec-tiny"])

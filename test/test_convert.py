@@ -22,9 +22,10 @@ from qwen3_reference import exact_backbone, qwen3_forward
 from moss_tts_node.errors import BridgeError
 from moss_tts_node.model.layout import gguf_name
 from moss_tts_node.model.spec import ModelSpec
-from moss_tts_node.tools import convert
-from moss_tts_node.tools.cli import main
-from moss_tts_node.tools.convert import (
+from moss_tts_node.tools.cli.main import main
+from moss_tts_node.tools.dev.demo_weights import DemoCheckpoint, demo_checkpoint, write_checkpoint
+from moss_tts_node.tools.prepare import convert
+from moss_tts_node.tools.prepare.convert import (
     ConversionError,
     checkpoint_tensor_name,
     convert_checkpoint,
@@ -33,9 +34,8 @@ from moss_tts_node.tools.convert import (
     read_checkpoint_config,
     table_files,
 )
-from moss_tts_node.tools.demo_weights import DemoCheckpoint, demo_checkpoint, write_checkpoint
-from moss_tts_node.tools.qwen3_gguf import qwen3_tensor_shapes
-from moss_tts_node.tools.safetensors_io import (
+from moss_tts_node.tools.prepare.qwen3_gguf import qwen3_tensor_shapes
+from moss_tts_node.tools.prepare.safetensors_io import (
     SafetensorsCheckpoint,
     SafetensorsError,
     bfloat16_to_float32,

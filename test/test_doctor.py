@@ -11,7 +11,7 @@ from conftest import linked_copy, run_cli
 
 from moss_tts_node.codec.layout import STREAM_DECODER_FILE
 from moss_tts_node.config import load_config, write_params_file
-from moss_tts_node.tools.doctor import diagnose
+from moss_tts_node.tools.cli.doctor import diagnose
 
 
 def doctor(*args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -65,8 +65,8 @@ def test_a_broken_config_is_reported_not_raised(tmp_path: Path) -> None:
 def test_the_audio_heads_line_says_where_they_run_and_how_to_put_them_on_the_gpu(
     demo_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from moss_tts_node.tools import doctor as doctor_module
-    from moss_tts_node.tools.attach_heads import attach_heads
+    from moss_tts_node.tools.cli import doctor as doctor_module
+    from moss_tts_node.tools.prepare.attach_heads import attach_heads
 
     weights = linked_copy(demo_config.parent, tmp_path / "weights")
     plain = load_config(demo_config).model.backbone_gguf

@@ -22,8 +22,8 @@ from moss_tts_node.model.heads import NumpyAudioHeads, OnnxAudioHeads, load_audi
 from moss_tts_node.model.layout import HEADS_DIR, audio_head_file
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.synthesizer import Synthesizer
-from moss_tts_node.tools.attach_heads import append_audio_heads_to_gguf
-from moss_tts_node.tools.qwen3_gguf import Qwen3Shape, random_qwen3_tensors, write_qwen3_gguf
+from moss_tts_node.tools.prepare.attach_heads import append_audio_heads_to_gguf
+from moss_tts_node.tools.prepare.qwen3_gguf import Qwen3Shape, random_qwen3_tensors, write_qwen3_gguf
 
 SHAPE = Qwen3Shape(hidden=128, layers=2, heads=4, kv_heads=2, head_dim=32, ffn=128, vocab=300)
 SPEC = small_spec(290)
@@ -252,7 +252,7 @@ def test_fast_audio_sampling_draws_what_the_general_path_draws() -> None:
 def test_attach_heads_command_writes_the_carrying_gguf_and_refuses_what_it_cannot_do(
     model: HeadsModel, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from moss_tts_node.tools.cli import main
+    from moss_tts_node.tools.cli.main import main
 
     weights = tmp_path / "weights"
     weights.mkdir()

@@ -118,3 +118,23 @@ def test_every_imported_name_exists_where_it_is_imported_from() -> None:
                     if alias.name not in defined and f"{node.module}.{alias.name}" not in modules:
                         missing.append(f"{path.name}:{node.lineno}: {node.module}.{alias.name}")
     assert not missing, missing
+
+
+def test_the_tools_depend_one_way_prepare_then_dev_then_cli() -> None:
+    """prepare/ imports neither dev/ nor cli/, dev/ may use prepare/, cli/ dispatches to both; the modules
+    directly in tools/ (shared by them) import none of the three."""
+    order = ("prepare", "dev", "cli")
+
+    def rank(module: str) -> int:
+        part = module.removeprefix(f"{TOOLS}.").split(".")[0]
+        return order.index(part) + 1 if module.startswith(f"{TOOLS}.") and part in order else 0
+
+    tools = [module for module in GRAPH if module == TOOLS or module.startswith(f"{TOOLS}.")]
+    assert {rank(module) for module in tools} == {0, 1, 2, 3}, "tools/ no longer has prepare/, dev/ and cli/"
+    wrong = sorted(
+        f"{source} -> {target}"
+        for source in tools
+        for target in GRAPH[source]
+        if target.startswith(f"{TOOLS}.") and rank(target) > rank(source)
+    )
+    assert not wrong, wrong

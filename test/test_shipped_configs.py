@@ -14,7 +14,7 @@ from moss_tts_node.config import load_config, read_params_file
 from moss_tts_node.model.layout import is_heads_gguf_name
 from moss_tts_node.model.rates import SAMPLES_PER_FRAME
 from moss_tts_node.model.spec import ModelSpec
-from moss_tts_node.tools.attach_heads import append_audio_heads_to_gguf
+from moss_tts_node.tools.prepare.attach_heads import append_audio_heads_to_gguf
 
 CONFIGS = sorted((Path(__file__).resolve().parent.parent / "config").glob("*.yaml"))
 

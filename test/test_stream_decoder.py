@@ -20,7 +20,7 @@ from moss_tts_node.codec.base import AudioCodec
 from moss_tts_node.codec.stream_decoder import StreamDecoder
 from moss_tts_node.codec.streaming import StatefulStreamDecoding
 from moss_tts_node.errors import CodecError, WeightsError
-from moss_tts_node.tools.stream_decoder_build import build_stream_decoder
+from moss_tts_node.tools.prepare.stream_decoder_build import build_stream_decoder
 
 SHARED = Path(os.environ.get("MOSS_SHARED_DIR", Path(__file__).resolve().parents[1].parent / "shared"))
 TINY = SHARED / "codec-tiny"
@@ -162,7 +162,7 @@ def test_a_missing_checkpoint_is_refused(tmp_path: Path) -> None:
 def test_the_build_command_writes_a_graph_that_equals_the_offline_decode(
     tmp_path: Path, codes: np.ndarray, reference: dict[str, np.ndarray], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from moss_tts_node.tools.cli import main
+    from moss_tts_node.tools.cli.main import main
 
     out = tmp_path / "decoder_stream.onnx"
     assert main(["build-stream-decoder", str(TINY), "--out", str(out)]) == 0

@@ -22,8 +22,8 @@ from moss_tts_node.synthesis.request import SpeechRequest
 from moss_tts_node.synthesizer import Synthesizer
 from moss_tts_node.text.prompt import PromptFields
 from moss_tts_node.timing import StageClock, TimingReport
-from moss_tts_node.tools.convert import convert_checkpoint
-from moss_tts_node.tools.demo_weights import CHECKPOINT_DIR
+from moss_tts_node.tools.dev.demo_weights import CHECKPOINT_DIR
+from moss_tts_node.tools.prepare.convert import convert_checkpoint
 
 TEXT = "Hello! I am a robot."
 

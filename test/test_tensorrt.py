@@ -32,7 +32,7 @@ from moss_tts_node.config import load_config
 from moss_tts_node.errors import CodecError, ConfigError, MossTTSError, WeightsError
 from moss_tts_node.model.rates import SAMPLES_PER_FRAME
 from moss_tts_node.synthesis.stages import codec_params
-from moss_tts_node.tools.demo_codec import write_demo_codec
+from moss_tts_node.tools.dev.demo_codec import write_demo_codec
 
 ORIN = GpuInfo("Orin", "8.7", 7 * 2**30)
 

@@ -1,6 +1,6 @@
 """Stateful streaming decode of the MOSS audio codec: each call decodes only the new frames.
 
-The graph (written by ``moss_tts_node.tools.stream_decoder_build``) is the codec's decode path with
+The graph (written by ``moss_tts_node.tools.prepare.stream_decoder_build``) is the codec's decode path with
 every attention layer reading a ring cache of the keys and values of the positions before the call,
 so a chunk costs what its own frames cost instead of re-decoding seconds of left context. This module
 owns the graph's contract (the names below); docs/stream-decoder.md explains the state and how the

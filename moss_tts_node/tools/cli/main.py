@@ -9,18 +9,17 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-import yaml
 
 from moss_tts_node.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, MossTTSError, RequestError
 from moss_tts_node.model.rates import FRAMES_PER_SECOND
 from moss_tts_node.playback import DEFAULT_PREBUFFER_S
+from moss_tts_node.tools.cli.progress import Progress
+from moss_tts_node.tools.overrides import add_set_option, parse_overrides
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -85,39 +84,22 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(run=run_demo_weights)
 
     for name in EXTRA_COMMAND_MODULES:
-        importlib.import_module(f"{__package__}.{name}").register(commands)
+        importlib.import_module(name).register(commands)
     return parser
 
 
 # Commands that live in their own modules: each has ``register(commands)``, which adds its
 # subparser and sets ``run``, and keeps heavy imports inside ``run`` so `--help` stays fast.
 EXTRA_COMMAND_MODULES: tuple[str, ...] = (
-    "convert",
-    "attach_heads",
-    "bench",
-    "build_engines",
-    "stream_decoder_build",
-    "doctor",
-    "codec_fidelity",
-    "batch",
+    "moss_tts_node.tools.prepare.convert",
+    "moss_tts_node.tools.prepare.attach_heads",
+    "moss_tts_node.tools.dev.bench",
+    "moss_tts_node.tools.prepare.build_engines",
+    "moss_tts_node.tools.prepare.stream_decoder_build",
+    "moss_tts_node.tools.cli.doctor",
+    "moss_tts_node.tools.dev.codec_fidelity",
+    "moss_tts_node.tools.cli.batch",
 )
-
-
-def add_set_option(parser: argparse.ArgumentParser) -> None:
-    """``--set KEY=VALUE`` (repeatable): config overrides, read by ``parse_overrides``."""
-    parser.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="any config key, e.g. llama.n_threads=2"
-    )
-
-
-def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
-    overrides: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise RequestError(f"--set {pair!r}: expected KEY=VALUE, e.g. llama.n_threads=2")
-        overrides[key.strip()] = yaml.safe_load(value) if value.strip() else ""
-    return overrides
 
 
 def run_synth(args: argparse.Namespace) -> int:
@@ -193,54 +175,8 @@ def run_encode_voice(args: argparse.Namespace) -> int:
 
 
 def run_demo_weights(args: argparse.Namespace) -> int:
-    from moss_tts_node.tools.demo_weights import write_demo_weights
+    from moss_tts_node.tools.dev.demo_weights import write_demo_weights
 
     config_path = write_demo_weights(args.directory, seed=args.seed)
     print(f"wrote a tiny random model (noise, not speech) to {args.directory}; config: {config_path}")
     return 0
-
-
-class Progress:
-    """One self-rewriting status line on a terminal; silent when stderr is a pipe or file."""
-
-    BAR_WIDTH = 24
-
-    def __init__(self) -> None:
-        self.started = time.perf_counter()
-        self.enabled = sys.stderr.isatty()
-        self._shown = 0  # length of the line on screen, so a shorter one overwrites all of it
-
-    def show(self, audio_seconds: float) -> None:
-        elapsed = time.perf_counter() - self.started
-        self._draw(f"generating: {audio_seconds:6.2f} s of audio in {elapsed:6.2f} s")
-
-    def bar(self, done: int, total: int, eta_s: float | None, note: str = "") -> None:
-        """``done`` of ``total`` items as a bar, with the time left (``None``: not known yet)."""
-        filled = self.BAR_WIDTH * done // total if total else self.BAR_WIDTH
-        eta = "--:--" if eta_s is None else format_duration(eta_s)
-        self._draw(f"[{'#' * filled}{'.' * (self.BAR_WIDTH - filled)}] {done}/{total} ETA {eta} {note}".rstrip())
-
-    def message(self, text: str) -> None:
-        """A line of its own on stderr, shown whether or not the status line is; the status line is
-        redrawn by the next update."""
-        if self.enabled and self._shown:
-            print("\r" + " " * self._shown + "\r", end="", file=sys.stderr)
-            self._shown = 0
-        print(text, file=sys.stderr)
-
-    def done(self) -> None:
-        if self.enabled and self._shown:
-            print(file=sys.stderr)
-            self._shown = 0
-
-    def _draw(self, line: str) -> None:
-        if self.enabled:
-            print("\r" + line.ljust(self._shown), end="", file=sys.stderr, flush=True)
-            self._shown = len(line)
-
-
-def format_duration(seconds: float) -> str:
-    """``m:ss``, or ``h:mm:ss`` from an hour on."""
-    minutes, secs = divmod(round(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"

@@ -67,7 +67,7 @@ def _const(name: str, value: np.ndarray | int | float, dtype: type = np.int64) -
 
 def _model(graph: onnx.GraphProto) -> onnx.ModelProto:
     model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="moss_tts_node.tools.demo_codec"
+        graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="moss_tts_node.tools.dev.demo_codec"
     )
     model.ir_version = IR_VERSION
     return model

@@ -1,4 +1,6 @@
-"""Time the stream decoder at the codec's full size, by hand: ``python -m moss_tts_node.tools.stream_decoder_bench``.
+"""Time the stream decoder at the codec's full size, by hand.
+
+Run as ``python -m moss_tts_node.tools.dev.stream_decoder_bench CONFIG WORK_DIR``.
 
 Writes a random-weight checkpoint of the published shape (decode path only; its audio means nothing),
 builds the fp32 and int8 stream decoder graphs from it, and prints the real-time factor (decode time /
@@ -21,8 +23,9 @@ import numpy as np
 from moss_tts_node.codec.base import CODEBOOK_SIZE, AudioCodec
 from moss_tts_node.codec.stream_decoder import StreamDecoder
 from moss_tts_node.model.rates import FRAMES_PER_SECOND
-from moss_tts_node.tools.safetensors_io import write_safetensors
-from moss_tts_node.tools.stream_decoder_build import Patch, build_stream_decoder, read_codec_config
+from moss_tts_node.tools.prepare.safetensors_io import write_safetensors
+from moss_tts_node.tools.prepare.stream_decoder_build import build_stream_decoder
+from moss_tts_node.tools.prepare.stream_decoder_checkpoint import Patch, read_codec_config
 
 CHUNKS = (1, 2, 5)
 STATELESS_NEW, STATELESS_CONTEXT = 5, 25  # the scheme the stream decoder replaces

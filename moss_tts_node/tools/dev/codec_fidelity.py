@@ -25,7 +25,7 @@ CHUNK_FRAMES = (1, 2, 5, 10, 25)
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    """Add ``codec-fidelity`` to the CLI (cli.EXTRA_COMMAND_MODULES)."""
+    """Add ``codec-fidelity`` to the CLI (cli.main.EXTRA_COMMAND_MODULES)."""
     parser = commands.add_parser(
         "codec-fidelity",
         help="measure windowed and streamed decodes against one offline decode (by hand, not in CI)",

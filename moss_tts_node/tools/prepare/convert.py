@@ -49,8 +49,8 @@ from moss_tts_node.model.layout import (
     gguf_name,
 )
 from moss_tts_node.model.spec import ModelSpec
-from moss_tts_node.tools.qwen3_gguf import Qwen3Shape, qwen3_tensor_shapes, write_qwen3_gguf
-from moss_tts_node.tools.safetensors_io import SafetensorsCheckpoint
+from moss_tts_node.tools.prepare.qwen3_gguf import Qwen3Shape, qwen3_tensor_shapes, write_qwen3_gguf
+from moss_tts_node.tools.prepare.safetensors_io import SafetensorsCheckpoint
 
 MODEL_TYPE = "moss_tts_delay"
 TOKENIZER_FILES = (  # copied when present; tokenizer.json is what the runtime reads
@@ -476,7 +476,7 @@ def _gb(nbytes: float) -> str:
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    """Add the ``convert`` subcommand (see cli.EXTRA_COMMAND_MODULES)."""
+    """Add the ``convert`` subcommand (see cli.main.EXTRA_COMMAND_MODULES)."""
     parser = commands.add_parser(
         "convert",
         help="turn an original MOSS-TTS-Delay checkpoint into a weights directory (GGUF + .npy)",

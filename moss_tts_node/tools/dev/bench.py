@@ -21,8 +21,7 @@ The codec is the tiny demo codec for bench models; the real codec costs more: me
 ``--set model.codec_dir=/path/to/MOSS-Audio-Tokenizer-ONNX`` (random codes decode at the real cost), or
 the whole real model with ``--config``. The workers run one at a time; the machine should be otherwise quiet:
 the load average around each worker and the share of the CPU other processes took during it (from
-/proc/stat) are recorded. ``--ab-heads`` adds an interleaved comparison of the two fast heads paths
-(onnx heads with the text head skipped, and the heads inside the GGUF), robust to a drifting machine.
+/proc/stat) are recorded.
 """
 
 from __future__ import annotations
@@ -72,11 +71,6 @@ def register(commands: Any) -> None:
         help="a reference voice of this many seconds of random codes in every request (default 0: none)",
     )
     bench.add_argument("--no-prefill-compare", action="store_true", help="skip the every-position prefill run")
-    bench.add_argument(
-        "--ab-heads",
-        action="store_true",
-        help="also compare onnx heads + text-head skip with the heads in the GGUF, interleaved in one process",
-    )
     bench.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     bench.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for every run")
     bench.set_defaults(run=run_bench)
@@ -84,8 +78,8 @@ def register(commands: Any) -> None:
 
 def run_bench(args: argparse.Namespace) -> int:
     from moss_tts_node.errors import RequestError
-    from moss_tts_node.tools.bench_models import bench_model_dir, ensure_bench_model, ensure_heads_gguf
-    from moss_tts_node.tools.cli import parse_overrides
+    from moss_tts_node.tools.dev.bench_models import bench_model_dir, ensure_bench_model, ensure_heads_gguf
+    from moss_tts_node.tools.overrides import parse_overrides
 
     heads = [h.strip() for h in args.heads.split(",") if h.strip()]
     for h in heads:
@@ -100,25 +94,6 @@ def run_bench(args: argparse.Namespace) -> int:
             log(f"bench model {name}: {bench_model_dir(name)}")
             targets.append((name, ensure_bench_model(name, threads=args.threads, log=log)))
     results = []
-    if args.ab_heads and not args.config:
-        for name, _ in targets:
-            ensure_heads_gguf(name, log=log)
-            log(f"interleaved heads comparison on {name} ...")
-            proc = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "moss_tts_node.tools.bench",
-                    "ab",
-                    json.dumps({"model": name, "threads": args.threads}),
-                ],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            if proc.returncode != 0:
-                raise MossTTSError(f"bench ab worker failed:\n{proc.stderr[-4000:]}")
-            print(proc.stdout.strip().splitlines()[-1], flush=True)
     for name, config in targets:
         for backend in heads:
             run_overrides = {**overrides, "audio.heads_backend": backend}
@@ -164,7 +139,7 @@ def run_worker(job: dict[str, Any], command: list[str] | None = None) -> dict[st
     with tempfile.TemporaryDirectory(prefix="moss_bench_") as tmp:
         job["workdir"] = tmp
         proc = subprocess.run(
-            [*(command or [sys.executable, "-m", "moss_tts_node.tools.bench", "worker"]), json.dumps(job)],
+            [*(command or [sys.executable, "-m", "moss_tts_node.tools.dev.bench", "worker"]), json.dumps(job)],
             capture_output=True,
             text=True,
             check=False,
@@ -371,62 +346,19 @@ def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-# ---- the prefill with the text head at every position (llama-cpp-python's bindings, own process) -------
-
-_PREFILL_SCRIPT = r"""
-import ctypes, json, sys, time
-import numpy as np
-import llama_cpp as L
-path, prompt, threads, n_ctx, n_batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-quiet = L.llama_log_callback(lambda level, text, data: None)
-L.llama_log_set(quiet, ctypes.c_void_p(0))
-L.llama_backend_init()
-mp = L.llama_model_default_params(); mp.n_gpu_layers = 0
-model = L.llama_model_load_from_file(path.encode(), mp)
-cp = L.llama_context_default_params()
-cp.n_ctx = n_ctx; cp.n_batch = n_batch; cp.n_ubatch = n_batch; cp.n_threads = threads; cp.n_threads_batch = threads
-cp.embeddings = True; cp.pooling_type = L.LLAMA_POOLING_TYPE_NONE; cp.no_perf = True
-ctx = L.llama_init_from_model(model, cp)
-rows = np.load(prompt).astype(np.float32)
-S, H = rows.shape
-batch = L.llama_batch_init(n_batch, H, 1)
-def decode(first, n, outputs):
-    batch.n_tokens = n
-    ctypes.memmove(batch.embd, rows[first:first + n].ctypes.data, n * H * 4)
-    for i in range(n):
-        batch.pos[i] = first + i; batch.n_seq_id[i] = 1; batch.seq_id[i][0] = 0; batch.logits[i] = outputs
-    assert L.llama_decode(ctx, batch) == 0
-def prefill(every):
-    L.llama_memory_clear(L.llama_get_memory(ctx), True)
-    t = time.perf_counter()
-    if every:
-        L.llama_set_embeddings(ctx, True)
-        for first in range(0, S, n_batch):
-            decode(first, min(n_batch, S - first), 1)
-    else:
-        L.llama_set_embeddings(ctx, False)
-        for first in range(0, S - 1, n_batch):
-            decode(first, min(n_batch, S - 1 - first), 0)
-        L.llama_set_embeddings(ctx, True)
-        decode(S - 1, 1, 1)
-    return (time.perf_counter() - t) * 1000
-prefill(False)
-last, every = [], []
-for _ in range(3):  # alternated; the minimum is the cost without interference from other processes
-    last.append(prefill(False)); every.append(prefill(True))
-print(json.dumps({"prefill_last_row_ms": min(last), "prefill_every_row_ms": min(every)}))
-"""
+# ---- the prefill with the text head at every position (bench_prefill, in its own process) --------------
 
 
 def prefill_compare(job: dict[str, Any], prompt: Path, result: dict[str, Any]) -> dict[str, Any]:
     from moss_tts_node.config import backbone_path, load_config
+    from moss_tts_node.tools.dev import bench_prefill
 
     config = load_config(job["config"], job["overrides"])
     proc = subprocess.run(
         [
             sys.executable,
-            "-c",
-            _PREFILL_SCRIPT,
+            "-m",
+            bench_prefill.__name__,
             str(backbone_path(config)),
             str(prompt),
             str(job["threads"]),
@@ -571,56 +503,8 @@ def format_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def heads_ab(job: dict[str, Any], rounds: int = 6, block: int = 20) -> str:
-    """Decode + heads per step, interleaved in blocks: (A) the plain GGUF with the text head skipped and the
-    onnx heads, (B) the GGUF that carries the heads, text head on. Both see the same machine."""
-    import numpy as np
-    from threadpoolctl import threadpool_limits
-
-    from moss_tts_node.llama.backbone import Backbone, BackboneParams
-    from moss_tts_node.model.delay import TextRule
-    from moss_tts_node.model.generation import step_logits
-    from moss_tts_node.model.heads import load_audio_heads
-    from moss_tts_node.model.spec import ModelSpec
-    from moss_tts_node.tools.bench_models import GGUF_NAME, HEADS_GGUF_NAME, bench_model_dir
-
-    directory, spec, threads = bench_model_dir(job["model"]), ModelSpec(), job["threads"]
-
-    def open_backbone(name: str) -> Backbone:
-        return Backbone(
-            BackboneParams(gguf_path=directory / name, n_ctx=4096, n_batch=512, n_threads=threads, n_gpu_layers=0)
-        )
-
-    a, b = open_backbone(GGUF_NAME), open_backbone(HEADS_GGUF_NAME)
-    heads_a = load_audio_heads("onnx", directory / HEADS_DIR, spec, a.n_embd, directory / GGUF_NAME, threads)
-    heads_b = load_audio_heads("gguf", directory / HEADS_DIR, spec, b.n_embd, directory / HEADS_GGUF_NAME)
-    rule = TextRule(allowed=(spec.audio_assistant_gen_slot_token_id, spec.audio_assistant_delay_slot_token_id))
-    channels = np.ones(spec.n_vq, dtype=bool)
-    rng = np.random.default_rng(0)
-    prompt = 0.1 * rng.standard_normal((141, a.n_embd)).astype(np.float32)
-    rows = 0.1 * rng.standard_normal((rounds * block, a.n_embd)).astype(np.float32)
-    times: dict[str, list[float]] = {"a": [], "b": []}
-    with threadpool_limits(limits=1, user_api="blas"):
-        for backbone, heads in ((a, heads_a), (b, heads_b)):
-            backbone.prefill(prompt, text_logits=heads.wants_text_head(rule))
-        for r in range(rounds):
-            for key, backbone, heads in (("a", a, heads_a), ("b", b, heads_b)):
-                for row in rows[r * block : (r + 1) * block]:
-                    t = time.perf_counter()
-                    backbone.decode(row, text_logits=heads.wants_text_head(rule))
-                    step_logits(backbone, heads, rule, channels)
-                    times[key].append(time.perf_counter() - t)
-    ms = {k: 1000 * float(np.median(v)) for k, v in times.items()}
-    return (
-        f"{job['model']}: decode + heads a step, median of {len(times['a'])} interleaved: onnx heads + text head "
-        f"skipped {ms['a']:.1f} ms, heads in the GGUF {ms['b']:.1f} ms ({100 * (ms['b'] / ms['a'] - 1):+.1f}%)"
-    )
-
-
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "worker":
         print(json.dumps(worker(json.loads(sys.argv[2]))), flush=True)
-    elif len(sys.argv) == 3 and sys.argv[1] == "ab":
-        print(heads_ab(json.loads(sys.argv[2])), flush=True)
     else:
         sys.exit("usage: python -m moss_tts_node bench ... (the worker entry is internal)")

@@ -277,7 +277,7 @@ def _check_engines(engine_dir: Path, environment: _Environment, checks: list[Che
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    """Add ``doctor`` to the CLI (cli.EXTRA_COMMAND_MODULES)."""
+    """Add ``doctor`` to the CLI (cli.main.EXTRA_COMMAND_MODULES)."""
     parser = commands.add_parser(
         "doctor",
         help="show what is installed and usable (llama.cpp GPU, onnxruntime, TensorRT, CUDA, weights)",

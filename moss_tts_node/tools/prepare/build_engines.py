@@ -9,7 +9,7 @@ from moss_tts_node.codec.engines import DEFAULT_MAX_SECONDS, METADATA_FILE, buil
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``build-engines`` to the CLI (tools/cli.py's EXTRA_COMMAND_MODULES)."""
+    """Add ``build-engines`` to the CLI (cli.main.EXTRA_COMMAND_MODULES)."""
     parser = commands.add_parser(
         "build-engines",
         help="build TensorRT engines of the codec for this GPU (TF32)",

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from moss_tts_node.errors import EXIT_INTERRUPTED, MossTTSError, RequestError
 from moss_tts_node.timing import StopReason
-from moss_tts_node.tools.cli import Progress, add_set_option, parse_overrides
+from moss_tts_node.tools.cli.progress import Progress
+from moss_tts_node.tools.overrides import add_set_option, parse_overrides
 
 if TYPE_CHECKING:
     import numpy as np
@@ -98,7 +99,7 @@ class _LineError(ValueError):
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    """Add ``batch`` to the CLI (cli.EXTRA_COMMAND_MODULES)."""
+    """Add ``batch`` to the CLI (cli.main.EXTRA_COMMAND_MODULES)."""
     parser = commands.add_parser(
         "batch",
         help="synthesize every line of a list into DIR/<id>.wav (resumable)",

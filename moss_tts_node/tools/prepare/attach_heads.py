@@ -20,7 +20,7 @@ from moss_tts_node.llama.gguf import GGUF_AUDIO_HEADS_KEY, GGUF_TEXT_VOCAB_KEY, 
 from moss_tts_node.model.heads import read_heads
 from moss_tts_node.model.layout import HEADS_DIR, heads_gguf_name
 from moss_tts_node.model.spec import ModelSpec
-from moss_tts_node.tools.convert import check_disk_space
+from moss_tts_node.tools.prepare.convert import check_disk_space
 
 
 def attach_heads(
@@ -156,7 +156,7 @@ def _quantize_rows(rows: np.ndarray, qtype: Any) -> np.ndarray:
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``attach-heads`` to the CLI (cli.EXTRA_COMMAND_MODULES)."""
+    """Add ``attach-heads`` to the CLI (cli.main.EXTRA_COMMAND_MODULES)."""
     parser = commands.add_parser(
         "attach-heads",
         help="append the 32 audio heads to the backbone GGUF (heads_backend gguf: the heads on the GPU)",

@@ -33,10 +33,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from moss_tts_node.config import write_params_file
 from moss_tts_node.model.layout import gguf_name
 from moss_tts_node.model.spec import ModelSpec
-from moss_tts_node.tools.convert import MODEL_TYPE, checkpoint_tensor_name, convert_checkpoint
-from moss_tts_node.tools.demo_codec import write_demo_codec
-from moss_tts_node.tools.qwen3_gguf import Qwen3Shape, random_qwen3_tensors
-from moss_tts_node.tools.safetensors_io import write_sharded_checkpoint
+from moss_tts_node.tools.dev.demo_codec import write_demo_codec
+from moss_tts_node.tools.prepare.convert import MODEL_TYPE, checkpoint_tensor_name, convert_checkpoint
+from moss_tts_node.tools.prepare.qwen3_gguf import Qwen3Shape, random_qwen3_tensors
+from moss_tts_node.tools.prepare.safetensors_io import write_sharded_checkpoint
 
 GGUF_TYPE = "F16"  # unquantized: the demo backbone equals its checkpoint up to float16 rounding
 GGUF_NAME = gguf_name(GGUF_TYPE)

@@ -43,10 +43,10 @@ from moss_tts_node.model.layout import (
     heads_gguf_name,
 )
 from moss_tts_node.model.spec import ModelSpec
-from moss_tts_node.tools.convert import quantize_gguf
-from moss_tts_node.tools.demo_codec import write_demo_codec
-from moss_tts_node.tools.demo_weights import SPECIAL_TOKENS, train_tokenizer
-from moss_tts_node.tools.qwen3_gguf import Qwen3Shape, qwen3_tensor_shapes, write_qwen3_gguf
+from moss_tts_node.tools.dev.demo_codec import write_demo_codec
+from moss_tts_node.tools.dev.demo_weights import SPECIAL_TOKENS, train_tokenizer
+from moss_tts_node.tools.prepare.convert import quantize_gguf
+from moss_tts_node.tools.prepare.qwen3_gguf import Qwen3Shape, qwen3_tensor_shapes, write_qwen3_gguf
 
 TEXT_VOCAB = 155_648
 GGUF_NAME = DEFAULT_GGUF
@@ -166,7 +166,7 @@ def build_bench_model(directory: Path, shape: Qwen3Shape, name: str, threads: in
 
 def ensure_heads_gguf(name: str, log: Log = print) -> Path:
     """The bench model's GGUF with the 32 audio heads appended to its output matrix (heads_backend gguf)."""
-    from moss_tts_node.tools.attach_heads import append_audio_heads_to_gguf
+    from moss_tts_node.tools.prepare.attach_heads import append_audio_heads_to_gguf
 
     directory = bench_model_dir(name)
     target = directory / HEADS_GGUF_NAME

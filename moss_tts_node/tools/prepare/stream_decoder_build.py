@@ -1,0 +1,237 @@
+"""Write the streaming decoder graph of a MOSS-Audio-Tokenizer checkpoint (``config.json`` + safetensors).
+
+The graph follows the contract in ``moss_tts_node.codec.stream_decoder``: codes of the new frames and
+the attention caches in, their audio and the cache rows to store out. It is the codec's decode path
+(RLFQ codebook lookup, the causal Transformer stages, the patch reshapes) written op by op with the
+``onnx`` helpers, from the checkpoint's own tensors; no PyTorch. docs/stream-decoder.md describes the
+state and how each attention mode relates to the codec's offline and streaming decodes.
+
+``stream_decoder_checkpoint`` reads the checkpoint and ``stream_decoder_layers`` holds the building
+blocks; this module puts the decode path together, declares the graph's inputs and outputs, writes the
+file (int8: quantized after) and is the ``build-stream-decoder`` command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moss_tts_node.codec.base import AudioCodec
+from moss_tts_node.codec.layout import STREAM_DECODER_FILE
+from moss_tts_node.codec.stream_decoder import (
+    AUDIO_OUTPUT,
+    CODES_INPUT,
+    FORMAT_KEY,
+    FORMAT_VERSION,
+    FRAMES_INPUT,
+    FRAMES_OUTPUT,
+    MAX_FRAMES_KEY,
+    key_cache_name,
+    new_keys_name,
+    new_values_name,
+    value_cache_name,
+    write_slots_name,
+)
+from moss_tts_node.errors import WeightsError
+from moss_tts_node.tools.prepare.safetensors_io import SafetensorsCheckpoint
+from moss_tts_node.tools.prepare.stream_decoder_checkpoint import CodecSpec, CodecWeights, Patch, read_codec_config
+from moss_tts_node.tools.prepare.stream_decoder_layers import (
+    CODEBOOK_PROJECTIONS,
+    OnnxGraph,
+    quantizer_decode,
+    stage_clock,
+    transformer_stage,
+    unpatch,
+)
+
+# "window": every query attends to its whole span, as the offline decode does, at any chunk size.
+# "ring": the codec's own streaming, which stores a chunk's keys before attending, so within a chunk
+# the earlier queries lose the oldest keys the later ones overwrite.
+ATTENTION_MODES = ("window", "ring")
+OPSET = 20  # Gelu is a standard op from 20 on
+IR_VERSION = 9  # the oldest IR that carries opset 20, so older ONNX Runtimes load the graph too
+# Protobuf cannot hold a model over 2 GiB; above this the weights go to a side file.
+_EXTERNAL_DATA_BYTES = 1_800_000_000
+
+
+def build_stream_decoder(
+    checkpoint_dir: Path | str, out_path: Path | str, *, int8: bool = False, attention: str = "window"
+) -> Path:
+    """Write the stream decoder graph of the checkpoint in ``checkpoint_dir`` to ``out_path``; return it.
+
+    ``int8``: MatMul weights quantized dynamically to int8 (ONNX Runtime's quantizer; activations stay
+    float). ``attention``: "window" (each new position sees exactly what the offline decode shows it) or
+    "ring" (reproduces the codec's own streaming). Weights go to ``<out_path>.data`` when the graph
+    would pass protobuf's 2 GiB limit. Raises WeightsError for a missing, inconsistent or unsupported
+    checkpoint.
+    """
+    if attention not in ATTENTION_MODES:
+        raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
+    checkpoint_dir, out_path = Path(checkpoint_dir), Path(out_path)
+    spec = read_codec_config(checkpoint_dir / "config.json")
+    checkpoint = SafetensorsCheckpoint(checkpoint_dir)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    if not int8:
+        _write_graph(spec, checkpoint, out_path, attention)
+        return out_path
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with tempfile.TemporaryDirectory(dir=out_path.parent, prefix=".stream-decoder-fp32-") as scratch:
+        fp32_path = Path(scratch) / "fp32.onnx"
+        external = _write_graph(spec, checkpoint, fp32_path, attention)
+        quantize_dynamic(
+            fp32_path,
+            out_path,
+            weight_type=QuantType.QInt8,
+            op_types_to_quantize=["MatMul"],
+            use_external_data_format=external,
+            # Attention multiplies activations by the caches: only weight MatMuls may be quantized.
+            extra_options={"MatMulConstBOnly": True},
+            nodes_to_exclude=[CODEBOOK_PROJECTIONS],
+        )
+        if external:  # the quantizer creates its side file owner-only; give it the fp32 file's permissions
+            shutil.copymode(fp32_path.with_name(f"{fp32_path.name}.data"), out_path.with_name(f"{out_path.name}.data"))
+    return out_path
+
+
+def _write_graph(spec: CodecSpec, checkpoint: SafetensorsCheckpoint, out_path: Path, attention: str) -> bool:
+    """Write the fp32 graph to ``out_path``; return whether its weights went to a side file."""
+    import onnx
+    from onnx import helper
+
+    weight_bytes = 4 * sum(  # the graph is float32 whatever the checkpoint stores
+        int(np.prod(info.shape))
+        for name, info in checkpoint.tensors.items()
+        if name.startswith(("decoder.", "quantizer."))
+    )
+    external = weight_bytes > _EXTERNAL_DATA_BYTES
+    data_name = f"{out_path.name}.data"
+    data_path = out_path.with_name(data_name)
+    try:
+        with contextlib.ExitStack() as stack:
+            data_file = stack.enter_context(data_path.open("wb")) if external else None
+            graph = OnnxGraph(data_file, data_name)
+            inputs, outputs = _decode_path(graph, CodecWeights(checkpoint), spec, attention)
+    except BaseException:
+        if external:
+            data_path.unlink(missing_ok=True)  # gigabytes of weights for a graph that will not exist
+        raise
+    body = helper.make_graph(graph.nodes, "moss_stream_decoder", inputs, outputs, graph.initializers)
+    model = helper.make_model(body, opset_imports=[helper.make_opsetid("", OPSET)], producer_name=__name__)
+    model.ir_version = IR_VERSION
+    properties = {FORMAT_KEY: FORMAT_VERSION, "attention": attention}
+    if attention == "ring":
+        properties[MAX_FRAMES_KEY] = str(_ring_max_frames(spec))
+    helper.set_model_props(model, properties)
+    onnx.save_model(model, out_path)
+    onnx.checker.check_model(str(out_path))  # by path, so that external data and > 2 GiB models are checked too
+    return external
+
+
+def _ring_max_frames(spec: CodecSpec) -> int:
+    """Most frames per call in ring mode: a chunk longer than a stage's span overwrites keys it still needs.
+
+    That is the codec's own rule (its streaming chunks may not exceed the attention duration).
+    """
+    spans, positions_per_frame = [], 1
+    for module in spec.decoder:
+        if isinstance(module, Patch):
+            positions_per_frame *= module.size
+        else:
+            spans.append(module.context // positions_per_frame)
+    return min(spans)
+
+
+def _decode_path(
+    graph: OnnxGraph, weights: CodecWeights, spec: CodecSpec, attention: str
+) -> tuple[list[Any], list[Any]]:
+    """Add the whole decode to ``graph``; return the graph's input and output declarations."""
+    from onnx import TensorProto, helper
+
+    inputs = [
+        helper.make_tensor_value_info(CODES_INPUT, TensorProto.INT64, (AudioCodec.n_quantizers, 1, "frames")),
+        helper.make_tensor_value_info(FRAMES_INPUT, TensorProto.INT64, ()),
+    ]
+    outputs = [
+        helper.make_tensor_value_info(AUDIO_OUTPUT, TensorProto.FLOAT, (1, 1, "samples")),
+        helper.make_tensor_value_info(FRAMES_OUTPUT, TensorProto.INT64, ()),
+    ]
+    frames = graph.op("Squeeze", graph.op("Shape", CODES_INPUT, start=2, end=3), graph.constant("axis", [0]))
+    x, channels = quantizer_decode(graph, weights, spec), spec.quantizer_output_dim
+    positions_per_frame = 1
+    stage = 0
+    for module in spec.decoder:
+        if isinstance(module, Patch):
+            channels //= module.size
+            x = unpatch(graph, x, channels, module.size)
+            positions_per_frame *= module.size
+            continue
+        clock = stage_clock(graph, module, stage, frames, positions_per_frame, attention)
+        x = transformer_stage(graph, weights, module, stage, clock, x)
+        channels = module.output_dim
+        heads, head_dim, span = module.heads, module.head_dim, module.context
+        for layer in range(module.layers):
+            inputs.append(
+                helper.make_tensor_value_info(key_cache_name(stage, layer), TensorProto.FLOAT, (heads, head_dim, span))
+            )
+            inputs.append(
+                helper.make_tensor_value_info(
+                    value_cache_name(stage, layer), TensorProto.FLOAT, (heads, span, head_dim)
+                )
+            )
+        rows = f"rows_{stage}"
+        outputs += [
+            helper.make_tensor_value_info(
+                new_keys_name(stage), TensorProto.FLOAT, (module.layers, heads, head_dim, rows)
+            ),
+            helper.make_tensor_value_info(
+                new_values_name(stage), TensorProto.FLOAT, (module.layers, heads, rows, head_dim)
+            ),
+            helper.make_tensor_value_info(write_slots_name(stage), TensorProto.INT64, (rows,)),
+        ]
+        stage += 1
+    graph.op("Reshape", x, graph.constant("audio_shape", [1, 1, -1]), out=AUDIO_OUTPUT)
+    graph.op("Add", FRAMES_INPUT, frames, out=FRAMES_OUTPUT)
+    return inputs, outputs
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``build-stream-decoder`` to the CLI (cli.main.EXTRA_COMMAND_MODULES)."""
+    parser = commands.add_parser(
+        "build-stream-decoder",
+        help="build the stateful streaming decoder graph from the codec checkpoint",
+        description=(
+            "Write the codec's streaming decoder (attention state kept between calls, so each chunk decodes "
+            "only its new frames) from the MOSS-Audio-Tokenizer checkpoint: config.json + model.safetensors."
+        ),
+    )
+    parser.add_argument("checkpoint", type=Path, help="codec checkpoint directory (config.json, model.safetensors)")
+    parser.add_argument(
+        "--out",
+        required=True,
+        type=Path,
+        help=f"graph to write; put it in the config's model.codec_dir as {STREAM_DECODER_FILE} to have it used",
+    )
+    parser.add_argument("--int8", action="store_true", help="int8 weights: faster on a CPU, slightly less exact")
+    parser.add_argument(
+        "--attention",
+        choices=ATTENTION_MODES,
+        default=ATTENTION_MODES[0],
+        help="window: equals the offline decode (default); ring: reproduces the codec's own streaming",
+    )
+    parser.add_argument("--force", action="store_true", help="overwrite an existing output")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.out.exists() and not args.force:
+        raise WeightsError(f"{args.out} exists; pass --force to overwrite it")
+    path = build_stream_decoder(args.checkpoint, args.out, int8=args.int8, attention=args.attention)
+    print(f"wrote {path} ({'int8' if args.int8 else 'fp32'}, {args.attention} attention)")
+    return 0
