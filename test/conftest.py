@@ -27,6 +27,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # The directory of shared fixtures; CI keeps a copy beside the clone (<clone>/../shared).
 SHARED_DIR_VARIABLE = "MOSS_SHARED_DIR"
 CODEC_TINY = "codec-tiny"
+CODEC_TINY_FILES = ("decoder.onnx", "encoder.onnx", "reference.npz", "config.json", "model.safetensors")
+# Set (to anything but "" or "0") where codec-tiny must be there: .ci/run sets it, so that in CI the tests
+# that carry the codec's exactness fail with the reason instead of skipping.
+REQUIRE_CODEC_TINY_VARIABLE = "MOSS_REQUIRE_CODEC_TINY"
 
 if TYPE_CHECKING:
     from moss_tts_node.synthesizer import Synthesizer
@@ -46,14 +50,30 @@ def synth(demo_config: Path) -> Iterator[Synthesizer]:
         yield loaded
 
 
+def codec_tiny_location() -> Path:
+    """Where codec-tiny is looked for (whether or not it is there): ``codec_tiny_dir`` checks that it is."""
+    return Path(os.environ.get(SHARED_DIR_VARIABLE) or REPO_ROOT.parent / "shared") / CODEC_TINY
+
+
+def codec_tiny_or_skip() -> Path:
+    """codec-tiny's directory; without it the calling test skips, or fails where MOSS_REQUIRE_CODEC_TINY is set."""
+    directory = codec_tiny_location()
+    missing = [name for name in CODEC_TINY_FILES if not (directory / name).is_file()]
+    if missing:
+        reason = (
+            f"{directory} lacks {', '.join(missing)}: put the shared fixtures beside the clone "
+            f"or set {SHARED_DIR_VARIABLE} to the folder that holds {CODEC_TINY}"
+        )
+        if os.environ.get(REQUIRE_CODEC_TINY_VARIABLE, "") not in ("", "0"):
+            pytest.fail(f"{reason} ({REQUIRE_CODEC_TINY_VARIABLE} is set: here codec-tiny must be there)")
+        pytest.skip(reason)
+    return directory
+
+
 @pytest.fixture(scope="session")
 def codec_tiny_dir() -> Path:
-    """codec-tiny: the real codec architecture (tiny, random) with PyTorch reference outputs; skips without it."""
-    shared = Path(os.environ.get(SHARED_DIR_VARIABLE) or REPO_ROOT.parent / "shared")
-    directory = shared / CODEC_TINY
-    if not (directory / "decoder.onnx").is_file():
-        pytest.skip(f"{directory} not found: put the shared fixtures beside the clone or set {SHARED_DIR_VARIABLE}")
-    return directory
+    """codec-tiny: the real codec architecture (tiny, random) with PyTorch reference outputs; see codec_tiny_or_skip."""
+    return codec_tiny_or_skip()
 
 
 @pytest.fixture(scope="session")

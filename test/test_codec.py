@@ -9,6 +9,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import soundfile as sf
+from conftest import REPO_ROOT, REQUIRE_CODEC_TINY_VARIABLE, SHARED_DIR_VARIABLE, codec_tiny_or_skip
 from onnx import TensorProto, helper
 
 from moss_tts_node.codec.audio_io import float_to_pcm16, load_reference_audio, resample, write_wav
@@ -230,6 +231,18 @@ def test_attention_span_comes_from_the_checkpoint_config(
     (tmp_path / "config.json").write_text('{"sampling_rate": 24000}')
     with pytest.raises(CodecError, match=r"config\.json.*causal_transformer_context_duration"):
         read_attention_span(tmp_path)
+
+
+def test_without_codec_tiny_its_tests_skip_and_in_ci_they_fail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SHARED_DIR_VARIABLE, str(tmp_path))
+    monkeypatch.delenv(REQUIRE_CODEC_TINY_VARIABLE, raising=False)
+    with pytest.raises(pytest.skip.Exception, match=r"lacks decoder\.onnx, encoder\.onnx, reference\.npz"):
+        codec_tiny_or_skip()
+    monkeypatch.setenv(REQUIRE_CODEC_TINY_VARIABLE, "1")
+    with pytest.raises(pytest.fail.Exception, match=rf"lacks decoder\.onnx.*{REQUIRE_CODEC_TINY_VARIABLE} is set"):
+        codec_tiny_or_skip()
+    # CI is where it is set: .ci/run, the CI entry point, exports it before running the suites.
+    assert f"\nexport {REQUIRE_CODEC_TINY_VARIABLE}=1\n" in (REPO_ROOT / ".ci" / "run").read_text()
 
 
 # --- audio files ---------------------------------------------------------------------

@@ -138,3 +138,102 @@ def test_the_tools_depend_one_way_prepare_then_dev_then_cli() -> None:
         if target.startswith(f"{TOOLS}.") and rank(target) > rank(source)
     )
     assert not wrong, wrong
+
+
+# -- the layer order: which top-level part of the package may import which ----------------------------------------
+
+# Low to high; a module imports modules of its own layer and lower ones only. "__init__" is the package's own
+# __init__.py (the library's front door), "__main__" the CLI's entry point.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "choices", "timing"),
+    ("llama", "playback"),
+    ("model",),
+    ("text", "codec"),
+    ("config",),
+    ("synthesis", "synthesizer", "__init__"),
+    ("ros", "tools"),
+    ("__main__",),
+)
+LAYER_OF = {part: level for level, parts in enumerate(LAYERS) for part in parts}
+# Pairs within one layer that must not import each other (either way).
+APART = ({"text", "codec"}, {"ros", "tools"})
+
+
+def _part(module: str) -> str:
+    """The top-level part of the package a module belongs to: ``moss_tts_node.codec.base`` -> ``codec``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _located_imports() -> list[tuple[str, str, str]]:
+    """(``file:line``, importing module, imported module) for every import of a package module, deferred and
+    TYPE_CHECKING ones included. ``from P import m`` imports the module ``P.m`` where there is one, else ``P``."""
+    modules = {_module_name(p): p for p in PACKAGE_DIR.rglob("*.py")}
+    found = []
+    for name, path in sorted(modules.items()):
+        where = path.relative_to(PACKAGE_DIR.parent)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [
+                    f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules else node.module
+                    for alias in node.names
+                ]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                continue
+            found += [(f"{where}:{node.lineno}", name, t) for t in dict.fromkeys(targets) if t in modules]
+    return found
+
+
+def _layer_violations(imports: list[tuple[str, str, str]]) -> list[str]:
+    wrong = []
+    for where, source, target in imports:
+        low, high = _part(target), _part(source)
+        if low == high:
+            continue
+        if low not in LAYER_OF or high not in LAYER_OF:
+            unplaced = high if high not in LAYER_OF else low
+            wrong.append(f"{where}: {source} imports {target}, but {unplaced!r} has no place in LAYERS")
+        elif LAYER_OF[low] > LAYER_OF[high]:
+            wrong.append(
+                f"{where}: {source} imports {target}, which is above it ({high!r} is layer "
+                f"{LAYER_OF[high]}, {low!r} layer {LAYER_OF[low]}: import only your own layer or lower)"
+            )
+        elif {low, high} in APART:
+            wrong.append(f"{where}: {source} imports {target}, but {high!r} and {low!r} must not import each other")
+    return wrong
+
+
+def test_every_part_of_the_package_has_a_layer() -> None:
+    parts = {_part(_module_name(path)) for path in PACKAGE_DIR.rglob("*.py")}
+    assert parts == set(LAYER_OF), (
+        f"place these in LAYERS: {sorted(parts - set(LAYER_OF))}; gone: {sorted(set(LAYER_OF) - parts)}"
+    )
+
+
+def test_imports_only_run_down_the_layers() -> None:
+    wrong = _layer_violations(_located_imports())
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_layer_check_names_the_import_and_the_rule() -> None:
+    """The check itself on imports that break each rule (what the two tests above would report)."""
+    assert _layer_violations(
+        [
+            ("moss_tts_node/model/sampling.py:7", "moss_tts_node.model.sampling", "moss_tts_node.config"),
+            ("moss_tts_node/codec/base.py:9", "moss_tts_node.codec.base", "moss_tts_node.text.pieces"),
+            ("moss_tts_node/tools/cli.py:3", "moss_tts_node.tools.cli", "moss_tts_node.ros.node"),
+            ("moss_tts_node/ros/node.py:5", "moss_tts_node.ros.node", "moss_tts_node.model.delay"),
+            ("moss_tts_node/speech.py:2", "moss_tts_node.speech", "moss_tts_node.errors"),
+        ]
+    ) == [
+        "moss_tts_node/model/sampling.py:7: moss_tts_node.model.sampling imports moss_tts_node.config, which is above "
+        "it ('model' is layer 2, 'config' layer 4: import only your own layer or lower)",
+        "moss_tts_node/codec/base.py:9: moss_tts_node.codec.base imports moss_tts_node.text.pieces, "
+        "but 'codec' and 'text' must not import each other",
+        "moss_tts_node/tools/cli.py:3: moss_tts_node.tools.cli imports moss_tts_node.ros.node, "
+        "but 'tools' and 'ros' must not import each other",
+        "moss_tts_node/speech.py:2: moss_tts_node.speech imports moss_tts_node.errors, "
+        "but 'speech' has no place in LAYERS",
+    ]

@@ -1,16 +1,24 @@
 """Launch files: what they reference exists; each builds a LaunchDescription where ROS 2 launch is
-installed (it is not on PyPI, so here that part skips); launch_parameters reads params files.
+installed (it is not on PyPI, so here that part skips); the node's executable says why it cannot start
+in words the launch file reads. What the launch file imports (``ros/launch_params.py``) needs PyYAML
+only, as the system Python of an apt ROS install has: those tests run without ROS.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
+import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
 from ros_helpers import require_ros
+from ros_helpers.netns import LoopbackNamespace
+
+from moss_tts_node.errors import ConfigError
+from moss_tts_node.ros.launch_params import choose_params_file, launch_parameters, start_failure
 
 ROOT = Path(__file__).resolve().parent.parent
 EXECUTABLES = {"moss_tts_node": "moss_tts_node.ros.node:main", "moss_tts_player": "moss_tts_node.ros.player:main"}
@@ -25,10 +33,6 @@ def test_the_launch_file_is_there_and_names_every_shipped_config() -> None:
 
 
 def test_the_launch_chooses_a_shipped_config_or_your_params_file(tmp_path: Path) -> None:
-    require_ros()
-    from moss_tts_node.errors import ConfigError
-    from moss_tts_node.ros.launch_params import choose_params_file
-
     config_dir = ROOT / "config"
     assert choose_params_file("", "jetson_orin_nx_8gb", config_dir) == config_dir / "jetson_orin_nx_8gb.yaml"
     assert choose_params_file("", "cpu_only.yaml", config_dir) == config_dir / "cpu_only.yaml"
@@ -49,11 +53,35 @@ def test_what_a_launch_file_names_exists(launch_file: Path) -> None:
         assert scripts.get(executable) == EXECUTABLES[executable], f"no console script {executable!r} (setup.py)"
 
 
-def test_the_node_entry_point_resolves() -> None:
+def test_the_node_console_script_says_why_it_cannot_start_in_the_words_the_launch_file_reads(
+    tmp_path: Path,
+) -> None:
+    """The executable the launch file starts, run as it runs it: a node that cannot start exits 2, and the
+    launch file's ``start_failure`` finds the node's reason in what it printed (log prefix and all)."""
     require_ros()
-    from moss_tts_node.ros import node as ros_node
-
-    assert callable(ros_node.main)
+    script = Path(sys.executable).with_name("moss_tts_node")  # setup.py's console script, beside the interpreter
+    assert script.is_file(), f"{script} not found: pip install -e . installs it"
+    try:
+        netns = LoopbackNamespace(tmp_path)
+    except (RuntimeError, OSError) as err:
+        pytest.skip(f"no loopback-only network namespace here: {err}")
+    try:
+        node = netns.popen(
+            [str(script), "--ros-args", "-p", "model.weights_dir:=/nonexistent"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            output, _ = node.communicate(timeout=120)
+        finally:
+            if node.poll() is None:
+                node.kill()
+                node.wait()
+    finally:
+        netns.close()
+    assert node.returncode == 2, output
+    reason = start_failure(output)
+    assert reason is not None and reason.endswith("'model.weights_dir' directory not found: /nonexistent"), output
 
 
 @pytest.mark.parametrize("launch_file", LAUNCH_FILES, ids=lambda f: f.name)
@@ -71,10 +99,6 @@ def test_a_launch_file_builds_a_launch_description(launch_file: Path) -> None:
 
 
 def test_launch_parameters_flatten_the_node_section_and_anchor_relative_paths(tmp_path: Path) -> None:
-    require_ros()
-    from moss_tts_node.errors import ConfigError
-    from moss_tts_node.ros.launch_params import launch_parameters
-
     params = tmp_path / "robot" / "tts.yaml"
     params.parent.mkdir()
     params.write_text(

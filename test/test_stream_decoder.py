@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import codec_tiny_location
 
 from moss_tts_node.codec.base import AudioCodec
 from moss_tts_node.codec.stream_decoder import StreamDecoder
@@ -22,11 +22,8 @@ from moss_tts_node.codec.streaming import StatefulStreamDecoding
 from moss_tts_node.errors import CodecError, WeightsError
 from moss_tts_node.tools.prepare.stream_decoder_build import build_stream_decoder
 
-SHARED = Path(os.environ.get("MOSS_SHARED_DIR", Path(__file__).resolve().parents[1].parent / "shared"))
-TINY = SHARED / "codec-tiny"
-pytestmark = pytest.mark.skipif(
-    not (TINY / "reference.npz").is_file(), reason=f"{TINY} not found (set MOSS_SHARED_DIR to the shared folder)"
-)
+TINY = codec_tiny_location()
+pytestmark = pytest.mark.usefixtures("codec_tiny_dir")  # skips without codec-tiny, fails in CI (conftest)
 
 # Float32 rounding differs between PyTorch and ONNX Runtime kernels; the audio peaks at 1.1e-2.
 ATOL = 1e-6

@@ -1,7 +1,7 @@
 """Audio files in and out: reference clips for voice cloning, WAV output, S16LE PCM.
 
-Reference clips are prepared the way upstream MOSS-TTS prepares them (mono, 24 kHz,
--20 dBFS RMS with the gain clamped to +-3 dB, whole codec frames), so that a voice cloned
+Reference clips are prepared the way upstream's processor prepares them (docs/model.md, "Upstream"): mono,
+24 kHz, -20 dBFS RMS with the gain clamped to +-3 dB, whole codec frames, so that a voice cloned
 here sounds like the same voice cloned upstream. The resampler is
 written in NumPy so the package needs neither SciPy nor torch on a robot.
 """

@@ -3,7 +3,7 @@
 No engines are published: a TensorRT engine only loads in the TensorRT version that built it and
 is tuned for one GPU, so each machine builds its own from the published ONNX files, once, with
 the TensorRT Python API (no ``trtexec`` needed). Precision is TF32, never FP16: FP16 harms this
-codec. The optimization profiles follow upstream's: encoder ``input_values`` from one frame
+codec. The optimization profiles follow upstream's (docs/model.md, "Upstream"): encoder ``input_values`` from one frame
 (1x1x1920) to ``max_seconds`` (opt 8 s), decoder ``audio_codes`` from 32x1x1 to 32x1x(12.5 x
 max_seconds) (opt 100 frames); opt is clamped to max when ``max_seconds`` is small.
 
@@ -39,7 +39,7 @@ METADATA_FILE = "engines.json"
 METADATA_FORMAT = 2  # 2: n_quantizers is frozen into the engines (format 1 engines took it as an input)
 ENGINE_FILES = {"encoder": "encoder.engine", "decoder": "decoder.engine"}
 DATA_INPUTS = {"encoder": "input_values", "decoder": "audio_codes"}
-DEFAULT_MAX_SECONDS = 40.0  # upstream's MAX_SECONDS: 500 frames
+DEFAULT_MAX_SECONDS = 40.0  # upstream's MAX_AUDIO_SECONDS: 500 frames
 OPT_FRAMES = 100  # 8 s: the length most utterances' windows have
 PRECISION = "tf32"
 

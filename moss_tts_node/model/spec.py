@@ -1,7 +1,8 @@
 """The model's vocabulary facts: special-token ids, codebook count and sizes.
 
-They come from the weights directory's ``config.json`` (``layout.CONFIG_FILE``) (the keys upstream's config uses), with
-the published model's values as defaults, so a tiny test model can bring a tiny vocabulary.
+They come from the weights directory's ``config.json`` (``layout.CONFIG_FILE``) (the keys upstream's config
+uses: docs/model.md, "Upstream"), with the published model's values as defaults, so a tiny test model can bring
+a tiny vocabulary.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Robustness cleanup of the text a robot is asked to speak.
 
 MOSS-TTS's original HF processor cleans the text before building the prompt; upstream's llama.cpp
-port skips that step. A robot's text often comes from an LLM and is full of markdown, so we do it
-here. The cleanup is **non-semantic**: it never expands numbers, units, dates or amounts, it only
+port skips that step (docs/model.md, "Upstream"). A robot's text often comes from an LLM and is full of
+markdown, so we do it here. The cleanup is **non-semantic**: it never expands numbers, units, dates or amounts, it only
 removes or replaces symbols that a speech model would stumble over. It is **idempotent**:
 ``normalize_text(normalize_text(x)) == normalize_text(x)``.
 

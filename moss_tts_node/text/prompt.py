@@ -24,7 +24,8 @@ AUDIO_PLACEHOLDER = "<|audio|>"
 
 @dataclass(frozen=True)
 class PromptFields:
-    """The user-instruction fields; ``None`` prints as ``None`` like upstream's processor."""
+    """The user-instruction fields; ``None`` prints as ``None``, as in upstream's processor (docs/model.md,
+    "Upstream")."""
 
     text: str
     language: str | None = None

@@ -1,7 +1,7 @@
 """``python -m moss_tts_node convert``: an original MOSS-TTS-Delay checkpoint into a weights directory.
 
-Upstream makes MOSS-TTS-GGUF with PyTorch, transformers and llama.cpp's converter script; this does the
-same with NumPy and ``gguf``, so that a fine-tuned model, or a quantization that is not published
+Upstream (docs/model.md, "Upstream") makes MOSS-TTS-GGUF with PyTorch, transformers and llama.cpp's converter
+script; this does the same with NumPy and ``gguf``, so that a fine-tuned model, or a quantization that is not published
 (Q5_K_M, Q6_K, Q8_0), can be made on the robot's own toolchain. The output has exactly the published
 layout (``MOSS_TTS_<TYPE>.gguf``, float16 ``embeddings/`` and ``lm_heads/``, ``tokenizer/``,
 ``config.json``), so a params file works with either source.
