@@ -34,6 +34,7 @@ from moss_tts_node.synthesis.request import SpeechRequest, Voice
 from moss_tts_node.synthesis.results import AudioStream, Synthesis
 from moss_tts_node.synthesis.stages import Stages, open_stages
 from moss_tts_node.synthesis.voices import load_voice
+from moss_tts_node.text.languages import language_tag
 from moss_tts_node.text.normalize import normalize_text
 from moss_tts_node.text.pieces import PiecePlanner
 from moss_tts_node.text.prompt import PromptBuilder, PromptFields
@@ -195,10 +196,17 @@ def _request(request: SpeechRequest | str, fields: dict[str, Any]) -> SpeechRequ
 
 
 def _prompt_fields(gen: GenerationConfig, request: SpeechRequest, text: str) -> PromptFields:
-    """A request's prompt fields, those left ``None`` taken from the generation defaults ``gen``."""
+    """A request's prompt fields, those left ``None`` taken from the generation defaults ``gen``; the language
+    spelled as upstream's table does (``text/languages.py``), or refused."""
+    language = request.language if request.language is not None else gen.language or None
+    if language:
+        try:
+            language = language_tag(language)
+        except ValueError as error:
+            raise RequestError(str(error)) from None
     return PromptFields(
         text=text,
-        language=request.language if request.language is not None else gen.language or None,
+        language=language,
         instruction=request.instruction if request.instruction is not None else gen.instruction or None,
         quality=request.quality if request.quality is not None else gen.quality or None,
         tokens=request.tokens,
