@@ -40,7 +40,7 @@ def release_from_model_card(card: str) -> tuple[str, str] | None:
         return None
     codes = {str(code) for code in listed}
     if set(ADDED_IN_V1_5) <= codes:
-        return V1_5, f"its model card lists the {len(codes)} languages of v1.5"
+        return V1_5, f"its model card lists {len(codes)} languages, among them the {len(ADDED_IN_V1_5)} v1.5 added"
     if codes and codes <= set(LANGUAGES) - set(ADDED_IN_V1_5):
         return V1_0, f"its model card lists {len(codes)} of the 20 languages of 1.0 and none that v1.5 added"
     return None
