@@ -20,7 +20,8 @@ from moss_tts_node.errors import WeightsError
 from moss_tts_node.model.layout import CONFIG_FILE
 from moss_tts_node.text.languages import ADDED_IN_V1_5, LANGUAGES
 
-V1_0, V1_5 = "1.0", "1.5"
+V1_0 = "1.0"
+V1_5 = "1.5"
 MODEL_CARD_FILE = "README.md"
 RECORD_KEY = "moss_tts_node"  # {"release": ..., "evidence": ...}: ours, beside upstream's keys
 
