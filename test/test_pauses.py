@@ -18,7 +18,7 @@ from moss_tts_node.text.pauses import (
     split_at_markers,
     unfinished_marker_start,
 )
-from moss_tts_node.text.split import split_text
+from moss_tts_node.text.split import CLAUSE, SENTENCE, WORD, cut_positions, split_text
 
 MARKER = re.compile(r"\[pause [0-9.]+s\]")
 MARKER_UNIT = re.compile(r"\[pause [0-9.]+s\][^\w\s\[]*")  # a marker and the punctuation after it
@@ -112,6 +112,16 @@ def test_markers_survive_every_split_of_random_mixed_text() -> None:
             continue
         check(text, rng.randint(1, 30))
         check(text, rng.randint(1, 6), lambda piece: len(piece.split()))
+
+
+def test_cut_positions_are_the_shared_rule_and_never_fall_inside_a_marker() -> None:
+    text = "Go on. Then [pause 0.8s], wait[pause 1s]go."
+    first, second = text.index("[pause 0.8s]"), text.index("[pause 1s]")
+    assert cut_positions(text, SENTENCE) == [len("Go on. ")]  # markers are no sentence ends
+    assert cut_positions(text, CLAUSE) == [first, first + len("[pause 0.8s], "), second, second + len("[pause 1s]")]
+    words = cut_positions(text, WORD)
+    assert not any(m.start < cut < m.end for m in find_markers(text) for cut in words)
+    assert {first, second, second + 10} <= set(words)
 
 
 def test_an_unfinished_marker_at_the_end_of_arriving_text_is_found() -> None:

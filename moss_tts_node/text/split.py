@@ -29,7 +29,11 @@ _WORD_END = re.compile(r"\s+")
 # What stays with a marker when the text is cut after it: the punctuation and the whitespace that follow it.
 _AFTER_MARKER = re.compile(rf"[{_CLOSERS}。！？，、；：.!?…,;:]*\s*")
 _LEVELS = (_SENTENCE_END, _CLAUSE_END, _WORD_END)
-_MARKER_LEVEL = _LEVELS.index(_CLAUSE_END)  # from this level on, each marker is a unit of its own
+# The levels of cut_positions: indices of _LEVELS.
+SENTENCE = 0
+CLAUSE = 1
+WORD = 2
+_MARKER_LEVEL = CLAUSE  # from this level on, each marker is a unit of its own
 
 
 def split_text(text: str, limit: int, measure: Callable[[str], int] = len) -> list[str]:
@@ -79,15 +83,24 @@ def _is_one_marker(text: str, markers: list[Marker]) -> bool:
     return len(markers) == 1 and markers[0].start == 0 and _AFTER_MARKER.match(text, markers[0].end).end() == len(text)
 
 
-def _units(text: str, level: int, markers: list[Marker]) -> list[str]:
-    """``text`` cut after every boundary of ``_LEVELS[level]`` outside the ``markers`` (and, from the clause level
-    on, before each marker and after it and the punctuation that follows it); the units concatenate back to
-    ``text``."""
+def cut_positions(text: str, level: int, markers: list[Marker] | None = None) -> list[int]:
+    """Where ``text`` may be cut at ``level`` (``SENTENCE``, ``CLAUSE`` or ``WORD``): after each boundary of that
+    level and, from ``CLAUSE`` on, before each pause marker and after it and the punctuation that follows it; never
+    inside a marker. Sorted positions strictly inside the text (``markers``: its markers, when already found).
+
+    The rule every cutter of text shares: this splitter, and one that cuts text as it arrives (which must also
+    hold back an ``unfinished_marker_start``)."""
+    markers = find_markers(text) if markers is None else markers
     cuts = {match.end() for match in _LEVELS[level].finditer(text)}
     if level >= _MARKER_LEVEL:
         for marker in markers:
             cuts.update((marker.start, _AFTER_MARKER.match(text, marker.end).end()))
-    bounds = [0, *sorted(cut for cut in cuts if 0 < cut < len(text) and not inside_marker(markers, cut)), len(text)]
+    return sorted(cut for cut in cuts if 0 < cut < len(text) and not inside_marker(markers, cut))
+
+
+def _units(text: str, level: int, markers: list[Marker]) -> list[str]:
+    """``text`` cut at every ``cut_positions`` of ``level``; the units concatenate back to ``text``."""
+    bounds = [0, *cut_positions(text, level, markers), len(text)]
     return [text[start:end] for start, end in pairwise(bounds) if start < end]
 
 
