@@ -27,10 +27,10 @@ from moss_tts_node.codec.streaming import StatefulStreamDecoding
 from moss_tts_node.config import Config, GenerationConfig, load_config, stream_decoder_path
 from moss_tts_node.errors import Cancelled, CodecError, ConfigError, RequestError
 from moss_tts_node.model.layout import TOKENIZER_DIR
-from moss_tts_node.model.release import read_release, trained_on_pause_markers
 from moss_tts_node.model.sampling import SamplingParams
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.synthesis.pipeline import Pipeline
+from moss_tts_node.synthesis.release import read_release, trained_on_pause_markers
 from moss_tts_node.synthesis.request import SpeechRequest, Voice
 from moss_tts_node.synthesis.results import AudioStream, Synthesis
 from moss_tts_node.synthesis.stages import Stages, open_stages
@@ -57,7 +57,7 @@ class Synthesizer:
     Streams decode with the stream decoder graph that ``audio.stream_decoder`` selects, loaded here
     once (its state is one utterance's, reset between requests), or else with the windowed scheme.
 
-    ``release`` is the MOSS-TTS release the weights are known to be (``model/release.py``), or None; with
+    ``release`` is the MOSS-TTS release the weights are known to be (``synthesis/release.py``), or None; with
     ``generation.pause_markers: auto`` it decides what a ``[pause X.Ys]`` means (``text/pauses.py``).
     """
 

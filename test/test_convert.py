@@ -22,8 +22,8 @@ from qwen3_reference import exact_backbone, qwen3_forward
 
 from moss_tts_node.errors import BridgeError
 from moss_tts_node.model.layout import gguf_name
-from moss_tts_node.model.release import read_release, release_from_model_card
 from moss_tts_node.model.spec import ModelSpec
+from moss_tts_node.synthesis.release import read_release, release_from_model_card
 from moss_tts_node.tools.cli.main import main
 from moss_tts_node.tools.dev.demo_weights import DemoCheckpoint, demo_checkpoint, write_checkpoint
 from moss_tts_node.tools.prepare import convert

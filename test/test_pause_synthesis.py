@@ -18,7 +18,7 @@ from moss_tts_node.config import Config
 from moss_tts_node.errors import RequestError
 from moss_tts_node.model.layout import CONFIG_FILE
 from moss_tts_node.model.rates import FRAMES_PER_SECOND, SAMPLE_RATE, SAMPLES_PER_FRAME
-from moss_tts_node.model.release import RECORD_KEY, V1_5
+from moss_tts_node.synthesis.release import RECORD_KEY, V1_5
 from moss_tts_node.synthesizer import Synthesizer
 from moss_tts_node.text.pieces import FRAMES_PER_TEXT_TOKEN, Pause, Piece, PiecePlanner
 from moss_tts_node.text.prompt import PromptFields

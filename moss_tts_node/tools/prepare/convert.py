@@ -20,7 +20,7 @@ tokens, the quantization fits the row sizes, the output directory holds no weigh
 and its disk has room for the estimated output.
 
 1.0 and v1.5 checkpoints convert alike (same architecture, same config keys); which one it is, only the
-checkpoint's model card tells (``model/release.py``). The release it tells is recorded in the output
+checkpoint's model card tells (``synthesis/release.py``). The release it tells is recorded in the output
 ``config.json``, so that ``generation.pause_markers: auto`` passes pause markers to a v1.5 model.
 """
 
@@ -52,8 +52,8 @@ from moss_tts_node.model.layout import (
     audio_head_file,
     gguf_name,
 )
-from moss_tts_node.model.release import MODEL_CARD_FILE, RECORD_KEY, V1_5, release_from_model_card
 from moss_tts_node.model.spec import ModelSpec
+from moss_tts_node.synthesis.release import MODEL_CARD_FILE, RECORD_KEY, V1_5, release_from_model_card
 from moss_tts_node.tools.prepare.qwen3_gguf import Qwen3Shape, qwen3_tensor_shapes, write_qwen3_gguf
 from moss_tts_node.tools.prepare.safetensors_io import SafetensorsCheckpoint
 
