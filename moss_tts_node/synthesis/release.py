@@ -29,11 +29,11 @@ RECORD_KEY = "moss_tts_node"  # {"release": ..., "evidence": ...}: ours, beside 
 def release_from_model_card(card: str) -> tuple[str, str] | None:
     """(release, the evidence in words) from a model card's front matter, or None when it does not tell."""
     lines = card.lstrip("\ufeff").splitlines()
-    if not lines or lines[0].strip() != "---" or "---" not in (line.strip() for line in lines[1:]):
+    fences = [number for number, line in enumerate(lines) if line.strip() == "---"]
+    if len(fences) < 2 or fences[0] != 0:
         return None
-    end = 1 + [line.strip() for line in lines[1:]].index("---")
     try:
-        front = yaml.safe_load("\n".join(lines[1:end]))
+        front = yaml.safe_load("\n".join(lines[1 : fences[1]]))
     except yaml.YAMLError:
         return None
     listed = front.get("language") if isinstance(front, dict) else None
