@@ -71,6 +71,10 @@ FEEDBACK_QOS = QoSProfile(depth=100)
 SHUTDOWN_FLUSH_S = 0.5
 SHUTDOWN_REASON = "the node is shutting down"
 CLIENT_CANCEL = "canceled by the client"
+# rclpy marks a goal canceling just after _cancel_goal returns, and the request may end before that; its
+# execute callback waits for the mark, up to this bound (rclpy sets it a few statements after the return).
+CANCELING_MARK_WAIT_S = 1.0
+CANCELING_MARK_POLL_S = 0.001
 
 
 @dataclass
@@ -85,6 +89,7 @@ class Job:
     started: float | None = None
     chunks: int = 0
     audio_s: float = 0.0
+    client_canceled: bool = False  # a Speak goal whose client's cancel was accepted
 
     @property
     def queue_wait_s(self) -> float | None:
@@ -334,6 +339,7 @@ class TtsNode(Node):
         """Accept every cancel: the goal leaves the queue now, or stops within one generation step."""
         ticket = self._goals.get(_goal_id(goal_handle))
         if isinstance(ticket, Ticket):
+            ticket.job.client_canceled = True  # before the request can end by it
             self._queue.cancel(ticket, CLIENT_CANCEL)
         return CancelResponse.ACCEPT
 
@@ -356,7 +362,7 @@ class TtsNode(Node):
                 )
                 if outcome.success:
                     goal_handle.succeed()
-                elif goal_handle.is_cancel_requested:
+                elif _marked_canceling(goal_handle, job.client_canceled):
                     goal_handle.canceled()
                 else:
                     goal_handle.abort()
@@ -389,6 +395,16 @@ class TtsNode(Node):
 def _goal_id(goal_handle: ServerGoalHandle) -> str:
     """A goal's UUID in hex: the request_id of its AudioChunk messages."""
     return bytes(goal_handle.goal_id.uuid).hex()
+
+
+def _marked_canceling(goal_handle: ServerGoalHandle, client_canceled: bool) -> bool:
+    """Whether a goal that did not succeed ends as canceled: rclpy has marked it canceling. When its client's
+    cancel was accepted, the mark follows at once (it is the only state a goal may be canceled from), so wait
+    for it: without it the goal would end aborted though the client asked, and was told yes."""
+    deadline = time.monotonic() + CANCELING_MARK_WAIT_S
+    while client_canceled and not goal_handle.is_cancel_requested and time.monotonic() < deadline:
+        time.sleep(CANCELING_MARK_POLL_S)
+    return goal_handle.is_cancel_requested
 
 
 def _publish_feedback(goal_handle: ServerGoalHandle, ticket: Ticket[Job]) -> None:
