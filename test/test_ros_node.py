@@ -220,7 +220,7 @@ def test_interrupt_policy_cuts_the_current_utterance(netns: LoopbackNamespace, n
 def test_bad_requests_are_answered_and_the_node_keeps_serving(netns: LoopbackNamespace, node: NodeProcess) -> None:
     bad = [
         ({"text": "   "}, "text is empty"),
-        ({"text": "Hello.", "language": "fr"}, "unknown language 'fr': this node accepts en, zh"),
+        ({"text": "Hello.", "language": "fr"}, "language 'fr' is not one this node accepts: en, zh"),
         ({"text": "Hello.", "reference_audio": "/nonexistent/voice.wav"}, "not found"),
         ({"text": "Hello.", "instruction": "calm " * 10000}, "raise llama.n_ctx"),  # too long for the context
     ]
@@ -259,6 +259,7 @@ def test_bad_parameter_values_are_refused_with_the_reason(netns: LoopbackNamespa
             ["queue_policy", "lifo"],
             ["sampling.text_temperature", "hot"],
             ["llama.n_ctx", 1024],
+            ["queue_size", 3],
             ["sampling.text_temperature", 1],  # an int for a float, as in a config file
             ["sampling.text_temperature", 1.5],
         ],
@@ -270,8 +271,14 @@ def test_bad_parameter_values_are_refused_with_the_reason(netns: LoopbackNamespa
         "moss_tts_node parameters: 'queue_policy' must be one of queue, interrupt, got 'lifo'",
     )
     assert verdicts[2] == (False, "moss_tts_node parameters: 'sampling.text_temperature' must be float, got str 'hot'")
-    assert not verdicts[3][0] and "read-only" in verdicts[3][1]
-    assert verdicts[4][0] and verdicts[5][0]
+    assert verdicts[3] == (
+        False,
+        "'llama.n_ctx' is read when the model loads, so it changes only while the node is unconfigured, and the "
+        "node is active: deactivate and clean it up first (ros2 lifecycle set /moss_tts_node deactivate, then "
+        "cleanup), set it, then configure and activate",
+    )
+    assert not verdicts[4][0] and "read-only" in verdicts[4][1]  # read when the process starts
+    assert verdicts[5][0] and verdicts[6][0]
 
 
 @pytest.mark.skipif(

@@ -517,7 +517,9 @@ def run_soak(client: Client, args: dict[str, Any]) -> dict[str, Any]:
         soak.result(soak.send(Speak.Goal(text="A goal that is spoken.")))
         soak.call(Synthesize.Request(text=" "), refusal="text is empty")
         soak.call(Synthesize.Request(text="Hello.", reference_audio="/nonexistent/voice.wav"), refusal="not found")
-        soak.result(soak.send(Speak.Goal(text="Bonjour.", language="fr")), refusal="unknown language 'fr'")
+        soak.result(
+            soak.send(Speak.Goal(text="Bonjour.", language="fr")), refusal="language 'fr' is not one this node accepts"
+        )
         soak.result(soak.send(Speak.Goal(text="")), refusal="text is empty")
         soak.bad_text("  ")
         print(json.dumps({"progress": soak.counts["requests"]}), flush=True)
