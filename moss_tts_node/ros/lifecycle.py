@@ -1,5 +1,5 @@
 """What the managed node does in each lifecycle state (README "Lifecycle"): which requests and parameter changes
-it takes, why it refuses the others, how the loaded model is shared, and giving its memory back.
+it takes, why it refuses the others, and how the loaded model is shared until cleanup frees it.
 
 Pure (no node), so the rules are tested without a middleware (``test/test_ros_lifecycle_rules.py``); node.py
 calls them from its transition callbacks and request callbacks.
@@ -7,13 +7,10 @@ calls them from its transition callbacks and request callbacks.
 
 from __future__ import annotations
 
-import ctypes
 import enum
-import gc
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Generic, TypeVar
 
 from moss_tts_node.errors import MossTTSError
@@ -122,23 +119,3 @@ class Loan(Generic[Lent]):
             item, self._item = self._item, None
             self._changed.wait_for(lambda: self._loans == 0)
         return item
-
-
-def release_freed_memory() -> None:
-    """Collect what the freed model left unreferenced, then have glibc give the free pages of its heaps back to
-    the system (``malloc_trim``): without that, the process keeps most of what the model's NumPy tables and
-    ONNX Runtime arenas used (README "Lifecycle" has the figures). Elsewhere than glibc there is nothing to call."""
-    gc.collect()
-    malloc_trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
-    if malloc_trim is not None:
-        malloc_trim(0)
-
-
-def resident_mib() -> float | None:
-    """This process's resident memory in MiB (Linux's /proc), or None where there is no /proc."""
-    try:
-        status = Path("/proc/self/status").read_text()
-    except OSError:
-        return None
-    kib = next((line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")), None)
-    return None if kib is None else int(kib) / 1024

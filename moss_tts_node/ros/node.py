@@ -18,6 +18,10 @@ ros/audio.py. Requests wait in a RequestQueue (ros/queue.py), one per activation
 
 from __future__ import annotations
 
+# First: one malloc heap for the process, set before rclpy (imported below) starts its threads (see heap.py).
+import moss_tts_node.ros.heap  # noqa: F401
+
+# isort: split
 import sys
 import threading
 import time
@@ -49,6 +53,7 @@ from std_msgs.msg import Header, String
 from moss_tts_node.config import NODE_NAME
 from moss_tts_node.errors import ConfigError, MossTTSError
 from moss_tts_node.ros.audio import AudioOut, encode
+from moss_tts_node.ros.heap import release_freed_memory, resident_mib
 from moss_tts_node.ros.launch_params import START_FAILURE
 from moss_tts_node.ros.lifecycle import (
     DEACTIVATING,
@@ -57,9 +62,7 @@ from moss_tts_node.ros.lifecycle import (
     Loan,
     Phase,
     parameter_refusal,
-    release_freed_memory,
     request_refusal,
-    resident_mib,
 )
 from moss_tts_node.ros.messages import (
     NodeStatus,
