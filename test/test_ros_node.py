@@ -21,11 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
-from ros_helpers import require_ros
-from ros_helpers.netns import LoopbackNamespace, NodeProcess
+from ros_helpers import node_params_file, played_span, require_ros
+from ros_helpers.netns import LoopbackNamespace, NodeProcess, loopback_namespace
 
 from moss_tts_node.codec.streaming import OfflineDecoding, WindowedStreamDecoding
-from moss_tts_node.config import flatten, load_config, write_params_file
 from moss_tts_node.model.rates import SAMPLE_RATE, SAMPLES_PER_FRAME
 from moss_tts_node.ros.queue import FULL
 
@@ -43,27 +42,16 @@ LONG_ARGS = [arg for key, value in LONG.items() for arg in ("-p", f"{key}:={valu
 FILE_SEED = 5
 
 
-def namespace(tmp_path: Path) -> LoopbackNamespace:
-    try:
-        return LoopbackNamespace(tmp_path)
-    except (RuntimeError, OSError) as err:
-        pytest.skip(f"no loopback-only network namespace here: {err}")
-
-
 @pytest.fixture(scope="module")
 def params_file(demo_config: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo config as a node params file: absolute paths, one llama thread, room for long
-    requests, and a seed to find."""
-    values: dict[str, Any] = dict(flatten(load_config(demo_config)))
-    values |= {"llama.n_threads": 1, "llama.n_ctx": 8192, "sampling.seed": FILE_SEED}
-    path = tmp_path_factory.mktemp("params") / "node.yaml"
-    write_params_file(path, values)
-    return path
+    """The demo config as a node params file: one llama thread, room for long requests, and a seed to find."""
+    values = {"llama.n_threads": 1, "llama.n_ctx": 8192, "sampling.seed": FILE_SEED}
+    return node_params_file(demo_config, tmp_path_factory.mktemp("params") / "node.yaml", **values)
 
 
 @pytest.fixture(scope="module")
 def netns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackNamespace]:
-    ns = namespace(tmp_path_factory.mktemp("ros"))
+    ns = loopback_namespace(tmp_path_factory.mktemp("ros"))
     yield ns
     ns.close()
 
@@ -313,7 +301,7 @@ def test_diagnostics_report_the_model_the_queue_and_the_last_request(
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_shutdown_answers_every_request_and_exits_0(params_file: Path, tmp_path: Path, signum: int) -> None:
-    ns = namespace(tmp_path)
+    ns = loopback_namespace(tmp_path)
     process = NodeProcess(ns, ["--params-file", str(params_file), *LONG_ARGS])
     try:
         process.wait_ready()
@@ -345,7 +333,7 @@ def test_shutdown_answers_every_request_and_exits_0(params_file: Path, tmp_path:
 def test_bad_parameters_stop_the_node_at_startup(
     params_file: Path, tmp_path: Path, ros_args: list[str], reason: str
 ) -> None:
-    ns = namespace(tmp_path)
+    ns = loopback_namespace(tmp_path)
     process = NodeProcess(ns, ["--params-file", str(params_file), *ros_args])
     try:
         assert process.wait() == 2
@@ -381,7 +369,7 @@ def test_a_burst_from_several_clients_is_served_first_come_first_served(
     client cancels its goals as they start, which starts the next. Several rounds catch a race
     that a single burst would show only sometimes.
     """
-    ns = namespace(tmp_path)
+    ns = loopback_namespace(tmp_path)
     process = NodeProcess(ns, ["--params-file", str(params_file), "-p", f"queue_size:={queue_size}", *LONG_ARGS])
     sync = tmp_path / "sync"
     sync.mkdir()
@@ -435,19 +423,11 @@ SOAK_CYCLES = 42  # of 12 requests each
 SOAK_RSS_GROWTH_KIB = 8 * 1024
 
 
-def rss_kib(pid: int) -> int:
-    """Resident memory of a process, from /proc/PID/status."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError(f"no VmRSS for process {pid}")
-
-
 def test_a_soak_of_mixed_requests_is_answered_in_full_with_bounded_memory(params_file: Path, tmp_path: Path) -> None:
     """500+ requests one after another: two texts at once on the topic, service calls, goals,
     goals cancelled while spoken and while waiting, bad input of each kind. Every one is answered
     as it should be, the diagnostics count them, and the node's memory levels off."""
-    ns = namespace(tmp_path)
+    ns = loopback_namespace(tmp_path)
     short = ["-p", "generation.max_new_tokens:=33"]  # two frames of audio: the demo model is slow per step
     process = NodeProcess(
         ns, ["--params-file", str(params_file), "-p", "queue_size:=1", "-p", "languages:=[en]", *short]
@@ -455,11 +435,11 @@ def test_a_soak_of_mixed_requests_is_answered_in_full_with_bounded_memory(params
     curve: list[tuple[int, int]] = []  # (requests so far, node RSS in KiB)
     try:
         process.wait_ready()
-        curve.append((0, rss_kib(process.process.pid)))
+        curve.append((0, process.rss_kib()))
 
         def sample(line: dict[str, Any]) -> None:
             if "progress" in line:
-                curve.append((line["progress"], rss_kib(process.process.pid)))
+                curve.append((line["progress"], process.rss_kib()))
 
         answer = ns.client("soak", timeout=600, on_line=sample, cycles=SOAK_CYCLES, long=LONG)
         values = ns.client("diagnostics")["values"]
@@ -509,9 +489,3 @@ def test_the_player_plays_what_the_node_publishes(
     finally:
         player.send_signal(signal.SIGINT)
         assert player.wait(30) == 0, log.read_text()
-
-
-def played_span(raw: Path) -> int:
-    """Samples from the first to the last that is not silence, in a float32 recording."""
-    loud = np.flatnonzero(np.abs(np.fromfile(raw, dtype="<f4")) > 1e-4)
-    return int(loud[-1] - loud[0] + 1) if loud.size else 0

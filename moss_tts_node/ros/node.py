@@ -626,6 +626,11 @@ def _started() -> TtsNode:
     node = TtsNode()
     if node.autostarts:
         node.autostart()
+    else:
+        node.get_logger().info(
+            "unconfigured, every interface up (autostart false): configure and activate it with a lifecycle manager or "
+            f"`ros2 lifecycle set {node.get_fully_qualified_name()} configure`, then activate"
+        )
     return node
 
 

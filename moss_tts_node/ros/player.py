@@ -86,7 +86,8 @@ class PlayerNode(Node):
             stopped = [key for key in self._fed if self.speaker.cancel(key)]
             self._fed.clear()
             self.get_logger().info(
-                f"the node left the active state ({msg.goal_state.label}): {len(stopped)} utterances stopped"
+                f"the node left the active state ({msg.goal_state.label}): its audio stopped "
+                f"({len(stopped)} utterances playing or waiting)"
             )
 
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
+import numpy as np
 import pytest
 
 
@@ -12,3 +16,18 @@ def require_ros() -> None:
         from moss_tts_msgs.msg import AudioChunk  # noqa: F401
     except ImportError:
         pytest.skip("moss_tts_msgs is not built: scripts/build_msgs.sh .venv", allow_module_level=True)
+
+
+def node_params_file(demo_config: Path, path: Path, **values: Any) -> Path:
+    """The demo config as a node params file at ``path``, with absolute paths (``ros2 run --params-file`` takes
+    relative ones from its working directory) and ``values`` (dotted keys) over it."""
+    from moss_tts_node.config import flatten, load_config, write_params_file
+
+    write_params_file(path, dict(flatten(load_config(demo_config))) | values)
+    return path
+
+
+def played_span(raw: Path) -> int:
+    """Samples from the first to the last that is not silence, in a float32 recording."""
+    loud = np.flatnonzero(np.abs(np.fromfile(raw, dtype="<f4")) > 1e-4)
+    return int(loud[-1] - loud[0] + 1) if loud.size else 0
