@@ -273,10 +273,20 @@ def test_bad_parameter_values_are_refused_with_the_reason(netns: LoopbackNamespa
     importlib.util.find_spec("audio_common_msgs") is None,
     reason="audio_common_msgs is not installed (it is not on PyPI): the node publishes ~/audio only",
 )
-def test_audio_common_topics_carry_the_same_audio_as_s16le(netns: LoopbackNamespace, node: NodeProcess) -> None:
-    answer = netns.client("audio_common", texts=["Hello there."])
-    pcm = [c["bytes"] for c in answer["chunks"] if c["bytes"]]  # the empty final chunk is not sent there
-    assert answer["raw"] == pcm and answer["stamped"] == pcm
+def test_audio_common_topics_carry_what_audio_play_plays(netns: LoopbackNamespace, node: NodeProcess) -> None:
+    """What ros-drivers' audio_play (format wave) takes: raw S16LE mono on ``audio`` at its QoS (depth 10, fewer
+    chunks here than that), the same bytes as ~/audio's pcm_s16le chunks, each stamped as its chunk on
+    ``audio_stamped``, and the format latched on ``audio_info`` for a subscriber that comes later."""
+    answer = netns.client(
+        "audio_common", texts=["Hello there."], params={"audio.chunk_frames": 20, "output_encoding": "pcm_s16le"}
+    )
+    chunks = answer["chunks"]
+    pcm = [size for size in chunks["sizes"] if size]  # the empty final chunk is not sent there
+    assert 1 < len(pcm) < 10
+    assert answer["raw"]["sizes"] == pcm and answer["stamped"]["sizes"] == pcm
+    assert answer["raw"]["sha256"] == chunks["sha256"] == answer["stamped"]["sha256"]
+    stamps = [stamp for stamp, size in zip(chunks["stamps"], chunks["sizes"], strict=True) if size]
+    assert answer["stamped"]["stamps"] == stamps and all(stamps)
     assert answer["info"] == {
         "channels": 1,
         "sample_rate": SAMPLE_RATE,

@@ -339,17 +339,36 @@ def run_diagnostics(client: Client, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_audio_common(client: Client, args: dict[str, Any]) -> dict[str, Any]:
-    """Publish on ~/text and collect what the audio_common topics carry (what audio_play plays)."""
+    """Publish on ~/text and collect what the audio_common topics carry, subscribed to as ros-drivers' nodes do:
+    ``audio`` with audio_play's QoS (reliable, volatile, depth 10), ``audio_stamped`` likewise, ``audio_info``
+    latched (depth 1, transient local) and subscribed to only now, after the node published it. Returns each
+    topic's messages (bytes and digest, header stamps) beside the ~/audio chunks' data and stamps."""
     from audio_common_msgs.msg import AudioData, AudioDataStamped, AudioInfo
 
-    qos = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
+    audio_play = QoSProfile(depth=10)
     latched = QoSProfile(depth=1, durability=DurabilityPolicy.TRANSIENT_LOCAL)
-    raw: list[int] = []
-    stamped: list[int] = []
+    seen: dict[str, list[tuple[bytes, int | None]]] = {"raw": [], "stamped": [], "chunks": []}
     info: list[dict[str, Any]] = []
-    client.create_subscription(AudioData, f"{NODE}/audio_common/audio", lambda m: raw.append(len(m.data)), qos)
+
+    def stamp(header: Any) -> int:
+        return header.stamp.sec * 10**9 + header.stamp.nanosec
+
+    subscriptions = [
+        client.create_subscription(
+            AudioData, f"{NODE}/audio_common/audio", lambda m: seen["raw"].append((bytes(m.data), None)), audio_play
+        ),
+        client.create_subscription(
+            AudioDataStamped,
+            f"{NODE}/audio_common/audio_stamped",
+            lambda m: seen["stamped"].append((bytes(m.audio.data), stamp(m.header))),
+            audio_play,
+        ),
+    ]
     client.create_subscription(
-        AudioDataStamped, f"{NODE}/audio_common/audio_stamped", lambda m: stamped.append(len(m.audio.data)), qos
+        AudioChunk,
+        f"{NODE}/audio",
+        lambda m: seen["chunks"].append((bytes(m.data), stamp(m.header))),
+        QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE),
     )
     client.create_subscription(
         AudioInfo,
@@ -365,10 +384,22 @@ def run_audio_common(client: Client, args: dict[str, Any]) -> dict[str, Any]:
         ),
         latched,
     )
+    client.spin_until(
+        lambda: all(s.get_publisher_count() > 0 for s in subscriptions), MATCH_TIMEOUT, "the audio_common publishers"
+    )
     answer = run_text(client, args)
     client.spin_until(lambda: info, 10, "the latched AudioInfo")
     client.drain()
-    return answer | {"raw": raw, "stamped": stamped, "info": info[-1]}
+
+    def summary(messages: list[tuple[bytes, int | None]]) -> dict[str, Any]:
+        data = b"".join(chunk for chunk, _ in messages)
+        return {
+            "sizes": [len(chunk) for chunk, _ in messages],
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "stamps": [stamped for _, stamped in messages],
+        }
+
+    return answer | {name: summary(messages) for name, messages in seen.items()} | {"info": info[-1]}
 
 
 def run_burst(client: Client, args: dict[str, Any]) -> dict[str, Any]:
