@@ -20,6 +20,8 @@ _SENTENCE_END = re.compile(rf"(?:[。！？]+|[.!?…]+(?=[\s{_CLOSERS}]|$))[{_C
 _CLAUSE_END = re.compile(r"(?:[，、；：]|[,;:](?=\s|$))\s*")
 _WORD_END = re.compile(r"\s+")
 _LEVELS = (_SENTENCE_END, _CLAUSE_END, _WORD_END)
+# Boundary levels, coarsest first: what ``unit_ends`` takes (and the streaming cutter, text/cutter.py).
+SENTENCE, CLAUSE, WORD = range(len(_LEVELS))
 
 
 def split_text(text: str, limit: int, measure: Callable[[str], int] = len) -> list[str]:
@@ -42,7 +44,7 @@ def _split(text: str, limit: int, measure: Callable[[str], int], level: int) -> 
         return [text]
     if level == len(_LEVELS):
         return _cut_anywhere(text, limit, measure)
-    units = _units(text, _LEVELS[level])
+    units = _units(text, level)
     if len(units) == 1:
         return _split(text, limit, measure, level + 1)
     pieces: list[str] = []
@@ -63,10 +65,16 @@ def _split(text: str, limit: int, measure: Callable[[str], int], level: int) -> 
     return pieces
 
 
-def _units(text: str, boundary: re.Pattern[str]) -> list[str]:
-    """``text`` cut after every match of ``boundary``; the units concatenate back to ``text``."""
-    cuts = [match.end() for match in boundary.finditer(text) if 0 < match.end() < len(text)]
-    bounds = [0, *cuts, len(text)]
+def unit_ends(text: str, level: int) -> list[int]:
+    """The offsets inside ``text`` (neither 0 nor its length) where a unit of ``level`` (``SENTENCE``,
+    ``CLAUSE`` or ``WORD``) ends, after the boundary's trailing whitespace, in order. Each is decided by
+    the text up to one character beyond it, so text appended later never moves one."""
+    return [match.end() for match in _LEVELS[level].finditer(text) if 0 < match.end() < len(text)]
+
+
+def _units(text: str, level: int) -> list[str]:
+    """``text`` cut at its ``unit_ends``; the units concatenate back to ``text``."""
+    bounds = [0, *unit_ends(text, level), len(text)]
     return [text[start:end] for start, end in pairwise(bounds) if start < end]
 
 
