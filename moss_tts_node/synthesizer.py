@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import secrets
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -29,11 +29,14 @@ from moss_tts_node.errors import Cancelled, CodecError, ConfigError, RequestErro
 from moss_tts_node.model.layout import TOKENIZER_DIR
 from moss_tts_node.model.sampling import SamplingParams
 from moss_tts_node.model.spec import ModelSpec
+from moss_tts_node.synthesis.feed import TextFeed
 from moss_tts_node.synthesis.pipeline import Pipeline
 from moss_tts_node.synthesis.request import SpeechRequest, Voice
 from moss_tts_node.synthesis.results import AudioStream, Synthesis
 from moss_tts_node.synthesis.stages import Stages, open_stages
+from moss_tts_node.synthesis.text_stream import DEFAULT_PAUSE_S, RUN_TOKENS, CutPieces
 from moss_tts_node.synthesis.voices import load_voice
+from moss_tts_node.text.cutter import TextCutter
 from moss_tts_node.text.normalize import normalize_text
 from moss_tts_node.text.pieces import PiecePlanner
 from moss_tts_node.text.prompt import PromptBuilder, PromptFields
@@ -136,11 +139,61 @@ class Synthesizer:
         prompt_fields = _prompt_fields(gen, request, self._clean_text(request.text, gen.normalize_text))
         max_new_tokens = request.max_new_tokens or gen.max_new_tokens
         pieces = self.planner.plan(prompt_fields, self._voice(request.voice), max_new_tokens)
-        sampling = request.sampling or config.sampling
-        seed = request.seed if request.seed is not None and request.seed >= 0 else sampling.seed
-        params = SamplingParams(**{**asdict(sampling), "seed": seed if seed >= 0 else secrets.randbits(63)})
-        chunks = self.pipeline.run(pieces, params, config.audio, _flag(cancel), streaming)
+        chunks = self.pipeline.run(pieces, _sampling_params(request, config), config.audio, _flag(cancel), streaming)
         return AudioStream(pieces[0].prompt, chunks)
+
+    def stream_text(
+        self,
+        fragments: Iterable[str] | TextFeed,
+        request: SpeechRequest | None = None,
+        *,
+        cancel: CancelFlag = None,
+        streaming: bool = True,
+        config: Config | None = None,
+        pause_s: float = DEFAULT_PAUSE_S,
+        **fields: Any,
+    ) -> AudioStream:
+        """Speak text that arrives in fragments (an LLM's tokens), sentence by sentence, as one stream.
+
+        ``fragments`` is a ``TextFeed`` that another thread puts fragments into and closes, or any iterable
+        of strings, which a reader thread drains (so a slow one never holds the synthesis up). The text is
+        cleaned and cut at sentence ends as it arrives (``text/cutter.py``); each sentence is generated as
+        soon as it is settled, while the next fragments arrive, its prompt prefilling only its own text
+        after the voice's rows kept in the KV cache. A run of more than ``RUN_TOKENS`` tokens without a
+        sentence end is cut at a clause, else a word; input silent for ``pause_s`` seconds, while the
+        synthesis waits for text, closes the piece at its last word.
+
+        The other fields are a request's (as ``stream``), checked now; the request's text must be empty,
+        and ``tokens`` (a duration) cannot be given, as the text's length is not known. The same text and
+        seed give the same audio however the text was fragmented and whenever it arrived, as long as no
+        pause cut it (the pieces, and each piece's seed, depend on the text alone). A cancel ends the stream
+        within one step, or while it waits for text within ``_CANCEL_POLL_S``. Once the stream is over the
+        feed is abandoned: fragments put after that are ignored. The stream's report times the whole
+        stream, waiting for text included.
+        """
+        request = _request(request if request is not None else "", fields)
+        if request.text:
+            raise RequestError("stream_text takes its text from the fragments: leave the request's text empty")
+        if request.tokens is not None:
+            raise RequestError("a duration (tokens) cannot be asked of text that arrives in fragments: leave it out")
+        if pause_s <= 0:
+            raise RequestError(f"pause_s must be above 0 seconds, got {pause_s}")
+        config = config if config is not None else self.config
+        gen = config.generation
+        prompt_fields = _prompt_fields(gen, request, "")
+        voice = self._voice(request.voice)
+        self.planner.step_budget(self.prompts.build(prompt_fields, voice), 1)  # the voice and fields leave room
+        max_new_tokens = request.max_new_tokens or gen.max_new_tokens
+        flag = _flag(cancel)
+        source = CutPieces(
+            fragments if isinstance(fragments, TextFeed) else TextFeed.reading(fragments),
+            TextCutter(normalize_text if gen.normalize_text else str, RUN_TOKENS, self.planner.count_tokens),
+            lambda text: self.planner.plan(replace(prompt_fields, text=text), voice, max_new_tokens),
+            flag,
+            pause_s,
+        )
+        chunks = self.pipeline.run(source, _sampling_params(request, config), config.audio, flag, streaming)
+        return AudioStream(None, chunks)
 
     def synthesize(
         self, request: SpeechRequest | str, *, cancel: CancelFlag = None, config: Config | None = None, **fields: Any
@@ -192,6 +245,13 @@ def _request(request: SpeechRequest | str, fields: dict[str, Any]) -> SpeechRequ
     if isinstance(request, SpeechRequest):
         return replace(request, **fields) if fields else request
     return SpeechRequest(request, **fields)
+
+
+def _sampling_params(request: SpeechRequest, config: Config) -> SamplingParams:
+    """The request's sampling, its seed drawn now where neither the request nor the config fixes one."""
+    sampling = request.sampling or config.sampling
+    seed = request.seed if request.seed is not None and request.seed >= 0 else sampling.seed
+    return SamplingParams(**{**asdict(sampling), "seed": seed if seed >= 0 else secrets.randbits(63)})
 
 
 def _prompt_fields(gen: GenerationConfig, request: SpeechRequest, text: str) -> PromptFields:

@@ -4,11 +4,15 @@ Each piece is generated row by row (``model/generation.py``), its rows become fr
 completes them (``FrameAssembler``), and frames become samples through one ``SegmentDecoding`` for the whole
 request. Every generator here hands its end marker back as its return value: ``_frames`` returns what the
 piece generated (``Generated``), ``run`` the ``StreamResult``.
+
+The pieces come from a ``PieceSource``: a planned list, or pieces cut while their text still arrives
+(``synthesis/text_stream.py``), which the pipeline takes one at a time, when it is ready for the next.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterable, Iterator
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from typing import TypeVar
@@ -36,8 +40,45 @@ from moss_tts_node.timing import StageClock, StopReason, TimingReport
 # A piece's frames as they complete: (n_vq,) codes, or None for a gap (an all-pad frame, which ends an
 # audio segment); the generator's return value is what the piece generated.
 Frames = Generator[np.ndarray | None, None, "Generated"]
+_NO_SAMPLES = np.empty(0, dtype=np.float32)
 _Item = TypeVar("_Item")
 _End = TypeVar("_End")
+
+
+class PieceSource(ABC):
+    """A request's pieces in order, handed out one at a time."""
+
+    @abstractmethod
+    def next_piece(self) -> Piece | None:
+        """The next piece, waiting for it if need be; None after the last one (or once cancelled)."""
+
+    @abstractmethod
+    def more(self) -> bool | None:
+        """Whether another piece follows, where that is known without waiting; None where it is not yet."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """The request has ended (finished, cancelled, failed or dropped): no piece will be asked for."""
+
+
+class ListedPieces(PieceSource):
+    """Pieces known in advance (a planned text)."""
+
+    def __init__(self, pieces: Sequence[Piece]) -> None:
+        self._pieces = list(pieces)
+        self._next = 0
+
+    def next_piece(self) -> Piece | None:
+        if self._next == len(self._pieces):
+            return None
+        self._next += 1
+        return self._pieces[self._next - 1]
+
+    def more(self) -> bool:
+        return self._next < len(self._pieces)
+
+    def close(self) -> None:
+        pass  # nothing waits on a list
 
 
 @dataclass(frozen=True)
@@ -75,7 +116,7 @@ class Pipeline:
 
     def run(
         self,
-        pieces: list[Piece],
+        pieces: Sequence[Piece] | PieceSource,
         sampling: SamplingParams,
         audio: AudioConfig,
         cancelled: Callable[[], bool],
@@ -83,56 +124,81 @@ class Pipeline:
     ) -> Generator[AudioChunk, None, StreamResult]:
         """Generate and decode every piece as one stream: indices and offsets run on, one final chunk.
 
-        With stages that cannot decode while generating (low_memory), every piece is generated first and
-        each decoded offline afterwards: nothing streams.
+        A piece's last samples are the final chunk when no piece is known to follow; where that is not
+        known yet (text still arriving), they leave at once and the final chunk is an empty one, sent when
+        the source has no more pieces. With stages that cannot decode while generating (low_memory), every
+        piece is generated first and each decoded offline afterwards: nothing streams.
         """
+        source = pieces if isinstance(pieces, PieceSource) else ListedPieces(pieces)
         clock = StageClock()
         out = _ChunkMaker(self.spec.sampling_rate, clock)
-        done: list[Generated] = []
+        done: list[tuple[Piece, Generated]] = []
         codes: list[np.ndarray] = []
         with ExitStack() as stack:
+            stack.callback(source.close)
             if self.stages.streams:
                 stage = stack.enter_context(self.stages.generation())
-                frames: Iterable[Frames] = (
-                    self._frames(stage, piece, _seeded(sampling, number), cancelled, clock)
-                    for number, piece in enumerate(pieces)
-                )
+
+                def frames_of(piece: Piece, number: int) -> Frames:
+                    return self._frames(stage, piece, _seeded(sampling, number), cancelled, clock)
+
             else:
-                frames = self._generated_first(pieces, sampling, cancelled, clock)
+                replays = self._generated_first(source, sampling, cancelled, clock)
+                source = ListedPieces([piece for piece, _ in replays])
+
+                def frames_of(piece: Piece, number: int) -> Frames:
+                    return replays[number][1]
+
                 streaming = False
             codec = stack.enter_context(self.stages.decoder())
             decoding = stack.enter_context(self._decoding(codec, audio, streaming))
-            for piece, piece_frames in zip(pieces, frames, strict=False):
+            final_sent = False
+            while (piece := source.next_piece()) is not None:
                 decoder = SegmentDecoder(decoding, audio.chunk_frames, self.spec.n_vq)
-                generated = yield from self._decoded(piece_frames, decoder, out)
-                done.append(generated)
+                generated = yield from self._decoded(frames_of(piece, len(done)), decoder, out)
+                done.append((piece, generated))
                 codes.append(decoder.codes())
                 if generated.stop is StopReason.CANCELLED:
                     break
                 with clock.stage("codec"):
                     rest = decoder.end_segment()
-                if piece is pieces[-1]:
-                    yield out.chunk(rest if rest is not None else np.empty(0, dtype=np.float32), final=True)
+                final_sent = source.more() is False
+                if final_sent:
+                    yield out.chunk(rest if rest is not None else _NO_SAMPLES, final=True)
                 elif rest is not None:
                     yield out.chunk(rest, final=False)
-        rows = np.concatenate([piece.rows for piece in done])
-        all_codes = np.concatenate(codes)
-        stops = {piece.stop for piece in done}
+            stops = {generated.stop for _, generated in done}
+            # A source also ends when the request is cancelled while it waits for text.
+            stop_cancelled = StopReason.CANCELLED in stops or (not final_sent and cancelled())
+            if not stop_cancelled and not final_sent:
+                yield out.chunk(_NO_SAMPLES, final=True)  # the end became known after the last samples left
+        if stop_cancelled:
+            stop = StopReason.CANCELLED
+        elif StopReason.MAX_NEW_TOKENS in stops:
+            stop = StopReason.MAX_NEW_TOKENS
+        else:
+            stop = StopReason.END
+        rows = [generated.rows for _, generated in done]
+        all_codes = np.concatenate(codes) if codes else np.empty((0, self.spec.n_vq), dtype=np.int64)
         report = TimingReport.from_clock(
             clock,
             seed=sampling.seed,
-            prompt_rows=sum(piece.prompt.shape[0] for piece in pieces),
-            max_new_tokens=sum(piece.max_steps for piece in pieces),
-            steps=rows.shape[0],
+            prompt_rows=sum(piece.prompt.shape[0] for piece, _ in done),
+            max_new_tokens=sum(piece.max_steps for piece, _ in done),
+            steps=sum(piece_rows.shape[0] for piece_rows in rows),
             frames=all_codes.shape[0],
             audio_seconds=out.samples / self.spec.sampling_rate,
             codec_decode=decoding.name,
             streamed=decoding.streams,
-            stop_reason=next(
-                stop for stop in (StopReason.CANCELLED, StopReason.MAX_NEW_TOKENS, StopReason.END) if stop in stops
-            ),
+            stop_reason=stop,
         )
-        return StreamResult(rows, all_codes, report, clock)
+        return StreamResult(
+            np.concatenate(rows) if rows else np.empty((0, self.spec.channels), dtype=np.int64),
+            all_codes,
+            report,
+            clock,
+            prompt=done[0][0].prompt if done else None,
+        )
 
     @staticmethod
     def _decoded(frames: Frames, decoder: SegmentDecoder, out: _ChunkMaker) -> Generator[AudioChunk, None, Generated]:
@@ -201,15 +267,16 @@ class Pipeline:
         return Generated(np.stack(rows) if rows else np.empty((0, spec.channels), dtype=np.int64), stop)
 
     def _generated_first(
-        self, pieces: list[Piece], sampling: SamplingParams, cancelled: Callable[[], bool], clock: StageClock
-    ) -> list[Frames]:
+        self, source: PieceSource, sampling: SamplingParams, cancelled: Callable[[], bool], clock: StageClock
+    ) -> list[tuple[Piece, Frames]]:
         """Generate the pieces with the generation stage loaded for that time only (until one is cancelled);
-        replays of their frames, for the decoder to load after."""
+        each with a replay of its frames, for the decoder to load after."""
         replays = []
         with self.stages.generation() as stage:
-            for number, piece in enumerate(pieces):
-                frames, generated = _run_to_end(self._frames(stage, piece, _seeded(sampling, number), cancelled, clock))
-                replays.append(_replay(frames, generated))
+            while (piece := source.next_piece()) is not None:
+                frames = self._frames(stage, piece, _seeded(sampling, len(replays)), cancelled, clock)
+                items, generated = _run_to_end(frames)
+                replays.append((piece, _replay(items, generated)))
                 if generated.stop is StopReason.CANCELLED:
                     break
         return replays

@@ -20,8 +20,11 @@ _SENTENCE_END = re.compile(rf"(?:[。！？]+|[.!?…]+(?=[\s{_CLOSERS}]|$))[{_C
 _CLAUSE_END = re.compile(r"(?:[，、；：]|[,;:](?=\s|$))\s*")
 _WORD_END = re.compile(r"\s+")
 _LEVELS = (_SENTENCE_END, _CLAUSE_END, _WORD_END)
-# Boundary levels, coarsest first: what ``unit_ends`` takes (and the streaming cutter, text/cutter.py).
-SENTENCE, CLAUSE, WORD = range(len(_LEVELS))
+# Boundary levels, coarsest first (indices of _LEVELS): what ``unit_ends`` takes, as the streaming cutter
+# (text/cutter.py) does.
+SENTENCE = 0
+CLAUSE = 1
+WORD = 2
 
 
 def split_text(text: str, limit: int, measure: Callable[[str], int] = len) -> list[str]:
