@@ -31,14 +31,17 @@ from moss_tts_node.model.sampling import SamplingParams
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.synthesis.feed import TextFeed
 from moss_tts_node.synthesis.pipeline import Pipeline
+from moss_tts_node.synthesis.release import read_release, trained_on_pause_markers
 from moss_tts_node.synthesis.request import SpeechRequest, Voice
 from moss_tts_node.synthesis.results import AudioStream, Synthesis
 from moss_tts_node.synthesis.stages import Stages, open_stages
-from moss_tts_node.synthesis.text_stream import DEFAULT_PAUSE_S, RUN_TOKENS, CutPieces
+from moss_tts_node.synthesis.text_stream import DEFAULT_INPUT_PAUSE_S, RUN_TOKENS, CutPieces
 from moss_tts_node.synthesis.voices import load_voice
 from moss_tts_node.text.cutter import TextCutter
+from moss_tts_node.text.languages import language_tag
 from moss_tts_node.text.normalize import normalize_text
-from moss_tts_node.text.pieces import PiecePlanner
+from moss_tts_node.text.pauses import resolve_pause_mode
+from moss_tts_node.text.pieces import Piece, PiecePlanner
 from moss_tts_node.text.prompt import PromptBuilder, PromptFields
 
 CancelFlag = threading.Event | Callable[[], bool] | None
@@ -56,12 +59,16 @@ class Synthesizer:
 
     Streams decode with the stream decoder graph that ``audio.stream_decoder`` selects, loaded here
     once (its state is one utterance's, reset between requests), or else with the windowed scheme.
+
+    ``release`` is the MOSS-TTS release the weights are known to be (``synthesis/release.py``), or None; with
+    ``generation.pause_markers: auto`` it decides what a ``[pause X.Ys]`` means (``text/pauses.py``).
     """
 
     def __init__(self, config: Config) -> None:
         self.config = config
         weights = Path(config.model.weights_dir)
         self.spec = ModelSpec.load(weights)
+        self.release = read_release(weights)
         self.prompts = PromptBuilder(weights / TOKENIZER_DIR, self.spec)
         self.stages: Stages = open_stages(config, self.spec)
         try:
@@ -126,7 +133,8 @@ class Synthesizer:
         speech would not fit the context (or one codec window) is split at sentence boundaries and
         spoken piece by piece in the same stream. ``max_new_tokens`` applies to each piece and is
         clamped to what n_ctx leaves after its prompt; a prompt that leaves no room for one frame is
-        refused.
+        refused. A ``[pause X.Ys]`` in the text means what ``generation.pause_markers`` says (README "Pause
+        markers"); rendered as silence, it arrives in the stream in chunks like speech.
 
         ``config`` holds the settings the request runs with (the keys the schema marks per-request:
         generation defaults, sampling, audio chunking), by default ``self.config`` now: they are read here
@@ -138,9 +146,9 @@ class Synthesizer:
         gen = config.generation
         prompt_fields = _prompt_fields(gen, request, self._clean_text(request.text, gen.normalize_text))
         max_new_tokens = request.max_new_tokens or gen.max_new_tokens
-        pieces = self.planner.plan(prompt_fields, self._voice(request.voice), max_new_tokens)
+        pieces = self.planner.plan(prompt_fields, self._voice(request.voice), max_new_tokens, self._pause_mode(gen))
         chunks = self.pipeline.run(pieces, _sampling_params(request, config), config.audio, _flag(cancel), streaming)
-        return AudioStream(pieces[0].prompt, chunks)
+        return AudioStream(next(piece.prompt for piece in pieces if isinstance(piece, Piece)), chunks)
 
     def stream_text(
         self,
@@ -150,7 +158,7 @@ class Synthesizer:
         cancel: CancelFlag = None,
         streaming: bool = True,
         config: Config | None = None,
-        pause_s: float = DEFAULT_PAUSE_S,
+        input_pause_s: float = DEFAULT_INPUT_PAUSE_S,
         **fields: Any,
     ) -> AudioStream:
         """Speak text that arrives in fragments (an LLM's tokens), sentence by sentence, as one stream.
@@ -160,7 +168,7 @@ class Synthesizer:
         cleaned and cut at sentence ends as it arrives (``text/cutter.py``); each sentence is generated as
         soon as it is settled, while the next fragments arrive, its prompt prefilling only its own text
         after the voice's rows kept in the KV cache. A run of more than ``RUN_TOKENS`` tokens without a
-        sentence end is cut at a clause, else a word; input silent for ``pause_s`` seconds, while the
+        sentence end is cut at a clause, else a word; input silent for ``input_pause_s`` seconds, while the
         synthesis waits for text, closes the piece at its last word.
 
         The other fields are a request's (as ``stream``), checked now; the request's text must be empty,
@@ -176,8 +184,8 @@ class Synthesizer:
             raise RequestError("stream_text takes its text from the fragments: leave the request's text empty")
         if request.tokens is not None:
             raise RequestError("a duration (tokens) cannot be asked of text that arrives in fragments: leave it out")
-        if pause_s <= 0:
-            raise RequestError(f"pause_s must be above 0 seconds, got {pause_s}")
+        if input_pause_s <= 0:
+            raise RequestError(f"input_pause_s must be above 0 seconds, got {input_pause_s}")
         config = config if config is not None else self.config
         gen = config.generation
         prompt_fields = _prompt_fields(gen, request, "")
@@ -185,12 +193,13 @@ class Synthesizer:
         self.planner.step_budget(self.prompts.build(prompt_fields, voice), 1)  # the voice and fields leave room
         max_new_tokens = request.max_new_tokens or gen.max_new_tokens
         flag = _flag(cancel)
+        pause_markers = self._pause_mode(gen)
         source = CutPieces(
             fragments if isinstance(fragments, TextFeed) else TextFeed.reading(fragments),
             TextCutter(normalize_text if gen.normalize_text else str, RUN_TOKENS, self.planner.count_tokens),
-            lambda text: self.planner.plan(replace(prompt_fields, text=text), voice, max_new_tokens),
+            lambda text: self.planner.plan(replace(prompt_fields, text=text), voice, max_new_tokens, pause_markers),
             flag,
-            pause_s,
+            input_pause_s,
         )
         chunks = self.pipeline.run(source, _sampling_params(request, config), config.audio, flag, streaming)
         return AudioStream(None, chunks)
@@ -229,6 +238,10 @@ class Synthesizer:
         )
         return self.stages.prepare_prefix(prefix)
 
+    def _pause_mode(self, gen: GenerationConfig) -> str:
+        """What a pause marker means for these weights under ``generation.pause_markers`` (``text/pauses.py``)."""
+        return resolve_pause_mode(gen.pause_markers, trained_on_pause_markers(self.release))
+
     @staticmethod
     def _clean_text(text: str, normalize: bool) -> str:
         if not isinstance(text, str) or not text.strip():
@@ -255,10 +268,17 @@ def _sampling_params(request: SpeechRequest, config: Config) -> SamplingParams:
 
 
 def _prompt_fields(gen: GenerationConfig, request: SpeechRequest, text: str) -> PromptFields:
-    """A request's prompt fields, those left ``None`` taken from the generation defaults ``gen``."""
+    """A request's prompt fields, those left ``None`` taken from the generation defaults ``gen``; the language
+    spelled as upstream's table does (``text/languages.py``), or refused."""
+    language = request.language if request.language is not None else gen.language or None
+    if language:
+        try:
+            language = language_tag(language)
+        except ValueError as error:
+            raise RequestError(str(error)) from None
     return PromptFields(
         text=text,
-        language=request.language if request.language is not None else gen.language or None,
+        language=language,
         instruction=request.instruction if request.instruction is not None else gen.instruction or None,
         quality=request.quality if request.quality is not None else gen.quality or None,
         tokens=request.tokens,

@@ -6,15 +6,16 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import numpy as np
 import pytest
 
 from moss_tts_node.errors import RequestError
+from moss_tts_node.model.rates import SAMPLE_RATE
 from moss_tts_node.model.sampling import SamplingParams
 from moss_tts_node.synthesis.feed import TextFeed
-from moss_tts_node.synthesis.pipeline import PieceSource
+from moss_tts_node.synthesis.pipeline import PlanSource
 from moss_tts_node.synthesis.request import SpeechRequest
 from moss_tts_node.synthesis.results import AudioChunk, AudioStream
 from moss_tts_node.synthesizer import Synthesizer
@@ -152,8 +153,18 @@ def test_a_cancel_mid_sentence_stops_within_a_step(synth: Synthesizer) -> None:
     assert stream.cancelled and stream.report is not None and stream.report.steps == 32
 
 
+def test_a_pause_marker_in_streamed_text_is_exact_silence_between_its_sentences(synth: Synthesizer) -> None:
+    config = replace(synth.config, generation=replace(synth.config.generation, pause_markers="silence"))
+    stream = synth.stream_text(words("Hi there. [pause 0.5s] Bye now."), config=config, seed=1, max_new_tokens=STEPS)
+    chunks = drain(stream)
+    silent = [chunk for chunk in chunks if chunk.samples.size and not chunk.samples.any()]
+    assert sum(chunk.samples.size for chunk in silent) == SAMPLE_RATE // 2
+    assert silent[0].index > 0 and silent[-1].index < chunks[-1].index  # between the two sentences' audio
+    assert stream.report is not None and stream.report.prompt_rows == prompt_rows(synth, "Hi there.", "Bye now.")
+
+
 def test_nothing_speakable_gives_an_empty_final_chunk(synth: Synthesizer) -> None:
-    stream = synth.stream_text(["  ", "\n", "**"], seed=1)
+    stream = synth.stream_text(["  ", "\n", "**", "[pause 1s]"], seed=1)
     chunks = drain(stream)
     assert len(chunks) == 1 and chunks[0].samples.shape == (0,)
     assert stream.report is not None and stream.report.steps == 0 and stream.report.stop_reason == "end"
@@ -166,8 +177,8 @@ def test_bad_requests_are_refused_at_once_and_bad_fragments_where_they_come(synt
         synth.stream_text([TEXT], tokens=50)
     with pytest.raises(RequestError, match="not found"):
         synth.stream_text([TEXT], voice="/nonexistent/voice.wav")
-    with pytest.raises(RequestError, match="pause_s"):
-        synth.stream_text([TEXT], pause_s=0)
+    with pytest.raises(RequestError, match="input_pause_s"):
+        synth.stream_text([TEXT], input_pause_s=0)
     with pytest.raises(RequestError, match="must be a str, not int"):
         TextFeed().put(3)  # type: ignore[arg-type]
     stream = synth.stream_text(["Hello there. ", 3], seed=1, max_new_tokens=STEPS)  # type: ignore[list-item]
@@ -190,7 +201,7 @@ def test_a_pause_in_the_input_closes_the_piece_at_its_last_word(synth: Synthesiz
     """A pause cut is the one thing timing decides: here the producer waits until the synthesis has waited
     a whole (short) pause, then sends the rest."""
     feed = TextFeed()
-    stream = synth.stream_text(feed, seed=1, max_new_tokens=STEPS, pause_s=0.01)
+    stream = synth.stream_text(feed, seed=1, max_new_tokens=STEPS, input_pause_s=0.01)
     feed.put("I think that the ans")
     chunks = iter(stream)
     first = next(chunks)  # the pause cut "I think that the" and it is being spoken
@@ -202,14 +213,14 @@ def test_a_pause_in_the_input_closes_the_piece_at_its_last_word(synth: Synthesiz
     assert stream.report.prompt_rows == prompt_rows(synth, "I think that the", "answer is here.")
 
 
-class _Source(PieceSource):
+class _Source(PlanSource):
     """Two pieces; whether the second is the last only becomes known after the first was spoken."""
 
     def __init__(self, pieces: list[Piece]) -> None:
         self.pieces = pieces
         self.events: list[str] = []
 
-    def next_piece(self) -> Piece | None:
+    def next_item(self) -> Piece | None:
         self.events.append("next")
         return self.pieces.pop(0) if self.pieces else None
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from moss_tts_node.text.cutter import TextCutter
 from moss_tts_node.text.normalize import normalize_text
+from moss_tts_node.text.pauses import PAUSE_MARKER
 from moss_tts_node.text.split import split_text
 
 
@@ -97,6 +98,19 @@ def test_a_pause_closes_the_piece_at_its_last_word_end() -> None:
     assert cutter.cut(ended=True) == ["[unclosed bracket"]
 
 
+def test_a_pause_marker_is_one_unit_and_an_unfinished_one_is_waited_for() -> None:
+    fragments = ["Hello. [pau", "se 0.", "8s]", " World", " is", " here.", " Bye"]
+    assert cut_stream(fragments) == [(5, "Hello."), (7, "[pause 0.8s] World is here."), (7, "Bye")]
+    # a marker alone is no piece: it goes with the next sentence, or at the end with the last
+    assert pieces(["Hi.\n[pause 2s]\nThere you", " are.", " [pause 1s]"]) == [
+        "Hi.",
+        "[pause 2s]。There you are. [pause 1s]",
+    ]
+    long = "one two three four [pause 1s] five six seven eight nine ten"
+    got = pieces([word + " " for word in long.split(" ")], max_run=24)
+    assert got[0] == "one two three four" and "[pause 1s]" in got[1]  # cut before the marker, not inside
+
+
 def test_marks_alone_are_no_piece() -> None:
     cutter = TextCutter(normalize_text, 60)
     cutter.push("Well.")
@@ -110,7 +124,22 @@ def test_marks_alone_are_no_piece() -> None:
 _LATIN_WORDS = ["the", "robot", "walks", "in", "Hello", "3.14", "v2.3.1", "42", "ok", "x", "I", "**bold**", "e.g"]
 _CJK_WORDS = ["今天", "天气", "很好", "机器人", "你好", "世界", "こんにちは", "我们"]
 _MARKS = [".", ",", "!", "?", ";", ":", "...", "!!", "。", "，", "！", "？", "、", "…", "——", "--", " -> "]
-_OPENERS = ["[1]", "[note", "]", "「", "」", "【公告】", "(aside)", "“", "”", "《书》", "[link](http://a.b/c)"]
+_OPENERS = [
+    "[1]",
+    "[note",
+    "]",
+    "[pause 0.5s]",
+    "[pause",
+    " 2s]",
+    "「",
+    "」",
+    "【公告】",
+    "(aside)",
+    "“",
+    "”",
+    "《书》",
+    "[link](http://a.b/c)",
+]
 _LINE_STARTS = ["\n", "\n\n", "\n- ", "\n1. ", "\n## ", "\n> ", "\n```\n", "\n---\n", "\n| a | b |"]
 
 
@@ -158,8 +187,8 @@ def test_any_fragmentation_gives_the_same_pieces_which_concatenate_to_the_cleane
     whole = pieces([text], max_run=25)
     assert pieces(fragmented(text, cuts), max_run=25) == whole  # the cuts depend on the text alone
     cleaned = normalize_text(text)
-    assert squeeze("".join(whole)) == (squeeze(cleaned) if re.search(r"\w", cleaned) else "")  # nothing lost,
-    # doubled or reordered (marks alone are not spoken)
+    speakable = re.search(r"\w", PAUSE_MARKER.sub("", cleaned))  # marks and pause markers alone are not spoken
+    assert squeeze("".join(whole)) == (squeeze(cleaned) if speakable else "")  # nothing lost, doubled or reordered
     assert all(piece and piece == piece.strip() for piece in whole)
 
 
@@ -168,7 +197,7 @@ def test_any_fragmentation_gives_the_same_pieces_which_concatenate_to_the_cleane
 def test_without_the_clean_up_the_pieces_are_the_text_itself(text: str, cuts: list[int]) -> None:
     got = pieces(fragmented(text, cuts), clean=str, max_run=25)
     assert got == pieces([text], clean=str, max_run=25)
-    assert squeeze("".join(got)) == squeeze(text) or not re.search(r"\w", text)
+    assert squeeze("".join(got)) == squeeze(text) or not re.search(r"\w", PAUSE_MARKER.sub("", text))
 
 
 @pytest.mark.parametrize(

@@ -2,11 +2,13 @@
 
 Each piece is generated row by row (``model/generation.py``), its rows become frames as the delay pattern
 completes them (``FrameAssembler``), and frames become samples through one ``SegmentDecoding`` for the whole
-request. Every generator here hands its end marker back as its return value: ``_frames`` returns what the
-piece generated (``Generated``), ``run`` the ``StreamResult``.
+request. A ``Pause`` between pieces (a pause marker rendered as silence, ``text/pieces.py``) becomes silence in
+chunks of ``audio.chunk_frames`` frames, like speech; the segments around it are decoded on their own either way, so
+the stream and the whole utterance carry the same silence. Every generator here hands its end marker back as its
+return value: ``_frames`` returns what the piece generated (``Generated``), ``run`` the ``StreamResult``.
 
-The pieces come from a ``PieceSource``: a planned list, or pieces cut while their text still arrives
-(``synthesis/text_stream.py``), which the pipeline takes one at a time, when it is ready for the next.
+The plan comes from a ``PlanSource``: a list planned from a whole text, or pieces cut while their text still
+arrives (``synthesis/text_stream.py``), which the pipeline takes one at a time, when it is ready for the next.
 """
 
 from __future__ import annotations
@@ -30,11 +32,12 @@ from moss_tts_node.codec.streaming import (
 from moss_tts_node.config import AudioConfig
 from moss_tts_node.model.delay import DelayState, FrameAssembler
 from moss_tts_node.model.generation import generate_rows
+from moss_tts_node.model.rates import SAMPLES_PER_FRAME
 from moss_tts_node.model.sampling import Sampler, SamplingParams
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.synthesis.results import AudioChunk, StreamResult
 from moss_tts_node.synthesis.stages import GenerationStage, Stages
-from moss_tts_node.text.pieces import Piece
+from moss_tts_node.text.pieces import Pause, Piece
 from moss_tts_node.timing import StageClock, StopReason, TimingReport
 
 # A piece's frames as they complete: (n_vq,) codes, or None for a gap (an all-pad frame, which ends an
@@ -45,37 +48,37 @@ _Item = TypeVar("_Item")
 _End = TypeVar("_End")
 
 
-class PieceSource(ABC):
-    """A request's pieces in order, handed out one at a time."""
+class PlanSource(ABC):
+    """A request's plan in order (pieces to speak, pauses to render), handed out one item at a time."""
 
     @abstractmethod
-    def next_piece(self) -> Piece | None:
-        """The next piece, waiting for it if need be; None after the last one (or once cancelled)."""
+    def next_item(self) -> Piece | Pause | None:
+        """The next item, waiting for it if need be; None after the last one (or once cancelled)."""
 
     @abstractmethod
     def more(self) -> bool | None:
-        """Whether another piece follows, where that is known without waiting; None where it is not yet."""
+        """Whether another item follows, where that is known without waiting; None where it is not yet."""
 
     @abstractmethod
     def close(self) -> None:
-        """The request has ended (finished, cancelled, failed or dropped): no piece will be asked for."""
+        """The request has ended (finished, cancelled, failed or dropped): no item will be asked for."""
 
 
-class ListedPieces(PieceSource):
-    """Pieces known in advance (a planned text)."""
+class ListedPlan(PlanSource):
+    """A plan known in advance (a whole text's)."""
 
-    def __init__(self, pieces: Sequence[Piece]) -> None:
-        self._pieces = list(pieces)
+    def __init__(self, plan: Sequence[Piece | Pause]) -> None:
+        self._plan = list(plan)
         self._next = 0
 
-    def next_piece(self) -> Piece | None:
-        if self._next == len(self._pieces):
+    def next_item(self) -> Piece | Pause | None:
+        if self._next == len(self._plan):
             return None
         self._next += 1
-        return self._pieces[self._next - 1]
+        return self._plan[self._next - 1]
 
     def more(self) -> bool:
-        return self._next < len(self._pieces)
+        return self._next < len(self._plan)
 
     def close(self) -> None:
         pass  # nothing waits on a list
@@ -116,23 +119,24 @@ class Pipeline:
 
     def run(
         self,
-        pieces: Sequence[Piece] | PieceSource,
+        plan: Sequence[Piece | Pause] | PlanSource,
         sampling: SamplingParams,
         audio: AudioConfig,
         cancelled: Callable[[], bool],
         streaming: bool,
     ) -> Generator[AudioChunk, None, StreamResult]:
-        """Generate and decode every piece as one stream: indices and offsets run on, one final chunk.
+        """Generate and decode every piece, and render every pause, as one stream: indices and offsets run on,
+        one final chunk.
 
-        A piece's last samples are the final chunk when no piece is known to follow; where that is not
-        known yet (text still arriving), they leave at once and the final chunk is an empty one, sent when
-        the source has no more pieces. With stages that cannot decode while generating (low_memory), every
-        piece is generated first and each decoded offline afterwards: nothing streams.
+        An item's last samples are the final chunk when no item is known to follow; where that is not known
+        yet (text still arriving), they leave at once and the final chunk is an empty one, sent once the source
+        has no more items. With stages that cannot decode while generating (low_memory), every piece is
+        generated first and each decoded offline afterwards: nothing streams.
         """
-        source = pieces if isinstance(pieces, PieceSource) else ListedPieces(pieces)
+        source = plan if isinstance(plan, PlanSource) else ListedPlan(plan)
         clock = StageClock()
         out = _ChunkMaker(self.spec.sampling_rate, clock)
-        done: list[tuple[Piece, Generated]] = []
+        done: list[tuple[Piece | Pause, Generated]] = []
         codes: list[np.ndarray] = []
         with ExitStack() as stack:
             stack.callback(source.close)
@@ -143,20 +147,30 @@ class Pipeline:
                     return self._frames(stage, piece, _seeded(sampling, number), cancelled, clock)
 
             else:
-                replays = self._generated_first(source, sampling, cancelled, clock)
-                source = ListedPieces([piece for piece, _ in replays])
+                generated_first = self._generated_first(source, sampling, cancelled, clock)
+                source = ListedPlan([item for item, _ in generated_first])
+                replays = [frames for _, frames in generated_first if frames is not None]
 
                 def frames_of(piece: Piece, number: int) -> Frames:
-                    return replays[number][1]
+                    return replays[number]
 
                 streaming = False
             codec = stack.enter_context(self.stages.decoder())
             decoding = stack.enter_context(self._decoding(codec, audio, streaming))
+            spoken = 0  # pieces so far: each one's seed is derived from its number
             final_sent = False
-            while (piece := source.next_piece()) is not None:
+            while (item := source.next_item()) is not None:
+                if isinstance(item, Pause):
+                    final_sent = source.more() is False
+                    generated = yield from self._silence(item, audio.chunk_frames, out, final_sent, cancelled)
+                    done.append((item, generated))
+                    if generated.stop is StopReason.CANCELLED:
+                        break
+                    continue
                 decoder = SegmentDecoder(decoding, audio.chunk_frames, self.spec.n_vq)
-                generated = yield from self._decoded(frames_of(piece, len(done)), decoder, out)
-                done.append((piece, generated))
+                generated = yield from self._decoded(frames_of(item, spoken), decoder, out)
+                spoken += 1
+                done.append((item, generated))
                 codes.append(decoder.codes())
                 if generated.stop is StopReason.CANCELLED:
                     break
@@ -178,13 +192,14 @@ class Pipeline:
             stop = StopReason.MAX_NEW_TOKENS
         else:
             stop = StopReason.END
+        pieces = [item for item, _ in done if isinstance(item, Piece)]
         rows = [generated.rows for _, generated in done]
         all_codes = np.concatenate(codes) if codes else np.empty((0, self.spec.n_vq), dtype=np.int64)
         report = TimingReport.from_clock(
             clock,
             seed=sampling.seed,
-            prompt_rows=sum(piece.prompt.shape[0] for piece, _ in done),
-            max_new_tokens=sum(piece.max_steps for piece, _ in done),
+            prompt_rows=sum(piece.prompt.shape[0] for piece in pieces),
+            max_new_tokens=sum(piece.max_steps for piece in pieces),
             steps=sum(piece_rows.shape[0] for piece_rows in rows),
             frames=all_codes.shape[0],
             audio_seconds=out.samples / self.spec.sampling_rate,
@@ -197,8 +212,23 @@ class Pipeline:
             all_codes,
             report,
             clock,
-            prompt=done[0][0].prompt if done else None,
+            prompt=pieces[0].prompt if pieces else None,
         )
+
+    def _silence(
+        self, pause: Pause, chunk_frames: int, out: _ChunkMaker, final: bool, cancelled: Callable[[], bool]
+    ) -> Generator[AudioChunk, None, Generated]:
+        """``pause`` as chunks of zeros, ``chunk_frames`` frames each and the rest last; returns what it "generated":
+        no rows, and whether it was cancelled."""
+        step = chunk_frames * SAMPLES_PER_FRAME
+        stop = StopReason.END
+        for start in range(0, pause.samples, step):
+            if cancelled():
+                stop = StopReason.CANCELLED
+                break
+            end = min(start + step, pause.samples)
+            yield out.chunk(np.zeros(end - start, dtype=np.float32), final=final and end == pause.samples)
+        return Generated(np.empty((0, self.spec.channels), dtype=np.int64), stop)
 
     @staticmethod
     def _decoded(frames: Frames, decoder: SegmentDecoder, out: _ChunkMaker) -> Generator[AudioChunk, None, Generated]:
@@ -267,19 +297,23 @@ class Pipeline:
         return Generated(np.stack(rows) if rows else np.empty((0, spec.channels), dtype=np.int64), stop)
 
     def _generated_first(
-        self, source: PieceSource, sampling: SamplingParams, cancelled: Callable[[], bool], clock: StageClock
-    ) -> list[tuple[Piece, Frames]]:
-        """Generate the pieces with the generation stage loaded for that time only (until one is cancelled);
-        each with a replay of its frames, for the decoder to load after."""
-        replays = []
+        self, source: PlanSource, sampling: SamplingParams, cancelled: Callable[[], bool], clock: StageClock
+    ) -> list[tuple[Piece | Pause, Frames | None]]:
+        """Generate the pieces with the generation stage loaded for that time only (until one is cancelled):
+        the plan's items, each piece with a replay of its frames, for the decoder to load after."""
+        items: list[tuple[Piece | Pause, Frames | None]] = []
+        number = 0
         with self.stages.generation() as stage:
-            while (piece := source.next_piece()) is not None:
-                frames = self._frames(stage, piece, _seeded(sampling, len(replays)), cancelled, clock)
-                items, generated = _run_to_end(frames)
-                replays.append((piece, _replay(items, generated)))
+            while (item := source.next_item()) is not None:
+                if isinstance(item, Pause):
+                    items.append((item, None))
+                    continue
+                frames, generated = _run_to_end(self._frames(stage, item, _seeded(sampling, number), cancelled, clock))
+                number += 1
+                items.append((item, _replay(frames, generated)))
                 if generated.stop is StopReason.CANCELLED:
                     break
-        return replays
+        return items
 
 
 def _seeded(sampling: SamplingParams, piece_number: int) -> SamplingParams:

@@ -13,9 +13,9 @@ from collections import deque
 from collections.abc import Callable
 
 from moss_tts_node.synthesis.feed import TextFeed
-from moss_tts_node.synthesis.pipeline import PieceSource
+from moss_tts_node.synthesis.pipeline import PlanSource
 from moss_tts_node.text.cutter import TextCutter
-from moss_tts_node.text.pieces import Piece
+from moss_tts_node.text.pieces import Pause, Piece
 
 # A run without a sentence end is cut at a clause, else a word, once it passes this many text tokens
 # (README, "Streamed text"): about 24 English words or 45 Chinese characters, longer than most spoken
@@ -23,15 +23,16 @@ from moss_tts_node.text.pieces import Piece
 RUN_TOKENS = 32
 # Input silent this long closes the piece at its last word: many times an LLM's gap between tokens (30 to
 # 70 ms), so only a stall (a tool call, a slow server) cuts a sentence short.
-DEFAULT_PAUSE_S = 1.0
+DEFAULT_INPUT_PAUSE_S = 1.0
 # How often a synthesis waiting for text looks at its cancel flag.
 _CANCEL_POLL_S = 0.05
 
 
-class CutPieces(PieceSource):
-    """The pieces of a text fed in fragments: cut by ``cutter``, each cut text planned into pieces by ``plan``.
+class CutPieces(PlanSource):
+    """The plan of a text fed in fragments: cut by ``cutter``, each cut text planned by ``plan`` (into pieces,
+    and pauses where its pause markers are rendered as silence).
 
-    Waiting for the next piece, an input silent for ``pause_s`` makes the cutter close the piece at its
+    Waiting for the next piece, an input silent for ``input_pause_s`` makes the cutter close the piece at its
     last word; a set ``cancelled`` flag ends the pieces.
     """
 
@@ -39,24 +40,24 @@ class CutPieces(PieceSource):
         self,
         feed: TextFeed,
         cutter: TextCutter,
-        plan: Callable[[str], list[Piece]],
+        plan: Callable[[str], list[Piece | Pause]],
         cancelled: Callable[[], bool],
-        pause_s: float,
+        input_pause_s: float,
     ) -> None:
         self._feed = feed
         self._cutter = cutter
         self._plan = plan
         self._cancelled = cancelled
-        self._pause_s = pause_s
-        self._ready: deque[Piece] = deque()
+        self._input_pause_s = input_pause_s
+        self._ready: deque[Piece | Pause] = deque()
         self._ended = False
         self._paused_at = -1  # the arrival count at which a pause was last cut
 
-    def next_piece(self) -> Piece | None:
+    def next_item(self) -> Piece | Pause | None:
         while not self._ready and not self._ended and not self._cancelled():
             # A pause is cut once per silence: the word it leaves may still be being written.
             pause_due = self._paused_at != self._feed.arrivals
-            pause_left = self._pause_s - self._feed.idle_s() if pause_due else _CANCEL_POLL_S
+            pause_left = self._input_pause_s - self._feed.idle_s() if pause_due else _CANCEL_POLL_S
             text, ended = self._feed.take(timeout=min(max(pause_left, 0.0), _CANCEL_POLL_S))
             paused = pause_due and pause_left <= 0 and not text and not ended
             if paused:

@@ -4,8 +4,8 @@ The long-text splitter (``split.py``) sees a whole text; here the text grows whi
 already being spoken, so a cut is never taken back. The cutter cleans the text it holds as one text (with
 the request's clean-up, so line breaks join lines with a stop as in a whole request) and gives out a
 prefix of the cleaned text once later text cannot change it. A piece ends at the first sentence end of
-the splitter's rules (``unit_ends(..., SENTENCE)``, and line breaks where the clean-up keeps them) once it
-is *settled*:
+the splitter's rules (``cut_positions(..., SENTENCE)``, and line breaks where the clean-up keeps them; never
+inside a pause marker) once it is *settled*:
 
 - the next unit's first word has arrived whole (the marks before it, the word, the marks after it, then
   one more character; an East Asian wide character is a word by itself), so neither a run of marks that
@@ -34,12 +34,14 @@ import unicodedata
 from collections.abc import Callable
 from itertools import accumulate
 
-from moss_tts_node.text.split import CLAUSE, SENTENCE, WORD, unit_ends
+from moss_tts_node.text.pauses import PAUSE_MARKER, find_markers, unfinished_marker_start
+from moss_tts_node.text.split import CLAUSE, SENTENCE, WORD, cut_positions
 
 # Spans the clean-up (normalize.py) treats as one, open on the last line: an opener with no closer after it.
+# An unfinished pause marker ("[pau", text/pauses.py) is such an open "[" too.
 _OPEN_SPAN = re.compile(
-    r"\[[^\[\]]*$|\]\([^()]*$|\{[^{}]*$|【[^【】]*$|〖[^〖〗]*$|『[^『』]*$|「[^「」]*$|《[^《》]*$"
-)
+    r"!?\[[^\[\]]*$|!?\[[^\[\]]*\]\([^()]*$|\{[^{}]*$|【[^【】]*$|〖[^〖〗]*$|『[^『』]*$|「[^「」]*$|《[^《》]*$"
+)  # a link or image (![alt](src)) spans from its "!" on
 _LINE_BREAK = re.compile(r"\n")
 _SPACE = re.compile(r"\s+")
 _SLICE = 256  # characters of pushed text looked at a time
@@ -72,8 +74,8 @@ class TextCutter:
 
         ``ended``: no more text comes, so every end is settled and the rest is the last piece. ``paused``:
         the input has paused, so the rest is cut at its last word end too. Marks with no word among them
-        are no piece: they stay with the piece before them when that is cut at the end, otherwise for the
-        next piece, and a text of marks alone is not spoken.
+        (pause markers included) are no piece: they stay with the piece before them when that is cut at the
+        end, otherwise for the next piece, and a text of marks alone is not spoken.
         """
         pieces = []
         while True:
@@ -120,8 +122,10 @@ class TextCutter:
             stable = len(rest) if ended else max([0, *(end for end in _forced_ends(rest) if ready(end))])
             if self._measure(rest[: min([stable, *sentences])].strip()) > self.max_run:
                 run_end = self._run_end(rest[:stable])
-                if run_end is not None:
+                if run_end is not None and ready(run_end):
                     return run_end
+                if run_end is not None and not ended:
+                    return None  # the cut is known, the text after it not yet
         if sentences and ready(sentences[0]):
             return sentences[0]
         if paused:
@@ -137,7 +141,7 @@ class TextCutter:
         else its last place between two wide characters; None where none fits."""
         fitting = [end for end in _forced_ends(run) if self._measure(run[:end].strip()) <= self.max_run]
         for level in (CLAUSE, WORD):
-            ends = [end for end in fitting if end in unit_ends(run, level)]
+            ends = [end for end in fitting if end in cut_positions(run, level)]
             if ends:
                 return ends[-1]
         return fitting[-1] if fitting else None
@@ -198,13 +202,13 @@ def _after_squeezed(text: str, count: int) -> str:
 def _sentence_ends(text: str) -> list[int]:
     """The splitter's sentence ends, and line breaks (left by a clean-up that keeps them)."""
     breaks = [match.end() for match in _LINE_BREAK.finditer(text) if match.end() < len(text)]
-    return sorted({*unit_ends(text, SENTENCE), *breaks})
+    return sorted({*cut_positions(text, SENTENCE), *breaks})
 
 
 def _forced_ends(text: str) -> list[int]:
     """Every place a run may be cut: unit ends of every level, and between two wide characters."""
     wide = [i for i in range(1, len(text)) if _is_wide(text[i - 1]) and _is_wide(text[i])]
-    return sorted({*_sentence_ends(text), *unit_ends(text, CLAUSE), *unit_ends(text, WORD), *wide})
+    return sorted({*_sentence_ends(text), *cut_positions(text, CLAUSE), *cut_positions(text, WORD), *wide})
 
 
 def _raw_cuts(raw: str) -> set[int]:
@@ -213,11 +217,14 @@ def _raw_cuts(raw: str) -> set[int]:
 
 
 def _settled(text: str, end: int) -> bool:
-    """Whether the text after ``end`` holds the next unit's first word whole (see the module docstring)."""
+    """Whether the text after ``end`` holds the next unit's first word whole (see the module docstring); a
+    pause marker is no word, and one still arriving may yet be one."""
+    marker_ends = {marker.start: marker.end for marker in find_markers(text)}
+    unfinished = unfinished_marker_start(text)
     index = end
-    while index < len(text) and not _in_word(text[index]):
-        index += 1  # the marks the next unit starts with
-    if index == len(text):
+    while index < len(text) and (index in marker_ends or not _in_word(text[index])):
+        index = marker_ends.get(index, index + 1)  # the marks (and markers) the next unit starts with
+    if index == len(text) or (unfinished is not None and index > unfinished):
         return False
     if _is_wide(text[index]):
         return True
@@ -229,7 +236,8 @@ def _settled(text: str, end: int) -> bool:
 
 
 def _has_word(text: str) -> bool:
-    return any(map(_in_word, text))
+    """Whether ``text`` has a word to speak: a pause marker is none (a piece is never a pause alone)."""
+    return any(map(_in_word, PAUSE_MARKER.sub("", text)))
 
 
 def _in_word(char: str) -> bool:
