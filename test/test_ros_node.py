@@ -618,3 +618,30 @@ def test_bad_chunks_are_refused_with_reasons_and_the_node_keeps_serving(
     assert "'another' refused: as many streams as text_stream_max_open (1) are open" in log
     assert "'open' would pass 30 characters (text_stream_max_chars): closed with the 18 it had" in log
     assert int(netns.client("diagnostics")["values"]["requests_refused"]) == int(before["requests_refused"]) + 3
+
+
+def test_the_readme_relay_speaks_an_llms_token_topic(
+    netns: LoopbackNamespace, node: NodeProcess, tmp_path: Path
+) -> None:
+    """README's relay as it is written there, run as its own process: two replies, token by token, each ended by
+    an empty message, are two streams spoken to their final chunk."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = readme.split("**Relay from an LLM's token topic.**", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    script = tmp_path / "relay.py"
+    script.write_text(code)
+    relay = netns.popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        tokens = ["Hello", " there", ".", " I", " am", " here", ".", "", "Second", " reply", ".", ""]
+        relay_ready = {"wait_publishers": ["/moss_tts_node/text_stream", 2]}  # the relay's and the client's
+        answer = netns.client(
+            "text_stream",
+            steps=[relay_ready, *({"publish": ["/llm/tokens", token]} for token in tokens)],
+            final_count=2,
+        )
+    finally:
+        relay.terminate()
+        relay.wait(10)
+    ids = list(dict.fromkeys(c["request_id"] for c in answer["chunks"]))
+    assert len(ids) == 2
+    for request_id in ids:
+        assert_stream(chunks_of(answer, request_id))

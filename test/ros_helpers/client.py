@@ -218,9 +218,11 @@ def run_text_stream(client: Client, args: dict[str, Any]) -> dict[str, Any]:
     """Play ``steps`` in order, then collect ~/audio until every request id in ``finals`` has its final chunk.
 
     A step is ``{"chunk": {TextChunk fields}}`` (publish it on ~/text_stream), ``{"text": s}`` (publish on ~/text),
+    ``{"publish": [topic, s]}`` (a std_msgs/String on another topic, once it has a subscriber),
+    ``{"wait_publishers": [topic, n]}`` (until n publishers of that topic are known),
     ``{"wait_chunks": [request_id, n]}`` (wait until that request has published n audio chunks) or
-    ``{"wait_open": n}`` (wait until /diagnostics counts n open text streams). ``save``: each final request's
-    audio to ``<save>/<request_id>.npy``. The answer also holds the last diagnostics values seen.
+    ``{"wait_open": n}`` (wait until /diagnostics counts n open text streams). ``final_count``: also wait for that
+    many final chunks in all. The answer also holds the last diagnostics values seen.
     """
     qos = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
     chunks = client.create_publisher(TextChunk, f"{NODE}/text_stream", qos)
@@ -237,6 +239,7 @@ def run_text_stream(client: Client, args: dict[str, Any]) -> dict[str, Any]:
         client.spin_until(lambda p=publisher: p.get_subscription_count() > 0, MATCH_TIMEOUT, f"the {what} subscriber")
     client.wait_audio_matched()
     timeout = args.get("timeout", 30)
+    others: dict[str, Any] = {}  # publishers of "publish" steps, by topic
     for step in args["steps"]:
         if "chunk" in step:
             fields = step["chunk"]
@@ -246,6 +249,15 @@ def run_text_stream(client: Client, args: dict[str, Any]) -> dict[str, Any]:
             chunks.publish(_request_fields(fields, message))
         elif "text" in step:
             texts.publish(String(data=step["text"]))
+        elif "publish" in step:
+            topic, data = step["publish"]
+            if topic not in others:
+                others[topic] = client.create_publisher(String, topic, qos)
+                client.spin_until(lambda p=others[topic]: p.get_subscription_count() > 0, MATCH_TIMEOUT, topic)
+            others[topic].publish(String(data=data))
+        elif "wait_publishers" in step:
+            topic, count = step["wait_publishers"]
+            client.spin_until(lambda t=topic, n=count: client.count_publishers(t) >= n, MATCH_TIMEOUT, f"{topic}")
         elif "wait_chunks" in step:
             request_id, count = step["wait_chunks"]
             client.wait_chunks(request_id, count, timeout)
@@ -258,14 +270,14 @@ def run_text_stream(client: Client, args: dict[str, Any]) -> dict[str, Any]:
             )
     finals = set(args.get("finals", []))
     client.spin_until(
-        lambda: finals <= {c["request_id"] for c in client.chunks if c["is_final"]},
+        lambda: (
+            finals <= {c["request_id"] for c in client.chunks if c["is_final"]}
+            and sum(c["is_final"] for c in client.chunks) >= args.get("final_count", 0)
+        ),
         timeout,
         f"final chunks of {finals}",
     )
     client.drain()
-    if "save" in args:
-        for request_id in finals:
-            np.save(Path(args["save"]) / f"{request_id}.npy", np.concatenate(client.samples[request_id]))
     return {"chunks": client.chunks, "diagnostics": diagnostics[-1] if diagnostics else {}}
 
 
