@@ -35,7 +35,7 @@ from moss_tts_node.synthesis.release import read_release, trained_on_pause_marke
 from moss_tts_node.synthesis.request import SpeechRequest, Voice
 from moss_tts_node.synthesis.results import AudioStream, Synthesis
 from moss_tts_node.synthesis.stages import Stages, open_stages
-from moss_tts_node.synthesis.text_stream import DEFAULT_INPUT_PAUSE_S, RUN_TOKENS, CutPieces
+from moss_tts_node.synthesis.text_stream import DEFAULT_INPUT_PAUSE_S, PACK_TOKENS, RUN_TOKENS, CutPieces
 from moss_tts_node.synthesis.voices import load_voice
 from moss_tts_node.text.cutter import TextCutter
 from moss_tts_node.text.languages import language_tag
@@ -159,16 +159,19 @@ class Synthesizer:
         streaming: bool = True,
         config: Config | None = None,
         input_pause_s: float = DEFAULT_INPUT_PAUSE_S,
+        pack_tokens: int = PACK_TOKENS,
         **fields: Any,
     ) -> AudioStream:
         """Speak text that arrives in fragments (an LLM's tokens), sentence by sentence, as one stream.
 
         ``fragments`` is a ``TextFeed`` that another thread puts fragments into and closes, or any iterable
         of strings, which a reader thread drains (so a slow one never holds the synthesis up). The text is
-        cleaned and cut at sentence ends as it arrives (``text/cutter.py``); each sentence is generated as
-        soon as it is settled, while the next fragments arrive, its prompt prefilling only its own text
-        after the voice's rows kept in the KV cache. A run of more than ``RUN_TOKENS`` tokens without a
-        sentence end is cut at a clause, else a word; input silent for ``input_pause_s`` seconds, while the
+        cleaned and cut at sentence ends as it arrives (``text/cutter.py``): the first sentence alone, then
+        pieces of whole sentences of ``pack_tokens`` tokens or more (at most ``RUN_TOKENS``; 0: each sentence
+        alone, which pays the model's ramp of 31 steps once a sentence). Each is generated as soon as it is
+        settled, while the next fragments arrive, its prompt prefilling only its own text after the voice's
+        rows kept in the KV cache. A run of more than ``RUN_TOKENS`` tokens without a sentence end is cut at
+        a clause, else a word; input silent for ``input_pause_s`` seconds, while the
         synthesis waits for text, closes the piece at its last word.
 
         The other fields are a request's (as ``stream``), checked now; the request's text must be empty,
@@ -186,6 +189,8 @@ class Synthesizer:
             raise RequestError("a duration (tokens) cannot be asked of text that arrives in fragments: leave it out")
         if input_pause_s <= 0:
             raise RequestError(f"input_pause_s must be above 0 seconds, got {input_pause_s}")
+        if not 0 <= pack_tokens <= RUN_TOKENS:
+            raise RequestError(f"pack_tokens must be 0 to {RUN_TOKENS}, got {pack_tokens}")
         config = config if config is not None else self.config
         gen = config.generation
         prompt_fields = _prompt_fields(gen, request, "")
@@ -196,7 +201,9 @@ class Synthesizer:
         pause_markers = self._pause_mode(gen)
         source = CutPieces(
             fragments if isinstance(fragments, TextFeed) else TextFeed.reading(fragments),
-            TextCutter(normalize_text if gen.normalize_text else str, RUN_TOKENS, self.planner.count_tokens),
+            TextCutter(
+                normalize_text if gen.normalize_text else str, RUN_TOKENS, self.planner.count_tokens, pack_tokens
+            ),
             lambda text: self.planner.plan(replace(prompt_fields, text=text), voice, max_new_tokens, pause_markers),
             flag,
             input_pause_s,

@@ -71,17 +71,18 @@ def test_the_same_text_and_seed_give_the_same_audio_however_it_arrives(synth: Sy
     assert not np.array_equal(other.codes, whole.codes)
 
 
-def test_each_sentence_is_a_piece_that_prefills_only_its_text(synth: Synthesizer) -> None:
-    """Four sentences, four prompts: the voice's rows are prefilled once, each later piece only its text."""
+def test_each_piece_prefills_only_its_text(synth: Synthesizer) -> None:
+    """The first sentence alone, then the others packed (PACK_TOKENS: 25 tokens here): the voice's rows are
+    prefilled once, the later piece only its text."""
     with synth.stages.generation() as stage:
         stage.backbone.clear()
     stream = synth.stream_text(words(TEXT), language="en", seed=1, max_new_tokens=STEPS)
     drain(stream)
     assert stream.report is not None
-    sentences = ("Hello there.", "I am a robot!", "你好。", "How are you today?")
+    sentences = ("Hello there.", "I am a robot! 你好。How are you today?")
     assert stream.report.prompt_rows == prompt_rows(synth, *sentences, language="en")
     prefix = synth.prompts.voice_prefix(PromptFields(text="", language="en"), []).shape[0]
-    assert stream.report.prefilled_rows == stream.report.prompt_rows - 3 * prefix
+    assert stream.report.prefilled_rows == stream.report.prompt_rows - prefix
     np.testing.assert_array_equal(stream.prompt, synth.prompts.build(PromptFields(text=sentences[0], language="en")))
 
 

@@ -21,10 +21,10 @@ def squeeze(text: str) -> str:
 
 
 def cut_stream(
-    fragments: Sequence[str], clean: Callable[[str], str] = normalize_text, max_run: int = 60
+    fragments: Sequence[str], clean: Callable[[str], str] = normalize_text, max_run: int = 60, min_piece: int = 0
 ) -> list[tuple[int, str]]:
     """Each piece with the number of fragments pushed when it came out (len(fragments): at the end)."""
-    cutter = TextCutter(clean, max_run)
+    cutter = TextCutter(clean, max_run, min_piece=min_piece)
     out = []
     for number, fragment in enumerate(fragments, start=1):
         cutter.push(fragment)
@@ -49,6 +49,19 @@ def test_a_sentence_comes_out_once_the_next_word_has_arrived_whole() -> None:
 def test_cjk_sentences_come_out_at_the_next_character() -> None:
     fragments = ["今天", "天气", "很好", "。", "我们", "去", "公园", "吧", "！", "好"]
     assert cut_stream(fragments) == [(5, "今天天气很好。"), (10, "我们去公园吧！"), (10, "好")]
+
+
+def test_after_the_first_sentence_pieces_pack_sentences_up_to_a_size() -> None:
+    text = "Sure. Yes. I can. The kitchen is past the blue door. Bye."
+    fragments = [word + " " for word in text.split(" ")]
+    assert pieces(fragments, min_piece=12, max_run=40) == [
+        "Sure.",  # the first piece: speech starts at once
+        "Yes. I can.",  # 11 characters: short of 12 until the next sentence...
+        "The kitchen is past the blue door.",  # ...which would take it past 40: it goes alone, and is 12 or more
+        "Bye.",  # the end: what is left
+    ]
+    with pytest.raises(ValueError, match="min_piece <= max_run"):
+        TextCutter(normalize_text, 10, min_piece=11)
 
 
 def test_a_number_or_a_run_of_marks_is_waited_for() -> None:
@@ -179,13 +192,17 @@ def span_crosses_a_line(text: str) -> bool:
 
 
 @settings(max_examples=300, deadline=None)
-@given(text=llm_texts(), cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=40))
+@given(
+    text=llm_texts(),
+    cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=40),
+    min_piece=st.sampled_from([0, 12]),
+)
 def test_any_fragmentation_gives_the_same_pieces_which_concatenate_to_the_cleaned_text(
-    text: str, cuts: list[int]
+    text: str, cuts: list[int], min_piece: int
 ) -> None:
     assume(not span_crosses_a_line(text))
-    whole = pieces([text], max_run=25)
-    assert pieces(fragmented(text, cuts), max_run=25) == whole  # the cuts depend on the text alone
+    whole = pieces([text], max_run=25, min_piece=min_piece)
+    assert pieces(fragmented(text, cuts), max_run=25, min_piece=min_piece) == whole  # the cuts: the text's alone
     cleaned = normalize_text(text)
     speakable = re.search(r"\w", PAUSE_MARKER.sub("", cleaned))  # marks and pause markers alone are not spoken
     assert squeeze("".join(whole)) == (squeeze(cleaned) if speakable else "")  # nothing lost, doubled or reordered

@@ -21,6 +21,10 @@ from moss_tts_node.text.pieces import Pause, Piece
 # (README, "Streamed text"): about 24 English words or 45 Chinese characters, longer than most spoken
 # sentences, and 1 to 2 s of an LLM writing at 15 to 30 tokens per second before the run's first audio.
 RUN_TOKENS = 32
+# After the first sentence, a piece packs whole sentences until it has this many text tokens (at most
+# RUN_TOKENS): each piece costs the model 31 steps before its first frame is complete, and a sentence of a
+# few words speaks for little more than that (README, "Streamed text": measured).
+PACK_TOKENS = 24
 # Input silent this long closes the piece at its last word: many times an LLM's gap between tokens (30 to
 # 70 ms), so only a stall (a tool call, a slow server) cuts a sentence short.
 DEFAULT_INPUT_PAUSE_S = 1.0

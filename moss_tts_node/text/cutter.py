@@ -16,6 +16,10 @@ inside a pause marker) once it is *settled*:
   cleaned otherwise (kept verbatim, unwrapped). A line break releases the cut: a span the clean-up would
   close on a later line (it joins the lines first) is the one case where the pieces are cleaned apart.
 
+The first piece is the first sentence, so speech starts as soon as it can; after it, a piece packs whole
+sentences until it measures ``min_piece`` (never past ``max_run``): each piece costs the model a ramp of 31
+steps before its first frame is complete, which short sentences each on their own would pay again and again.
+
 A run longer than ``max_run`` (by ``measure``) without a sentence end is cut at its last clause end that
 keeps the piece within ``max_run``, else its last word end, else between two wide characters; and
 ``cut(paused=True)`` (the input has paused) closes the piece at its last word end, leaving the word that
@@ -53,15 +57,19 @@ class TextCutter:
     """Holds the text received and not yet given out, and cuts settled pieces off its front.
 
     ``clean`` is the request's text clean-up (``normalize_text``, or none), ``measure`` the cost of a piece
-    (characters by default; the synthesizer counts tokens) that ``max_run`` bounds.
+    (characters by default; the synthesizer counts tokens) that ``max_run`` and ``min_piece`` bound.
     """
 
-    def __init__(self, clean: Callable[[str], str], max_run: int, measure: Callable[[str], int] = len) -> None:
-        if max_run < 1:
-            raise ValueError(f"max_run must be at least 1, got {max_run}")
+    def __init__(
+        self, clean: Callable[[str], str], max_run: int, measure: Callable[[str], int] = len, min_piece: int = 0
+    ) -> None:
+        if max_run < 1 or not 0 <= min_piece <= max_run:
+            raise ValueError(f"need 1 <= max_run and 0 <= min_piece <= max_run, got {max_run} and {min_piece}")
         self._clean = clean
         self._measure = measure
         self.max_run = max_run
+        self.min_piece = min_piece
+        self._pieces = 0  # given out so far
         self._raw = ""  # the text held: it starts where the cleaned text given out ends, or at a line start
         self._said = ""  # squeeze(clean(self._raw))'s part already given out (empty after a restart)
         self._pushed = ""  # text pushed and not yet looked at
@@ -95,6 +103,7 @@ class TextCutter:
             if end is None or not _has_word(rest[:end]):
                 break
             pieces.append(rest[:end].strip())
+            self._pieces += 1
             self._said += _squeeze(rest[:end])
             self._restart(rest[end:])
         if ended:
@@ -126,8 +135,9 @@ class TextCutter:
                     return run_end
                 if run_end is not None and not ended:
                     return None  # the cut is known, the text after it not yet
-        if sentences and ready(sentences[0]):
-            return sentences[0]
+        packed = self._packed_end(rest, sentences, ready, ended)
+        if packed is not None and ready(packed):
+            return packed
         if paused:
             ends = [end for end in _forced_ends(rest) if allowed(end)]
             last = rest.rstrip()[-1:]
@@ -135,6 +145,23 @@ class TextCutter:
                 ends.append(len(rest))  # a mark or a wide character ends the text: its last word is complete
             return ends[-1] if ends else None
         return None
+
+    def _packed_end(self, rest: str, sentences: list[int], ready: Callable[[int], bool], ended: bool) -> int | None:
+        """The sentence end the next piece ends at: the first one, for the first piece; after it, the first that
+        makes the piece measure ``min_piece`` or more, or the one before a sentence that would take it past
+        ``max_run`` (None while neither is known yet)."""
+        if not sentences or not self._pieces or not self.min_piece:
+            return sentences[0] if sentences else None
+        for number, end in enumerate(sentences):
+            size = self._measure(rest[:end].strip())
+            if size > self.max_run and number > 0:
+                return sentences[number - 1]
+            if size >= self.min_piece:
+                return end
+        if ended:
+            return None  # the rest is the last piece
+        stable = max([0, *(end for end in _forced_ends(rest) if ready(end))])
+        return sentences[-1] if self._measure(rest[:stable].strip()) > self.max_run else None
 
     def _run_end(self, run: str) -> int | None:
         """Where an over-long ``run`` is cut: its last clause end within ``max_run``, else its last word end,

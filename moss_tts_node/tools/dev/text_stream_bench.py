@@ -6,9 +6,10 @@ feeds a reply of several sentences to ``Synthesizer.stream_text`` at that many f
 producer thread, and reports:
 
 - the time from the first fragment to the first audio;
-- for each sentence: from its last fragment to its first audio, split into the wait before its synthesis
-  began (the next word, which settles the cut, and the sentences before it still being synthesized) and
-  its synthesis up to its first audio, against the bound prefill(its rows) + 33 steps + one chunk decode;
+- for each piece (a sentence, or sentences packed to ``--pack`` tokens): from its last fragment to its first
+  audio, split into the wait before its synthesis began (the next word, which settles the cut, and the
+  pieces before it still being synthesized) and its synthesis up to its first audio, against the bound
+  prefill(its rows) + 33 steps + one chunk decode;
 - the time a player that starts on the first chunk would run dry (synthesis slower than speech);
 
 next to waiting for the whole reply: the time the last fragment arrives plus ``stream()``'s time to first
@@ -17,9 +18,8 @@ audio for the whole text (measured in the same process, after the streamed runs)
 A fragment is a word with the spaces before it, or a mark: about one of Qwen's tokens in English text. The
 bench models carry the demo's small tokenizer, which splits English text about three times finer than
 Qwen's: their prompts have that many more rows to prefill (so the prefill figures are pessimistic), and the
-reply's sentences are kept short enough that a run is never cut for its length there, as it would not be
-with Qwen's. Random weights say nothing of a sentence's length, so each piece runs ``--steps`` steps (by
-default 32 plus three frames a fragment of the reply's longest sentence).
+cuts and packs count fragments instead, as Qwen's tokens would be counted. Random weights never end a
+sentence, so each piece is given the steps its text would take: 32 for its first frame, three a fragment.
 """
 
 from __future__ import annotations
@@ -46,7 +46,9 @@ def register(commands: Any) -> None:
     bench.add_argument("--config", type=Path, help="params file (default: the 1.7B bench model, built if need be)")
     bench.add_argument("--rates", default="15,30", help="fragments (tokens) per second, comma-separated")
     bench.add_argument("--voice-seconds", type=float, default=10.0, help="reference voice of random codes (s)")
-    bench.add_argument("--steps", type=int, help="generation steps per sentence (default: from the reply)")
+    bench.add_argument(
+        "--pack", default="0,-1", help="pack_tokens values to compare, comma-separated (-1: the default)"
+    )
     bench.add_argument("--threads", type=int, default=2, help="llama.cpp threads, default 2")
     bench.add_argument("--seed", type=int, default=1)
     bench.add_argument("--text", default=REPLY)
@@ -57,7 +59,7 @@ def run_text_stream_bench(args: argparse.Namespace) -> int:
     from moss_tts_node.config import load_config
     from moss_tts_node.model.rates import frames_for_seconds
     from moss_tts_node.synthesis.feed import TextFeed
-    from moss_tts_node.synthesis.text_stream import RUN_TOKENS
+    from moss_tts_node.synthesis.text_stream import PACK_TOKENS, RUN_TOKENS
     from moss_tts_node.synthesizer import Synthesizer
     from moss_tts_node.text.cutter import TextCutter
     from moss_tts_node.text.normalize import normalize_text
@@ -73,18 +75,20 @@ def run_text_stream_bench(args: argparse.Namespace) -> int:
         fragments = _FRAGMENT.findall(args.text)
         if "".join(fragments) != args.text:
             raise SystemExit("--text must not end in spaces")
-        cutter = TextCutter(normalize_text, RUN_TOKENS, synth.planner.count_tokens)
-        cutter.push(args.text)
-        sentences = cutter.cut(ended=True)
-        steps = args.steps or 32 + FRAMES_PER_TOKEN * max(len(_FRAGMENT.findall(s)) for s in sentences)
+        _as_with_real_weights(synth)
         prefix = synth.prompts.voice_prefix(PromptFields(text="", language="en"), [voice]).shape[0]
-        rows = [synth.prompts.build(PromptFields(text=s, language="en"), [voice]).shape[0] - prefix for s in sentences]
-        list(synth.stream("Warm up.", max_new_tokens=8, **fields))  # pages the weights in
-        print(
-            f"reply: {len(fragments)} fragments, {len(sentences)} sentences; {steps} steps each; voice {frames} frames"
-        )
-        for rate in (float(value) for value in args.rates.split(",")):
-            synth.prepare_voice(language="en", voice=voice)  # as the node does: each sentence prefills its text
+        # all 32 codebooks' heads once (the delay pattern brings one more in each step): the weights paged in
+        list(synth.stream("Warm up.", max_new_tokens=48, **fields))
+        for rate, pack in ((float(rate), int(pack)) for rate in args.rates.split(",") for pack in args.pack.split(",")):
+            pack = min(pack, RUN_TOKENS) if pack >= 0 else PACK_TOKENS
+            cutter = TextCutter(normalize_text, RUN_TOKENS, synth.planner.count_tokens, pack)
+            cutter.push(args.text)
+            sentences = cutter.cut(ended=True)
+            rows = [
+                synth.prompts.build(PromptFields(text=s, language="en"), [voice]).shape[0] - prefix for s in sentences
+            ]
+            print(f"\n{rate:g} fragments/s, pack_tokens {pack}: {len(fragments)} fragments in {len(sentences)} pieces")
+            synth.prepare_voice(language="en", voice=voice)  # as the node does: each piece prefills its text
             feed = TextFeed()
             put_at: list[float] = []
 
@@ -96,19 +100,20 @@ def run_text_stream_bench(args: argparse.Namespace) -> int:
                     feed.put(fragment)
                 feed.close()
 
-            stream = synth.stream_text(feed, max_new_tokens=steps, **fields)
+            stream = synth.stream_text(feed, pack_tokens=pack, **fields)
             chunks: list[tuple[float, float]] = []  # (arrival, seconds of audio)
             producer = threading.Thread(target=produce)
             producer.start()
             for chunk in stream:
                 chunks.append((time.perf_counter(), chunk.samples.shape[0] / chunk.sample_rate))
             producer.join()
-            _report_stream(rate, args.text, fragments, sentences, rows, put_at, chunks, stream.clock)
+            _report_stream(args.text, fragments, sentences, rows, put_at, chunks, stream.clock)
         synth.prepare_voice(language="en", voice=voice)
-        whole = synth.stream(args.text, max_new_tokens=40, **fields)  # its first audio is all that is measured
-        list(whole)
+        whole = synth.stream(args.text, **fields)  # the whole reply as one piece, after the whole of it came
+        arrivals = [(time.perf_counter(), chunk.samples.shape[0] / chunk.sample_rate) for chunk in whole]
         assert whole.report is not None and whole.report.time_to_first_audio_s is not None
-        for rate in (float(value) for value in args.rates.split(",")):
+        print(f"\nthe whole reply as one piece: {_dry_spells(arrivals)}")
+        for rate in sorted({float(value) for value in args.rates.split(",")}):
             written = (len(fragments) - 1) / rate
             print(
                 f"waiting for the whole reply at {rate:g} tokens/s: its last fragment after {written:.2f} s, then "
@@ -119,8 +124,21 @@ def run_text_stream_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _as_with_real_weights(synth: Any) -> None:
+    """This instance's planner counts a text's tokens as Qwen's tokenizer about would (its fragments), for the
+    cuts and packs, and gives each piece the steps its text would take, 32 for the first frame and
+    FRAMES_PER_TOKEN a fragment: random weights never end a sentence of their own."""
+    plan = synth.planner.plan
+
+    def planned(fields: Any, voice: Any, max_new_tokens: int, *rest: Any) -> Any:
+        steps = 32 + FRAMES_PER_TOKEN * len(_FRAGMENT.findall(fields.text))
+        return plan(fields, voice, min(steps, max_new_tokens), *rest)
+
+    synth.planner.plan = planned
+    synth.planner.count_tokens = lambda text: len(_FRAGMENT.findall(text))
+
+
 def _report_stream(
-    rate: float,
     text: str,
     fragments: list[str],
     sentences: list[str],
@@ -135,7 +153,7 @@ def _report_stream(
     step_starts = [start for start, _ in clock.calls["heads"]]
     step_s = float(np.median(np.diff(step_starts)[40:])) if len(step_starts) > 50 else float("nan")
     chunk_s = float(np.median([seconds for _, seconds in clock.calls["codec"]]))
-    print(f"\n{rate:g} tokens/s: first audio {chunks[0][0] - t0:.2f} s after the first fragment")
+    print(f"first audio {chunks[0][0] - t0:.2f} s after the first fragment")
     print(f"  step {step_s * 1000:.1f} ms (median), chunk decode {chunk_s * 1000:.1f} ms (median)")
     ends = _last_fragments(text, fragments, sentences)
     for number, (sentence, (prefill_start, prefill_s)) in enumerate(zip(sentences, prefills, strict=False)):
@@ -143,11 +161,16 @@ def _report_stream(
         written = put_at[ends[number]]
         bound = prefill_s + 33 * step_s + chunk_s
         print(
-            f"  sentence {number + 1} ({rows[number]} rows to prefill): last fragment at {written - t0:5.2f} s, "
+            f"  piece {number + 1} ({rows[number]} rows to prefill): last fragment at {written - t0:5.2f} s, "
             f"first audio {first - written:5.2f} s later = wait {prefill_start - written:5.2f} s + synthesis "
             f"{first - prefill_start:4.2f} s (bound {bound:4.2f} s: prefill {prefill_s:4.2f} s + 33 steps + a chunk)"
             f"  {sentence[:40]!r}"
         )
+    print(f"  {_dry_spells(chunks)}")
+
+
+def _dry_spells(chunks: list[tuple[float, float]]) -> str:
+    """The audio of ``chunks`` ((arrival, seconds) each), and how long a player starting on the first runs dry."""
     dry, spells, playing_until = 0.0, 0, chunks[0][0]
     for arrival, seconds in chunks:
         if arrival > playing_until + 0.01:
@@ -155,7 +178,7 @@ def _report_stream(
             spells += 1
         playing_until = max(playing_until, arrival) + seconds
     audio = sum(seconds for _, seconds in chunks)
-    print(f"  audio {audio:.2f} s; a player starting on the first chunk runs dry {dry:.2f} s in {spells} spells")
+    return f"audio {audio:.2f} s; a player starting on the first chunk runs dry {dry:.2f} s in {spells} spells"
 
 
 def _last_fragments(text: str, fragments: list[str], sentences: list[str]) -> list[int]:
