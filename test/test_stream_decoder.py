@@ -17,7 +17,8 @@ import pytest
 from conftest import codec_tiny_location
 
 from moss_tts_node.codec.base import AudioCodec
-from moss_tts_node.codec.stream_decoder import StreamDecoder
+from moss_tts_node.codec.onnx import OnnxCodec
+from moss_tts_node.codec.stream_decoder import StreamDecoder, StreamDecoderCodec
 from moss_tts_node.codec.streaming import StatefulStreamDecoding
 from moss_tts_node.errors import CodecError, WeightsError
 from moss_tts_node.tools.prepare.stream_decoder_build import build_stream_decoder
@@ -186,3 +187,15 @@ def test_a_chunk_that_does_not_follow_the_decoders_state_is_refused(graphs, code
     decoding.decode(codes[:3], 0)
     with pytest.raises(CodecError, match="holds 3 frames of state, not the 5"):
         decoding.decode(codes[:6], 5)  # another stream's chunk: its frames 3 and 4 never reached this decoder
+
+
+def test_whole_utterances_decode_on_the_stream_decoder_exactly_in_bounded_calls(graphs, reference, codes) -> None:
+    decoder = StreamDecoder(graphs["window"])
+    codec = StreamDecoderCodec(decoder, OnnxCodec(None, TINY / "encoder.onnx", provider="cpu"), frames_per_call=7)
+    assert codec.max_frames is None  # any length in one pass, no windows: 48 frames here take 7 calls
+    np.testing.assert_allclose(codec.decode(codes), reference["audio_full"], rtol=0, atol=ATOL)
+    assert decoder.frames_done == 0  # the state is left empty for the next decode or stream
+    np.testing.assert_array_equal(codec.encode(reference["waveform"]), reference["codes_encoded"][:, 0, :].T)
+    stream(decoder, codes[:3], 3)  # a stream is under way on the same graph: a decode now would corrupt it
+    with pytest.raises(CodecError, match="holds 3 frames of state, not the 0 of this decode"):
+        codec.decode(codes)

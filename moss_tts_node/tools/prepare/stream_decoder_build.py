@@ -43,7 +43,9 @@ from moss_tts_node.tools.prepare.safetensors_io import SafetensorsCheckpoint
 from moss_tts_node.tools.prepare.stream_decoder_checkpoint import CodecSpec, CodecWeights, Patch, read_codec_config
 from moss_tts_node.tools.prepare.stream_decoder_layers import (
     CODEBOOK_PROJECTIONS,
+    CONTRIB_DOMAIN,
     OnnxGraph,
+    WeightPrecision,
     quantizer_decode,
     stage_clock,
     transformer_stage,
@@ -100,8 +102,27 @@ def build_stream_decoder(
     return out_path
 
 
-def _write_graph(spec: CodecSpec, checkpoint: SafetensorsCheckpoint, out_path: Path, attention: str) -> bool:
-    """Write the fp32 graph to ``out_path``; return whether its weights went to a side file."""
+def write_graph(checkpoint_dir: Path, out_path: Path, attention: str, weights: WeightPrecision | None = None) -> bool:
+    """Write the graph of the checkpoint in ``checkpoint_dir``, float32 but for the 8-bit weights that
+    ``weights`` picks; return whether its weights went to a side file."""
+    return _write_graph(
+        read_codec_config(checkpoint_dir / "config.json"),
+        SafetensorsCheckpoint(checkpoint_dir),
+        out_path,
+        attention,
+        weights,
+    )
+
+
+def _write_graph(
+    spec: CodecSpec,
+    checkpoint: SafetensorsCheckpoint,
+    out_path: Path,
+    attention: str,
+    weights: WeightPrecision | None = None,
+) -> bool:
+    """Write the graph to ``out_path`` (float32 but for the 8-bit weights ``weights`` picks); return whether
+    its weights went to a side file."""
     import onnx
     from onnx import helper
 
@@ -116,14 +137,17 @@ def _write_graph(spec: CodecSpec, checkpoint: SafetensorsCheckpoint, out_path: P
     try:
         with contextlib.ExitStack() as stack:
             data_file = stack.enter_context(data_path.open("wb")) if external else None
-            graph = OnnxGraph(data_file, data_name)
+            graph = OnnxGraph(data_file, data_name, weights)
             inputs, outputs = _decode_path(graph, CodecWeights(checkpoint), spec, attention)
     except BaseException:
         if external:
             data_path.unlink(missing_ok=True)  # gigabytes of weights for a graph that will not exist
         raise
     body = helper.make_graph(graph.nodes, "moss_stream_decoder", inputs, outputs, graph.initializers)
-    model = helper.make_model(body, opset_imports=[helper.make_opsetid("", OPSET)], producer_name=__name__)
+    opsets = [helper.make_opsetid("", OPSET)]
+    if graph.contrib_ops:
+        opsets.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
+    model = helper.make_model(body, opset_imports=opsets, producer_name=__name__)
     model.ir_version = IR_VERSION
     properties = {FORMAT_KEY: FORMAT_VERSION, "attention": attention}
     if attention == "ring":
