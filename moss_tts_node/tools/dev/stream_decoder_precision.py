@@ -42,7 +42,9 @@ GROUPS = [
             ("ffn out", r"linear2"),
         )
     ),
-    ("in/out projections", r"quantizer\.output_proj|decoder\.\d+\.(input|output)_proj"),
+    ("quantizer projection", r"quantizer\.output_proj"),
+    ("stage input projections", r"decoder\.\d+\.input_proj"),
+    ("last output projection", r"decoder\.6\.output_proj"),
     *(
         (
             f"stage 0 layers {first}-{first + 7}",

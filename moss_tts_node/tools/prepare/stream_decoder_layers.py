@@ -34,9 +34,6 @@ _EXTERNAL_ALIGN = 4096  # lets ONNX Runtime map the side file instead of reading
 _LAYER_NORM_EPS = 1e-5  # the codec's nn.LayerNorm default
 _INT64_MAX = np.iinfo(np.int64).max
 CONTRIB_DOMAIN = "com.microsoft"  # ONNX Runtime's own operators (MatMulNBits)
-# The 32 codebooks' projections are one (32, 8, 512) weight: int8 would give all of them one scale,
-# which costs more accuracy (about 3 dB on codec-tiny) than the 0.5 M weights are worth. Kept in float.
-CODEBOOK_PROJECTIONS = "quantizer.out_projs.matmul"
 
 
 @dataclass(frozen=True)
@@ -150,7 +147,8 @@ def quantizer_decode(graph: OnnxGraph, weights: CodecWeights, spec: CodecSpec) -
         projections = [weights.weight_normed(f"{prefix}.{i}.out_proj", rvq, width) for i in range(count)]
         matrices = graph.weight("quantizer.out_projs", np.stack([m for m, _ in projections]))
         biases = graph.weight("quantizer.out_proj_biases", np.stack([b[None, :] for _, b in projections]))
-        x = graph.op("Add", graph.op("MatMul", x, matrices, out=CODEBOOK_PROJECTIONS), biases)
+        # One batched (32, 8, 512) MatMul, always float32: its 0.5 M weights are not worth a precision loss.
+        x = graph.op("Add", graph.op("MatMul", x, matrices), biases)
     x = graph.op("ReduceSum", x, graph.constant("axis", [0]), keepdims=0)
     if rvq != spec.quantizer_output_dim:
         matrix, bias = weights.weight_normed("quantizer.output_proj", spec.quantizer_output_dim, rvq)
