@@ -44,6 +44,9 @@ FORMAT_KEY = "moss_tts_node.stream_decoder"
 FORMAT_VERSION = "1"
 # Metadata of graphs that limit the frames of one call (ring attention), with that limit.
 MAX_FRAMES_KEY = "max_frames_per_call"
+# Frames per call when a whole utterance decodes on the stream decoder: from about 10 on a frame costs no
+# less (README "Streaming"), while each call's attention scores grow with its frames squared.
+WHOLE_DECODE_FRAMES_PER_CALL = 25
 
 
 def key_cache_name(stage: int, layer: int) -> str:
@@ -249,7 +252,9 @@ class StreamDecoderCodec(AudioCodec):
     reset after every decode. Encoding is ``encoder``'s (opened without its decoder).
     """
 
-    def __init__(self, decoder: StreamDecoder, encoder: AudioCodec, frames_per_call: int = 25) -> None:
+    def __init__(
+        self, decoder: StreamDecoder, encoder: AudioCodec, frames_per_call: int = WHOLE_DECODE_FRAMES_PER_CALL
+    ) -> None:
         self.decoder = decoder
         self._encoder = encoder
         self.frames_per_call = min(frames_per_call, decoder.max_frames or frames_per_call)

@@ -156,6 +156,8 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=61, help="frames streamed per measurement")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds over every graph")
     args = parser.parse_args()
+    if args.frames < 2 * max(args.chunks) + 1:  # the first call of each measurement is not timed
+        parser.error(f"--frames must be at least {2 * max(args.chunks) + 1} for chunks of {max(args.chunks)}")
 
     checkpoint = args.work_dir / "checkpoint"
     if not (checkpoint / "model.safetensors").is_file():
