@@ -507,12 +507,12 @@ def format_table(results: list[dict[str, Any]]) -> str:
         row(
             "budget: GGUF + fp16 tables + KV + decode graph and state + slack, MB",
             lambda r: " + ".join(
-                f"{value / mb:.0f}"
+                "-" if value is None else f"{value / mb:.0f}"
                 for value in (
-                    r["gguf_bytes"],
-                    r["fp16_npy_bytes"],
-                    r["kv_cache_bytes"],
-                    r.get("codec_resident_bytes", 0),
+                    r.get("gguf_bytes"),
+                    r.get("fp16_npy_bytes"),
+                    r.get("kv_cache_bytes"),
+                    r.get("codec_resident_bytes"),
                     BUDGET_SLACK,
                 )
             ),
