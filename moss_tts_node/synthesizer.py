@@ -28,12 +28,15 @@ from moss_tts_node.model.layout import TOKENIZER_DIR
 from moss_tts_node.model.sampling import SamplingParams
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.synthesis.pipeline import Pipeline
+from moss_tts_node.synthesis.release import read_release, trained_on_pause_markers
 from moss_tts_node.synthesis.request import SpeechRequest, Voice
 from moss_tts_node.synthesis.results import AudioStream, Synthesis
 from moss_tts_node.synthesis.stages import Stages, open_stages
 from moss_tts_node.synthesis.voices import load_voice
+from moss_tts_node.text.languages import language_tag
 from moss_tts_node.text.normalize import normalize_text
-from moss_tts_node.text.pieces import PiecePlanner
+from moss_tts_node.text.pauses import resolve_pause_mode
+from moss_tts_node.text.pieces import Piece, PiecePlanner
 from moss_tts_node.text.prompt import PromptBuilder, PromptFields
 
 CancelFlag = threading.Event | Callable[[], bool] | None
@@ -51,12 +54,16 @@ class Synthesizer:
 
     Streams decode with the stream decoder graph that ``audio.stream_decoder`` selects, which the stages
     load once (its state is one utterance's, reset between requests), or else with the windowed scheme.
+
+    ``release`` is the MOSS-TTS release the weights are known to be (``synthesis/release.py``), or None; with
+    ``generation.pause_markers: auto`` it decides what a ``[pause X.Ys]`` means (``text/pauses.py``).
     """
 
     def __init__(self, config: Config) -> None:
         self.config = config
         weights = Path(config.model.weights_dir)
         self.spec = ModelSpec.load(weights)
+        self.release = read_release(weights)
         self.prompts = PromptBuilder(weights / TOKENIZER_DIR, self.spec)
         self.stages: Stages = open_stages(config, self.spec)
         try:
@@ -121,7 +128,8 @@ class Synthesizer:
         speech would not fit the context (or one codec window) is split at sentence boundaries and
         spoken piece by piece in the same stream. ``max_new_tokens`` applies to each piece and is
         clamped to what n_ctx leaves after its prompt; a prompt that leaves no room for one frame is
-        refused.
+        refused. A ``[pause X.Ys]`` in the text means what ``generation.pause_markers`` says (README "Pause
+        markers"); rendered as silence, it arrives in the stream in chunks like speech.
 
         ``config`` holds the settings the request runs with (the keys the schema marks per-request:
         generation defaults, sampling, audio chunking), by default ``self.config`` now: they are read here
@@ -133,12 +141,13 @@ class Synthesizer:
         gen = config.generation
         prompt_fields = _prompt_fields(gen, request, self._clean_text(request.text, gen.normalize_text))
         max_new_tokens = request.max_new_tokens or gen.max_new_tokens
-        pieces = self.planner.plan(prompt_fields, self._voice(request.voice), max_new_tokens)
+        pause_markers = resolve_pause_mode(gen.pause_markers, trained_on_pause_markers(self.release))
+        pieces = self.planner.plan(prompt_fields, self._voice(request.voice), max_new_tokens, pause_markers)
         sampling = request.sampling or config.sampling
         seed = request.seed if request.seed is not None and request.seed >= 0 else sampling.seed
         params = SamplingParams(**{**asdict(sampling), "seed": seed if seed >= 0 else secrets.randbits(63)})
         chunks = self.pipeline.run(pieces, params, config.audio, _flag(cancel), streaming)
-        return AudioStream(pieces[0].prompt, chunks)
+        return AudioStream(next(piece.prompt for piece in pieces if isinstance(piece, Piece)), chunks)
 
     def synthesize(
         self, request: SpeechRequest | str, *, cancel: CancelFlag = None, config: Config | None = None, **fields: Any
@@ -193,10 +202,17 @@ def _request(request: SpeechRequest | str, fields: dict[str, Any]) -> SpeechRequ
 
 
 def _prompt_fields(gen: GenerationConfig, request: SpeechRequest, text: str) -> PromptFields:
-    """A request's prompt fields, those left ``None`` taken from the generation defaults ``gen``."""
+    """A request's prompt fields, those left ``None`` taken from the generation defaults ``gen``; the language
+    spelled as upstream's table does (``text/languages.py``), or refused."""
+    language = request.language if request.language is not None else gen.language or None
+    if language:
+        try:
+            language = language_tag(language)
+        except ValueError as error:
+            raise RequestError(str(error)) from None
     return PromptFields(
         text=text,
-        language=request.language if request.language is not None else gen.language or None,
+        language=language,
         instruction=request.instruction if request.instruction is not None else gen.instruction or None,
         quality=request.quality if request.quality is not None else gen.quality or None,
         tokens=request.tokens,

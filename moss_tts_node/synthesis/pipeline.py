@@ -2,8 +2,10 @@
 
 Each piece is generated row by row (``model/generation.py``), its rows become frames as the delay pattern
 completes them (``FrameAssembler``), and frames become samples through one ``SegmentDecoding`` for the whole
-request. Every generator here hands its end marker back as its return value: ``_frames`` returns what the
-piece generated (``Generated``), ``run`` the ``StreamResult``.
+request. A ``Pause`` between pieces (a pause marker rendered as silence, ``text/pieces.py``) becomes silence in
+chunks of ``audio.chunk_frames`` frames, like speech; the segments around it are decoded on their own either way, so
+the stream and the whole utterance carry the same silence. Every generator here hands its end marker back as its
+return value: ``_frames`` returns what the piece generated (``Generated``), ``run`` the ``StreamResult``.
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ from moss_tts_node.codec.streaming import (
 from moss_tts_node.config import AudioConfig
 from moss_tts_node.model.delay import DelayState, FrameAssembler
 from moss_tts_node.model.generation import generate_rows
+from moss_tts_node.model.rates import SAMPLES_PER_FRAME
 from moss_tts_node.model.sampling import Sampler, SamplingParams
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.synthesis.results import AudioChunk, StreamResult
 from moss_tts_node.synthesis.stages import GenerationStage, Stages
-from moss_tts_node.text.pieces import Piece
+from moss_tts_node.text.pieces import Pause, Piece
 from moss_tts_node.timing import StageClock, StopReason, TimingReport
 
 # A piece's frames as they complete: (n_vq,) codes, or None for a gap (an all-pad frame, which ends an
@@ -75,19 +78,21 @@ class Pipeline:
 
     def run(
         self,
-        pieces: list[Piece],
+        plan: list[Piece | Pause],
         sampling: SamplingParams,
         audio: AudioConfig,
         cancelled: Callable[[], bool],
         streaming: bool,
     ) -> Generator[AudioChunk, None, StreamResult]:
-        """Generate and decode every piece as one stream: indices and offsets run on, one final chunk.
+        """Generate and decode every piece, and render every pause, as one stream: indices and offsets run on,
+        one final chunk.
 
         With stages that cannot decode while generating (low_memory), every piece is generated first and
         each decoded offline afterwards: nothing streams.
         """
         clock = StageClock()
         out = _ChunkMaker(self.spec.sampling_rate, clock)
+        pieces = [item for item in plan if isinstance(item, Piece)]
         done: list[Generated] = []
         codes: list[np.ndarray] = []
         with ExitStack() as stack:
@@ -102,21 +107,29 @@ class Pipeline:
                 streaming = False
             codec = stack.enter_context(self.stages.decoder())
             decoding = stack.enter_context(self._decoding(codec, audio, streaming))
-            for piece, piece_frames in zip(pieces, frames, strict=False):
+            piece_frames = iter(frames)
+            for item in plan:
+                final = item is plan[-1]
+                if isinstance(item, Pause):
+                    generated = yield from self._silence(item, audio.chunk_frames, out, final, cancelled)
+                    done.append(generated)
+                    if generated.stop is StopReason.CANCELLED:
+                        break
+                    continue
                 decoder = SegmentDecoder(decoding, audio.chunk_frames, self.spec.n_vq)
-                generated = yield from self._decoded(piece_frames, decoder, out)
+                generated = yield from self._decoded(next(piece_frames), decoder, out)
                 done.append(generated)
                 codes.append(decoder.codes())
                 if generated.stop is StopReason.CANCELLED:
                     break
                 with clock.stage("codec"):
                     rest = decoder.end_segment()
-                if piece is pieces[-1]:
+                if final:
                     yield out.chunk(rest if rest is not None else np.empty(0, dtype=np.float32), final=True)
                 elif rest is not None:
                     yield out.chunk(rest, final=False)
         rows = np.concatenate([piece.rows for piece in done])
-        all_codes = np.concatenate(codes)
+        all_codes = np.concatenate(codes) if codes else np.empty((0, self.spec.n_vq), dtype=np.int64)
         stops = {piece.stop for piece in done}
         report = TimingReport.from_clock(
             clock,
@@ -133,6 +146,21 @@ class Pipeline:
             ),
         )
         return StreamResult(rows, all_codes, report, clock)
+
+    def _silence(
+        self, pause: Pause, chunk_frames: int, out: _ChunkMaker, final: bool, cancelled: Callable[[], bool]
+    ) -> Generator[AudioChunk, None, Generated]:
+        """``pause`` as chunks of zeros, ``chunk_frames`` frames each and the rest last; returns what it "generated":
+        no rows, and whether it was cancelled."""
+        step = chunk_frames * SAMPLES_PER_FRAME
+        stop = StopReason.END
+        for start in range(0, pause.samples, step):
+            if cancelled():
+                stop = StopReason.CANCELLED
+                break
+            end = min(start + step, pause.samples)
+            yield out.chunk(np.zeros(end - start, dtype=np.float32), final=final and end == pause.samples)
+        return Generated(np.empty((0, self.spec.channels), dtype=np.int64), stop)
 
     @staticmethod
     def _decoded(frames: Frames, decoder: SegmentDecoder, out: _ChunkMaker) -> Generator[AudioChunk, None, Generated]:
