@@ -204,3 +204,35 @@ def test_whole_utterances_decode_on_the_stream_decoder_exactly_in_bounded_calls(
     stream(decoder, codes[:3], 3)  # a stream is under way on the same graph: a decode now would corrupt it
     with pytest.raises(CodecError, match="holds 3 frames of state, not the 0 of this decode"):
         codec.decode(codes)
+
+
+def test_the_benchs_random_codec_is_initialized_as_the_codecs_library_does(tmp_path: Path) -> None:
+    """docs/stream-decoder.md "Test weights": std 0.02 weights and codebooks, norms 1/0, the config's layer
+    scale, weight-normed convolutions with g = |v| (so the weight is v) and zero biases."""
+    from moss_tts_node.tools.dev.stream_decoder_bench import write_random_codec
+    from moss_tts_node.tools.prepare.safetensors_io import SafetensorsCheckpoint
+
+    checkpoint = SafetensorsCheckpoint(write_random_codec(TINY / "config.json", tmp_path / "random"))
+    tensors = {name: checkpoint.read(name) for name in checkpoint.tensors}
+    layer = "decoder.0.transformer.layers.1"
+    for name in (
+        f"{layer}.linear1.weight",
+        f"{layer}.self_attn.in_projs.0.weight",
+        "quantizer.quantizers.3.codebook.weight",
+    ):
+        assert abs(float(tensors[name].std()) - 0.02) < 0.002, name
+    scale = json.loads((TINY / "config.json").read_text())["decoder_kwargs"][0]["layer_scale"]
+    np.testing.assert_array_equal(tensors[f"{layer}.layer_scale_2.scale"], np.float32(scale))
+    np.testing.assert_array_equal(tensors[f"{layer}.norm1.weight"], 1.0)
+    np.testing.assert_array_equal(tensors[f"{layer}.norm1.bias"], 0.0)
+    conv = "quantizer.output_proj"
+    v, g = tensors[f"{conv}.parametrizations.weight.original1"], tensors[f"{conv}.parametrizations.weight.original0"]
+    np.testing.assert_allclose(g[:, 0, 0], np.linalg.norm(v[:, :, 0], axis=1), rtol=1e-6)
+    assert np.abs(v).max() <= 1 / np.sqrt(v.shape[1]) and np.abs(v).max() > 0.9 / np.sqrt(v.shape[1])
+    np.testing.assert_array_equal(tensors[f"{conv}.bias"], 0.0)
+    published = SafetensorsCheckpoint(TINY).tensors  # the decode path's tensors in the published layout
+    assert all(published[name].shape == array.shape for name, array in tensors.items())
+    audio = StreamDecoder(build_stream_decoder(tmp_path / "random", tmp_path / "random.onnx")).decode(
+        np.zeros((2, 32), int)
+    )
+    assert np.all(np.isfinite(audio)) and np.abs(audio).max() > 0
