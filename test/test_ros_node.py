@@ -614,7 +614,7 @@ def test_bad_chunks_are_refused_with_reasons_and_the_node_keeps_serving(
     assert not chunks_of(answer, "another") and not chunks_of(answer, "french")
     log = node.output()
     assert f"stream_id must be 1 to {MAX_ID_CHARS} printable characters" in log
-    assert "'french' refused: language 'fr' is not one this node accepts" in log
+    assert "'french' refused: unknown language 'fr': this node accepts en, zh" in log  # the reason of any request
     assert "'another' refused: as many streams as text_stream_max_open (1) are open" in log
     assert "'open' would pass 30 characters (text_stream_max_chars): closed with the 18 it had" in log
     assert int(netns.client("diagnostics")["values"]["requests_refused"]) == int(before["requests_refused"]) + 3
