@@ -15,26 +15,27 @@ from __future__ import annotations
 
 import secrets
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from moss_tts_node.codec.stream_decoder import StreamDecoder
-from moss_tts_node.codec.streaming import StatefulStreamDecoding
-from moss_tts_node.config import Config, GenerationConfig, load_config, stream_decoder_path
-from moss_tts_node.errors import Cancelled, CodecError, ConfigError, RequestError
+from moss_tts_node.config import Config, GenerationConfig, load_config
+from moss_tts_node.errors import Cancelled, RequestError
 from moss_tts_node.model.layout import TOKENIZER_DIR
 from moss_tts_node.model.sampling import SamplingParams
 from moss_tts_node.model.spec import ModelSpec
+from moss_tts_node.synthesis.feed import TextFeed
 from moss_tts_node.synthesis.pipeline import Pipeline
 from moss_tts_node.synthesis.release import read_release, trained_on_pause_markers
 from moss_tts_node.synthesis.request import SpeechRequest, Voice
 from moss_tts_node.synthesis.results import AudioStream, Synthesis
 from moss_tts_node.synthesis.stages import Stages, open_stages
+from moss_tts_node.synthesis.text_stream import DEFAULT_INPUT_PAUSE_S, PACK_TOKENS, RUN_TOKENS, CutPieces
 from moss_tts_node.synthesis.voices import load_voice
+from moss_tts_node.text.cutter import TextCutter
 from moss_tts_node.text.languages import language_tag
 from moss_tts_node.text.normalize import normalize_text
 from moss_tts_node.text.pauses import resolve_pause_mode
@@ -54,8 +55,8 @@ class Synthesizer:
     With ``model.low_memory`` (8 GB boards) the stages take turns in memory (``synthesis/stages.py``):
     nothing streams, each request reloads them, and no prompt prefix is reused.
 
-    Streams decode with the stream decoder graph that ``audio.stream_decoder`` selects, loaded here
-    once (its state is one utterance's, reset between requests), or else with the windowed scheme.
+    Streams decode with the stream decoder graph that ``audio.stream_decoder`` selects, which the stages
+    load once (its state is one utterance's, reset between requests), or else with the windowed scheme.
 
     ``release`` is the MOSS-TTS release the weights are known to be (``synthesis/release.py``), or None; with
     ``generation.pause_markers: auto`` it decides what a ``[pause X.Ys]`` means (``text/pauses.py``).
@@ -71,7 +72,7 @@ class Synthesizer:
         try:
             self.n_ctx = self.stages.n_ctx  # what llama.cpp made of llama.n_ctx (it rounds up)
             self.planner = PiecePlanner(self.prompts, self.spec, self.n_ctx, config.audio.max_codec_seconds)
-            self.pipeline = Pipeline(self.spec, self.stages, _open_stream_decoding(config))
+            self.pipeline = Pipeline(self.spec, self.stages, self.stages.stream_decoding)
         except BaseException:
             self.stages.close()
             raise
@@ -143,13 +144,70 @@ class Synthesizer:
         gen = config.generation
         prompt_fields = _prompt_fields(gen, request, self._clean_text(request.text, gen.normalize_text))
         max_new_tokens = request.max_new_tokens or gen.max_new_tokens
-        pause_markers = resolve_pause_mode(gen.pause_markers, trained_on_pause_markers(self.release))
-        pieces = self.planner.plan(prompt_fields, self._voice(request.voice), max_new_tokens, pause_markers)
-        sampling = request.sampling or config.sampling
-        seed = request.seed if request.seed is not None and request.seed >= 0 else sampling.seed
-        params = SamplingParams(**{**asdict(sampling), "seed": seed if seed >= 0 else secrets.randbits(63)})
-        chunks = self.pipeline.run(pieces, params, config.audio, _flag(cancel), streaming)
+        pieces = self.planner.plan(prompt_fields, self._voice(request.voice), max_new_tokens, self._pause_mode(gen))
+        chunks = self.pipeline.run(pieces, _sampling_params(request, config), config.audio, _flag(cancel), streaming)
         return AudioStream(next(piece.prompt for piece in pieces if isinstance(piece, Piece)), chunks)
+
+    def stream_text(
+        self,
+        fragments: Iterable[str] | TextFeed,
+        request: SpeechRequest | None = None,
+        *,
+        cancel: CancelFlag = None,
+        streaming: bool = True,
+        config: Config | None = None,
+        input_pause_s: float = DEFAULT_INPUT_PAUSE_S,
+        pack_tokens: int = PACK_TOKENS,
+        **fields: Any,
+    ) -> AudioStream:
+        """Speak text that arrives in fragments (an LLM's tokens), sentence by sentence, as one stream.
+
+        ``fragments`` is a ``TextFeed`` that another thread puts fragments into and closes, or any iterable
+        of strings, which a reader thread drains (so a slow one never holds the synthesis up). The text is
+        cleaned and cut at sentence ends as it arrives (``text/cutter.py``): the first sentence alone, then
+        pieces of whole sentences of ``pack_tokens`` tokens or more (at most ``RUN_TOKENS``; 0: each sentence
+        alone, which pays the model's ramp of 31 steps once a sentence). Each is generated as soon as it is
+        settled, while the next fragments arrive, its prompt prefilling only its own text after the voice's
+        rows kept in the KV cache. A run of more than ``RUN_TOKENS`` tokens without a sentence end is cut at
+        a clause, else a word; input silent for ``input_pause_s`` seconds, while the
+        synthesis waits for text, closes the piece at its last word.
+
+        The other fields are a request's (as ``stream``), checked now; the request's text must be empty,
+        and ``tokens`` (a duration) cannot be given, as the text's length is not known. The same text and
+        seed give the same audio however the text was fragmented and whenever it arrived, as long as no
+        pause cut it (the pieces, and each piece's seed, depend on the text alone). A cancel ends the stream
+        within one step, or while it waits for text within ``_CANCEL_POLL_S``. Once the stream is over the
+        feed is abandoned: fragments put after that are ignored. The stream's report times the whole
+        stream, waiting for text included.
+        """
+        request = _request(request if request is not None else "", fields)
+        if request.text:
+            raise RequestError("stream_text takes its text from the fragments: leave the request's text empty")
+        if request.tokens is not None:
+            raise RequestError("a duration (tokens) cannot be asked of text that arrives in fragments: leave it out")
+        if input_pause_s <= 0:
+            raise RequestError(f"input_pause_s must be above 0 seconds, got {input_pause_s}")
+        if not 0 <= pack_tokens <= RUN_TOKENS:
+            raise RequestError(f"pack_tokens must be 0 to {RUN_TOKENS}, got {pack_tokens}")
+        config = config if config is not None else self.config
+        gen = config.generation
+        prompt_fields = _prompt_fields(gen, request, "")
+        voice = self._voice(request.voice)
+        self.planner.step_budget(self.prompts.build(prompt_fields, voice), 1)  # the voice and fields leave room
+        max_new_tokens = request.max_new_tokens or gen.max_new_tokens
+        flag = _flag(cancel)
+        pause_markers = self._pause_mode(gen)
+        source = CutPieces(
+            fragments if isinstance(fragments, TextFeed) else TextFeed.reading(fragments),
+            TextCutter(
+                normalize_text if gen.normalize_text else str, RUN_TOKENS, self.planner.count_tokens, pack_tokens
+            ),
+            lambda text: self.planner.plan(replace(prompt_fields, text=text), voice, max_new_tokens, pause_markers),
+            flag,
+            input_pause_s,
+        )
+        chunks = self.pipeline.run(source, _sampling_params(request, config), config.audio, flag, streaming)
+        return AudioStream(None, chunks)
 
     def synthesize(
         self, request: SpeechRequest | str, *, cancel: CancelFlag = None, config: Config | None = None, **fields: Any
@@ -185,6 +243,10 @@ class Synthesizer:
         )
         return self.stages.prepare_prefix(prefix)
 
+    def _pause_mode(self, gen: GenerationConfig) -> str:
+        """What a pause marker means for these weights under ``generation.pause_markers`` (``text/pauses.py``)."""
+        return resolve_pause_mode(gen.pause_markers, trained_on_pause_markers(self.release))
+
     @staticmethod
     def _clean_text(text: str, normalize: bool) -> str:
         if not isinstance(text, str) or not text.strip():
@@ -203,6 +265,13 @@ def _request(request: SpeechRequest | str, fields: dict[str, Any]) -> SpeechRequ
     return SpeechRequest(request, **fields)
 
 
+def _sampling_params(request: SpeechRequest, config: Config) -> SamplingParams:
+    """The request's sampling, its seed drawn now where neither the request nor the config fixes one."""
+    sampling = request.sampling or config.sampling
+    seed = request.seed if request.seed is not None and request.seed >= 0 else sampling.seed
+    return SamplingParams(**{**asdict(sampling), "seed": seed if seed >= 0 else secrets.randbits(63)})
+
+
 def _prompt_fields(gen: GenerationConfig, request: SpeechRequest, text: str) -> PromptFields:
     """A request's prompt fields, those left ``None`` taken from the generation defaults ``gen``; the language
     spelled as upstream's table does (``text/languages.py``), or refused."""
@@ -219,21 +288,6 @@ def _prompt_fields(gen: GenerationConfig, request: SpeechRequest, text: str) -> 
         quality=request.quality if request.quality is not None else gen.quality or None,
         tokens=request.tokens,
     )
-
-
-def _open_stream_decoding(config: Config) -> StatefulStreamDecoding | None:
-    """The stream decoder ``audio.stream_decoder`` selects, loaded and checked now; None for the windowed scheme."""
-    path = stream_decoder_path(config)
-    if path is None:
-        return None
-    try:
-        decoder = StreamDecoder(path, threads=config.audio.codec_threads)
-    except CodecError as error:
-        raise ConfigError(
-            f"'audio.stream_decoder' {config.audio.stream_decoder} selects a graph that cannot be used: {error}; "
-            "or set 'audio.stream_decoder' to off"
-        ) from error
-    return StatefulStreamDecoding(decoder)
 
 
 def _flag(cancel: CancelFlag) -> Callable[[], bool]:

@@ -166,6 +166,11 @@ def test_requests_and_parameter_changes_in_each_state(netns: LoopbackNamespace, 
             assert (goal["status"], goal["message"]) == (ABORTED, refusal)
             netns.client("text", texts=["Hello."], finals=0)
             wait_for_log(node, f"~/text request refused: {refusal}")
+            stream = f"stream-{len(before)}"
+            steps = [{"chunk": {"stream_id": stream, "text": text}} for text in ("Hello", " there.")]
+            netns.client("text_stream", steps=steps)
+            wait_for_log(node, f"~/text_stream request refused: text stream {stream!r} refused: {refusal}")
+            wait_for_log(node, f"text stream {stream!r} has ended: its later chunks are dropped")
         changes = netns.client("params", set=[["llama.n_ctx", 4096], ["sampling.seed", 3], ["queue_size", 3]])["set"]
         assert [verdict["successful"] for verdict in changes] == [False, True, False]
         assert (
@@ -177,7 +182,7 @@ def test_requests_and_parameter_changes_in_each_state(netns: LoopbackNamespace, 
         assert netns.client("speak", goals=[{"text": "Hello."}])["goals"][0]["status"] == SUCCEEDED
         assert len(netns.client("text", texts=["Hello."])["chunks"]) > 0
         values = netns.client("diagnostics", where={"lifecycle_state": "active"})["values"]
-        assert (values["requests_refused"], values["requests_completed"]) == ("6", "3")
+        assert (values["requests_refused"], values["requests_completed"]) == ("8", "3")
         steps = netns.client("transitions", transitions=["deactivate", "cleanup"])["steps"]
         assert [step["state"] for step in steps] == ["inactive", "unconfigured"]
         changes = netns.client("params", set=[["llama.n_ctx", 4096]])["set"]

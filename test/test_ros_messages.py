@@ -188,6 +188,7 @@ def test_diagnostics_values_before_and_after_the_first_request(report: TimingRep
         "queue_policy": "queue",
         "requests_completed": "0",
         "requests_refused": "0",
+        "text_streams_open": "0",
         "last_real_time_factor": "",
         "last_time_to_first_audio_s": "",
         "last_stop_reason": "",

@@ -41,6 +41,9 @@ LIVE = {
     "audio.left_context_frames",
     "queue_policy",
     "output_encoding",
+    "text_stream_max_open",
+    "text_stream_max_chars",
+    "text_stream_idle_timeout",
     "languages",
 }
 STARTUP = {"queue_size", "autostart"}  # read when the process starts
@@ -56,14 +59,9 @@ def values_of(demo_config: Path, **changes: Any) -> dict[str, Any]:
 
 def test_every_config_key_and_node_option_is_declared_once_with_its_default() -> None:
     declared = declarations()
-    assert [name for name, _, _ in declared] == [
-        *OPTIONS,
-        "queue_size",
-        "autostart",
-        "queue_policy",
-        "output_encoding",
-        "languages",
-    ]
+    node_options = ["queue_size", "autostart", "queue_policy", "output_encoding", "text_stream_max_open"]
+    node_options += ["text_stream_max_chars", "text_stream_idle_timeout", "languages"]
+    assert [name for name, _, _ in declared] == [*OPTIONS, *node_options]
     for name, default, described in declared:
         assert default == ALL_OPTIONS[name].default
         assert (described.name, described.description) == (name, ALL_OPTIONS[name].doc)
@@ -117,7 +115,15 @@ def test_a_full_set_of_values_becomes_the_settings(demo_config: Path) -> None:
         Path.cwd(),
     )
     expected = load_config(demo_config, {"sampling.text_temperature": 1.0})
-    assert settings == Settings(expected, queue_policy="queue", output_encoding="pcm_s16le", languages=("en", "zh"))
+    assert settings == Settings(
+        expected,
+        queue_policy="queue",
+        output_encoding="pcm_s16le",
+        text_stream_max_open=4,
+        text_stream_max_chars=20000,
+        text_stream_idle_timeout=10.0,
+        languages=("en", "zh"),
+    )
     assert type(settings.config.sampling.text_temperature) is float  # an int is a float's value, as in a file
 
 
@@ -165,7 +171,7 @@ def test_the_languages_parameter_bounds_what_a_request_may_ask_for(demo_config: 
         settings.check_language("xx")
     with pytest.raises(RequestError) as refused:
         settings.check_language("fr")
-    assert str(refused.value) == "language 'fr' is not one this node accepts: en, zh (parameter 'languages')"
+    assert str(refused.value) == "unknown language 'fr': this node accepts en, zh (parameter 'languages')"
     checked_settings(values_of(demo_config), SOURCE, Path.cwd()).check_language("fr")  # empty: any
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from diagnostic_msgs.msg import DiagnosticStatus, KeyValue
 from moss_tts_msgs.action import Speak
-from moss_tts_msgs.msg import Timing
+from moss_tts_msgs.msg import TextChunk, Timing
 from moss_tts_msgs.srv import Synthesize
 
 from moss_tts_node.config import NODE_NAME
@@ -19,8 +19,8 @@ from moss_tts_node.synthesis.request import SpeechRequest
 from moss_tts_node.timing import TimingReport
 
 
-def speech_request(msg: Speak.Goal | Synthesize.Request) -> SpeechRequest:
-    """A Speak goal or a Synthesize request as a SpeechRequest.
+def speech_request(msg: Speak.Goal | Synthesize.Request | TextChunk) -> SpeechRequest:
+    """A Speak goal, a Synthesize request or a TextChunk (the first of a stream) as a SpeechRequest.
 
     Empty fields take the node's defaults (None): ``generation.language`` and ``generation.instruction``,
     the configured voice (``generation.reference_audio``); a negative seed takes ``sampling.seed``. The text
@@ -92,6 +92,7 @@ class NodeStatus:
     completed: int  # requests spoken to their end
     refused: int  # bad requests, and those the line or the node's state turned away
     last: TimingReport | None  # the last request's figures, None before the first one ends
+    text_streams_open: int = 0  # ~/text_stream streams receiving text
 
 
 def diagnostic_status(node_name: str, status: NodeStatus) -> DiagnosticStatus:
@@ -112,6 +113,7 @@ def diagnostic_status(node_name: str, status: NodeStatus) -> DiagnosticStatus:
         "queue_policy": status.queue_policy,
         "requests_completed": status.completed,
         "requests_refused": status.refused,
+        "text_streams_open": status.text_streams_open,
         "last_real_time_factor": _figure(last.real_time_factor if last else None),
         "last_time_to_first_audio_s": _figure(last.time_to_first_audio_s if last else None),
         "last_stop_reason": str(last.stop_reason) if last else "",

@@ -3,6 +3,8 @@
     ros2 run moss_tts_node moss_tts_node --ros-args --params-file config/default.yaml
 
 - ``~/text`` (std_msgs/String): speak it; the audio goes to ``~/audio``.
+- ``~/text_stream`` (moss_tts_msgs/TextChunk): text that arrives in pieces (an LLM's tokens), one request per
+  stream id, spoken sentence by sentence as it arrives (ros/text_stream.py).
 - ``~/speak`` (moss_tts_msgs/action/Speak): the same with feedback, a result and cancel.
 - ``~/synthesize`` (moss_tts_msgs/srv/Synthesize): the whole utterance back in the response.
 - ``~/audio`` (moss_tts_msgs/AudioChunk): chunks as they are decoded (see ros/audio.py).
@@ -38,6 +40,7 @@ import numpy as np
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
 from moss_tts_msgs.action import Speak
+from moss_tts_msgs.msg import TextChunk
 from moss_tts_msgs.srv import Synthesize
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.action import ActionServer, CancelResponse
@@ -82,13 +85,18 @@ from moss_tts_node.ros.parameters import (
     declarations,
 )
 from moss_tts_node.ros.process import start_node, wait_for_stop
-from moss_tts_node.ros.queue import Outcome, Rejected, RequestQueue, Ticket
+from moss_tts_node.ros.queue import Outcome, Rejected, RequestQueue, State, Ticket
+from moss_tts_node.ros.text_stream import ChunkDropped, StreamLimits, StreamRefused, TextStreams
+from moss_tts_node.synthesis.feed import TextFeed
 from moss_tts_node.synthesis.request import SpeechRequest
 from moss_tts_node.synthesis.results import AudioStream
 from moss_tts_node.synthesizer import Synthesizer
 from moss_tts_node.timing import TimingReport
 
 DIAGNOSTICS_PERIOD_S = 1.0
+TEXT_STREAM_CHECK_S = 0.1  # how often open text streams are checked for their idle timeout
+# Chunks of text streams: one per LLM token, so a burst must not overflow the subscription's queue.
+TEXT_STREAM_QOS = QoSProfile(depth=1000)
 # One feedback per chunk for every goal on one topic: deep enough that a burst (the model can run
 # many times faster than real time) does not push a waiting goal's queue position out.
 FEEDBACK_QOS = QoSProfile(depth=100)
@@ -173,6 +181,7 @@ class TtsNode(LifecycleNode):
         self._completed = 0  # requests spoken to their end
         self._refused = 0  # bad requests, those a full queue turned away, and those the node's state refused
         self._goals: dict[str, Ticket[Job] | Refused] = {}  # Speak goal id -> its place in line, or its refusal
+        self._text_streams = TextStreams(self._start_text_stream)
         self._pending = 0  # service and action callbacks waiting for an outcome
         self._pending_changed = threading.Condition()
         self.finalized = threading.Event()  # set once the shutdown transition has run
@@ -184,6 +193,8 @@ class TtsNode(LifecycleNode):
         self.add_post_set_parameters_callback(self._apply_parameters)
         self._audio = AudioOut(self)
         self.create_subscription(String, "~/text", self._on_text, 10)
+        self.create_subscription(TextChunk, "~/text_stream", self._on_text_chunk, TEXT_STREAM_QOS)
+        self.create_timer(TEXT_STREAM_CHECK_S, self._expire_text_streams)
         # A service call waits for its request's turn, so calls must run side by side.
         self.create_service(Synthesize, "~/synthesize", self._on_synthesize, callback_group=ReentrantCallbackGroup())
         # Goal requests one at a time: rclpy answers a goal before _accept_goal queues it, so a
@@ -287,7 +298,8 @@ class TtsNode(LifecycleNode):
         self._phase = Phase.ACTIVE
         self.get_logger().info(
             f"ready: model loaded in {self._load_s:.1f} s from {self._settings.config.model.weights_dir}; "
-            f"listening on {self.resolve_topic_name('~/text')}, {self.resolve_service_name('~/synthesize')} "
+            f"listening on {self.resolve_topic_name('~/text')}, {self.resolve_topic_name('~/text_stream')}, "
+            f"{self.resolve_service_name('~/synthesize')} "
             f"and the {self.resolve_service_name('~/speak')} action"
         )
         return TransitionCallbackReturn.SUCCESS
@@ -416,13 +428,15 @@ class TtsNode(LifecycleNode):
         *,
         collect: bool,
         on_update: Callable[[Ticket[Job]], None] | None = None,
+        feed: TextFeed | None = None,
     ) -> Ticket[Job]:
         """Validate a request and put it in line; raises RequestError or Rejected with the reason.
 
         A node that is not active refuses it (ros/lifecycle.py). ``stream()`` checks the request now
         (text, reference, room in the context) without generating, so a bad request never takes a turn,
         nor interrupts the one being spoken. The request is checked and runs with the parameters in force
-        now (one Settings object).
+        now (one Settings object). With a ``feed`` the text arrives there, in pieces (``stream_text``; the
+        request's text is empty).
         """
         refusal = request_refusal(self._phase, self._full_name)
         if refusal is not None:
@@ -434,12 +448,15 @@ class TtsNode(LifecycleNode):
             assert settings is not None and queue is not None  # set before the model was lent and the node served
             settings.check_language(request.language)
             cancel = threading.Event()
-            stream = synth.stream(
-                request,
-                cancel=cancel,
-                streaming=not collect,  # a whole-utterance answer is the codec's offline decode
-                config=settings.config,
-            )
+            if feed is None:
+                stream = synth.stream(
+                    request,
+                    cancel=cancel,
+                    streaming=not collect,  # a whole-utterance answer is the codec's offline decode
+                    config=settings.config,
+                )
+            else:
+                stream = synth.stream_text(feed, request, cancel=cancel, config=settings.config)
         job = Job(stream, request_id, settings.output_encoding, [] if collect else None)
         ticket = Ticket(job, cancel, on_update)
         queue.submit(ticket)  # a line closed since the state was read refuses it with the reason it closed
@@ -501,6 +518,43 @@ class TtsNode(LifecycleNode):
             self._submit(text_request(msg.data), uuid.uuid4().hex, collect=False)
         except (MossTTSError, Rejected) as err:
             self._refuse("~/text", err)
+
+    def _text_stream_limits(self) -> StreamLimits:
+        """The bounds on text streams of the settings in force; before the first configure, the parameters' as
+        they are (no stream can start then: each is refused as a request, once, with the node's state)."""
+        if self._settings is not None:
+            return self._settings.text_stream_limits
+        value = self.get_parameter
+        return StreamLimits(
+            value("text_stream_max_open").value,
+            value("text_stream_max_chars").value,
+            value("text_stream_idle_timeout").value,
+        )
+
+    def _on_text_chunk(self, msg: TextChunk) -> None:
+        try:
+            self._text_streams.receive(msg, self._text_stream_limits(), time.monotonic())
+        except StreamRefused as err:
+            self._refuse("~/text_stream", err)
+        except ChunkDropped as err:
+            self.get_logger().warning(f"~/text_stream chunk dropped: {err}")
+
+    def _start_text_stream(self, stream_id: str, request: SpeechRequest, feed: TextFeed) -> None:
+        """Put a new text stream in line; it leaves the open streams when its request ends."""
+
+        def on_update(ticket: Ticket[Job]) -> None:
+            if ticket.state is State.DONE:
+                self._text_streams.ended(stream_id)
+
+        self._submit(request, stream_id, collect=False, on_update=on_update, feed=feed)
+
+    def _expire_text_streams(self) -> None:
+        limits = self._text_stream_limits()
+        for stream_id in self._text_streams.expire(limits, time.monotonic()):
+            self.get_logger().warning(
+                f"text stream {stream_id!r} got no chunk for {limits.idle_timeout_s:g} s "
+                "(text_stream_idle_timeout): speaking what it received, then ending it"
+            )
 
     def _on_synthesize(self, request: Synthesize.Request, response: Synthesize.Response) -> Synthesize.Response:
         response.sample_rate = self._sample_rate
@@ -593,6 +647,7 @@ class TtsNode(LifecycleNode):
             completed=completed,
             refused=refused,
             last=self._last,
+            text_streams_open=self._text_streams.open_count,
         )
         self._diagnostics.publish(
             DiagnosticArray(

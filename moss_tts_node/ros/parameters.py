@@ -30,6 +30,7 @@ from moss_tts_node.config import OPTIONS, Config, Option, check_value, from_flat
 from moss_tts_node.errors import ConfigError, RequestError
 from moss_tts_node.ros.audio import ENCODINGS
 from moss_tts_node.ros.queue import POLICIES
+from moss_tts_node.ros.text_stream import StreamLimits
 from moss_tts_node.text.languages import language_code
 
 
@@ -39,8 +40,8 @@ def _node_option(
     doc: str,
     *,
     per_request: bool,
-    min: int | None = None,
-    max: int | None = None,
+    min: float | None = None,
+    max: float | None = None,
     choices: tuple[str, ...] | None = None,
 ) -> Option:
     return Option(key, type(default), default, doc, min, max, choices, path=False, per_request=per_request)
@@ -77,6 +78,32 @@ NODE_OPTIONS = (
         choices=ENCODINGS,
     ),
     _node_option(
+        "text_stream_max_open",
+        4,
+        "~/text_stream streams that may receive text at once; a new one beyond them is refused.",
+        per_request=True,
+        min=0,
+        max=64,
+    ),
+    _node_option(
+        "text_stream_max_chars",
+        20000,
+        "Characters one ~/text_stream stream may hold (a long LLM reply is 2,000 to 5,000); the chunk that would "
+        "pass them closes the stream with what it had.",
+        per_request=True,
+        min=1,
+        max=1_000_000,
+    ),
+    _node_option(
+        "text_stream_idle_timeout",
+        10.0,
+        "Seconds without a chunk after which a ~/text_stream stream is taken as abandoned: what it received is "
+        "spoken and it ends.",
+        per_request=True,
+        min=0.1,
+        max=3600.0,
+    ),
+    _node_option(
         "languages",
         [],
         "Languages a request may ask for, codes or English names, e.g. [en, zh]; empty accepts all 31. An empty "
@@ -108,7 +135,14 @@ class Settings:
     config: Config
     queue_policy: str
     output_encoding: str
+    text_stream_max_open: int
+    text_stream_max_chars: int
+    text_stream_idle_timeout: float
     languages: tuple[str, ...]  # codes (text/languages.py), whatever spelling the parameter used
+
+    @property
+    def text_stream_limits(self) -> StreamLimits:
+        return StreamLimits(self.text_stream_max_open, self.text_stream_max_chars, self.text_stream_idle_timeout)
 
     def check_language(self, language: str | None) -> None:
         """Raise RequestError unless a request may ask for ``language`` (None: generation.language), in any of
@@ -121,8 +155,7 @@ class Settings:
             raise RequestError(str(error)) from None
         if self.languages and code not in self.languages:
             raise RequestError(
-                f"language {language!r} is not one this node accepts: {', '.join(self.languages)} (parameter "
-                "'languages')"
+                f"unknown language {language!r}: this node accepts {', '.join(self.languages)} (parameter 'languages')"
             )
 
 

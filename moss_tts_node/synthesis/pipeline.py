@@ -6,11 +6,15 @@ request. A ``Pause`` between pieces (a pause marker rendered as silence, ``text/
 chunks of ``audio.chunk_frames`` frames, like speech; the segments around it are decoded on their own either way, so
 the stream and the whole utterance carry the same silence. Every generator here hands its end marker back as its
 return value: ``_frames`` returns what the piece generated (``Generated``), ``run`` the ``StreamResult``.
+
+The plan comes from a ``PlanSource``: a list planned from a whole text, or pieces cut while their text still
+arrives (``synthesis/text_stream.py``), which the pipeline takes one at a time, when it is ready for the next.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterable, Iterator
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from typing import TypeVar
@@ -39,8 +43,45 @@ from moss_tts_node.timing import StageClock, StopReason, TimingReport
 # A piece's frames as they complete: (n_vq,) codes, or None for a gap (an all-pad frame, which ends an
 # audio segment); the generator's return value is what the piece generated.
 Frames = Generator[np.ndarray | None, None, "Generated"]
+_NO_SAMPLES = np.empty(0, dtype=np.float32)
 _Item = TypeVar("_Item")
 _End = TypeVar("_End")
+
+
+class PlanSource(ABC):
+    """A request's plan in order (pieces to speak, pauses to render), handed out one item at a time."""
+
+    @abstractmethod
+    def next_item(self) -> Piece | Pause | None:
+        """The next item, waiting for it if need be; None after the last one (or once cancelled)."""
+
+    @abstractmethod
+    def more(self) -> bool | None:
+        """Whether another item follows, where that is known without waiting; None where it is not yet."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """The request has ended (finished, cancelled, failed or dropped): no item will be asked for."""
+
+
+class ListedPlan(PlanSource):
+    """A plan known in advance (a whole text's)."""
+
+    def __init__(self, plan: Sequence[Piece | Pause]) -> None:
+        self._plan = list(plan)
+        self._next = 0
+
+    def next_item(self) -> Piece | Pause | None:
+        if self._next == len(self._plan):
+            return None
+        self._next += 1
+        return self._plan[self._next - 1]
+
+    def more(self) -> bool:
+        return self._next < len(self._plan)
+
+    def close(self) -> None:
+        pass  # nothing waits on a list
 
 
 @dataclass(frozen=True)
@@ -78,7 +119,7 @@ class Pipeline:
 
     def run(
         self,
-        plan: list[Piece | Pause],
+        plan: Sequence[Piece | Pause] | PlanSource,
         sampling: SamplingParams,
         audio: AudioConfig,
         cancelled: Callable[[], bool],
@@ -87,65 +128,92 @@ class Pipeline:
         """Generate and decode every piece, and render every pause, as one stream: indices and offsets run on,
         one final chunk.
 
-        With stages that cannot decode while generating (low_memory), every piece is generated first and
-        each decoded offline afterwards: nothing streams.
+        An item's last samples are the final chunk when no item is known to follow; where that is not known
+        yet (text still arriving), they leave at once and the final chunk is an empty one, sent once the source
+        has no more items. With stages that cannot decode while generating (low_memory), every piece is
+        generated first and each decoded offline afterwards: nothing streams.
         """
+        source = plan if isinstance(plan, PlanSource) else ListedPlan(plan)
         clock = StageClock()
         out = _ChunkMaker(self.spec.sampling_rate, clock)
-        pieces = [item for item in plan if isinstance(item, Piece)]
-        done: list[Generated] = []
+        done: list[tuple[Piece | Pause, Generated]] = []
         codes: list[np.ndarray] = []
         with ExitStack() as stack:
+            stack.callback(source.close)
             if self.stages.streams:
                 stage = stack.enter_context(self.stages.generation())
-                frames: Iterable[Frames] = (
-                    self._frames(stage, piece, _seeded(sampling, number), cancelled, clock)
-                    for number, piece in enumerate(pieces)
-                )
+
+                def frames_of(piece: Piece, number: int) -> Frames:
+                    return self._frames(stage, piece, _seeded(sampling, number), cancelled, clock)
+
             else:
-                frames = self._generated_first(pieces, sampling, cancelled, clock)
+                generated_first = self._generated_first(source, sampling, cancelled, clock)
+                source = ListedPlan([item for item, _ in generated_first])
+                replays = [frames for _, frames in generated_first if frames is not None]
+
+                def frames_of(piece: Piece, number: int) -> Frames:
+                    return replays[number]
+
                 streaming = False
             codec = stack.enter_context(self.stages.decoder())
             decoding = stack.enter_context(self._decoding(codec, audio, streaming))
-            piece_frames = iter(frames)
-            for item in plan:
-                final = item is plan[-1]
+            spoken = 0  # pieces so far: each one's seed is derived from its number
+            final_sent = False
+            while (item := source.next_item()) is not None:
                 if isinstance(item, Pause):
-                    generated = yield from self._silence(item, audio.chunk_frames, out, final, cancelled)
-                    done.append(generated)
+                    final_sent = source.more() is False
+                    generated = yield from self._silence(item, audio.chunk_frames, out, final_sent, cancelled)
+                    done.append((item, generated))
                     if generated.stop is StopReason.CANCELLED:
                         break
                     continue
                 decoder = SegmentDecoder(decoding, audio.chunk_frames, self.spec.n_vq)
-                generated = yield from self._decoded(next(piece_frames), decoder, out)
-                done.append(generated)
+                generated = yield from self._decoded(frames_of(item, spoken), decoder, out)
+                spoken += 1
+                done.append((item, generated))
                 codes.append(decoder.codes())
                 if generated.stop is StopReason.CANCELLED:
                     break
                 with clock.stage("codec"):
                     rest = decoder.end_segment()
-                if final:
-                    yield out.chunk(rest if rest is not None else np.empty(0, dtype=np.float32), final=True)
+                final_sent = source.more() is False
+                if final_sent:
+                    yield out.chunk(rest if rest is not None else _NO_SAMPLES, final=True)
                 elif rest is not None:
                     yield out.chunk(rest, final=False)
-        rows = np.concatenate([piece.rows for piece in done])
+            stops = {generated.stop for _, generated in done}
+            # A source also ends when the request is cancelled while it waits for text.
+            stop_cancelled = StopReason.CANCELLED in stops or (not final_sent and cancelled())
+            if not stop_cancelled and not final_sent:
+                yield out.chunk(_NO_SAMPLES, final=True)  # the end became known after the last samples left
+        if stop_cancelled:
+            stop = StopReason.CANCELLED
+        elif StopReason.MAX_NEW_TOKENS in stops:
+            stop = StopReason.MAX_NEW_TOKENS
+        else:
+            stop = StopReason.END
+        pieces = [item for item, _ in done if isinstance(item, Piece)]
+        rows = [generated.rows for _, generated in done]
         all_codes = np.concatenate(codes) if codes else np.empty((0, self.spec.n_vq), dtype=np.int64)
-        stops = {piece.stop for piece in done}
         report = TimingReport.from_clock(
             clock,
             seed=sampling.seed,
             prompt_rows=sum(piece.prompt.shape[0] for piece in pieces),
             max_new_tokens=sum(piece.max_steps for piece in pieces),
-            steps=rows.shape[0],
+            steps=sum(piece_rows.shape[0] for piece_rows in rows),
             frames=all_codes.shape[0],
             audio_seconds=out.samples / self.spec.sampling_rate,
             codec_decode=decoding.name,
             streamed=decoding.streams,
-            stop_reason=next(
-                stop for stop in (StopReason.CANCELLED, StopReason.MAX_NEW_TOKENS, StopReason.END) if stop in stops
-            ),
+            stop_reason=stop,
         )
-        return StreamResult(rows, all_codes, report, clock)
+        return StreamResult(
+            np.concatenate(rows) if rows else np.empty((0, self.spec.channels), dtype=np.int64),
+            all_codes,
+            report,
+            clock,
+            prompt=pieces[0].prompt if pieces else None,
+        )
 
     def _silence(
         self, pause: Pause, chunk_frames: int, out: _ChunkMaker, final: bool, cancelled: Callable[[], bool]
@@ -229,18 +297,23 @@ class Pipeline:
         return Generated(np.stack(rows) if rows else np.empty((0, spec.channels), dtype=np.int64), stop)
 
     def _generated_first(
-        self, pieces: list[Piece], sampling: SamplingParams, cancelled: Callable[[], bool], clock: StageClock
-    ) -> list[Frames]:
-        """Generate the pieces with the generation stage loaded for that time only (until one is cancelled);
-        replays of their frames, for the decoder to load after."""
-        replays = []
+        self, source: PlanSource, sampling: SamplingParams, cancelled: Callable[[], bool], clock: StageClock
+    ) -> list[tuple[Piece | Pause, Frames | None]]:
+        """Generate the pieces with the generation stage loaded for that time only (until one is cancelled):
+        the plan's items, each piece with a replay of its frames, for the decoder to load after."""
+        items: list[tuple[Piece | Pause, Frames | None]] = []
+        number = 0
         with self.stages.generation() as stage:
-            for number, piece in enumerate(pieces):
-                frames, generated = _run_to_end(self._frames(stage, piece, _seeded(sampling, number), cancelled, clock))
-                replays.append(_replay(frames, generated))
+            while (item := source.next_item()) is not None:
+                if isinstance(item, Pause):
+                    items.append((item, None))
+                    continue
+                frames, generated = _run_to_end(self._frames(stage, item, _seeded(sampling, number), cancelled, clock))
+                number += 1
+                items.append((item, _replay(frames, generated)))
                 if generated.stop is StopReason.CANCELLED:
                     break
-        return replays
+        return items
 
 
 def _seeded(sampling: SamplingParams, piece_number: int) -> SamplingParams:

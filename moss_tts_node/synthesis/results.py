@@ -45,22 +45,27 @@ class StreamResult:
     codes: np.ndarray  # (T, n_vq)
     report: TimingReport
     clock: StageClock  # every stage call's timing, for per-step figures
+    prompt: np.ndarray | None = None  # the first piece's (S, 1 + n_vq) prompt; None if no piece ran
 
 
 class AudioStream:
     """Iterate for AudioChunks; ``report``, ``generated``, ``codes`` and ``clock`` are there once it ends.
 
     A text too long for one generation is spoken in pieces, still as one stream: ``prompt`` is
-    then the first piece's, ``generated`` and ``codes`` are the pieces' one after the other.
+    then the first piece's, ``generated`` and ``codes`` are the pieces' one after the other. Text that
+    arrives in pieces (``Synthesizer.stream_text``) has no prompt before its first piece is cut: ``prompt``
+    is None until the stream ends.
     """
 
-    def __init__(self, prompt: np.ndarray, chunks: Generator[AudioChunk, None, StreamResult]) -> None:
+    def __init__(self, prompt: np.ndarray | None, chunks: Generator[AudioChunk, None, StreamResult]) -> None:
         self.prompt = prompt
         self.result: StreamResult | None = None
         self._chunks = self._run(chunks)
 
     def _run(self, chunks: Generator[AudioChunk, None, StreamResult]) -> Iterator[AudioChunk]:
         self.result = yield from chunks
+        if self.prompt is None:
+            self.prompt = self.result.prompt
 
     def __iter__(self) -> Iterator[AudioChunk]:
         return self._chunks
