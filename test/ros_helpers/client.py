@@ -723,7 +723,9 @@ def run_deactivate(client: Client, args: dict[str, Any]) -> dict[str, Any]:
         timeout,
         "the goal to wait behind the service call",
     )
+    asked = time.monotonic()
     deactivated = client.transition("deactivate")
+    deactivate_s = time.monotonic() - asked
     state = client.state()
     goals = []
     for record in (speaking, waiting):
@@ -751,6 +753,7 @@ def run_deactivate(client: Client, args: dict[str, Any]) -> dict[str, Any]:
         goal["feedback"] = client.feedback[goal["id"]]
     return {
         "deactivated": deactivated,
+        "deactivate_s": deactivate_s,  # from asking to the answer, with three requests to end
         "state": state,
         "goals": goals,
         "call": called,
