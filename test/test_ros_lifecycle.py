@@ -225,6 +225,21 @@ def test_deactivate_while_speaking_ends_each_request_once_with_its_reason(
     assert node.output().count(f"request {speaking['id'][:8]}: {DEACTIVATING}") == 1
 
 
+def test_deactivate_ends_a_text_stream_that_waits_for_more_text(netns: LoopbackNamespace, params_file: Path) -> None:
+    """A stream spoken as far as its text goes, waiting for the rest: the deactivate ends it as any request, and
+    its later chunks are dropped, once activated again too."""
+    node = start(netns, params_file)
+    try:
+        first = {"chunk": {"stream_id": "talker", "text": "Hello there. And then"}}
+        netns.client("text_stream", steps=[first, {"wait_chunks": ["talker", 1]}])
+        assert netns.client("transitions", transitions=["deactivate", "activate"])["steps"][0]["success"]
+        netns.client("text_stream", steps=[{"chunk": {"stream_id": "talker", "text": " more.", "final": True}}])
+        wait_for_log(node, "text stream 'talker' has ended: its later chunks are dropped")
+    finally:
+        node.stop()
+    assert node.output().count(f"request talker: {DEACTIVATING}") == 1
+
+
 def test_cleanup_then_configure_again_speaks_the_same_audio_for_the_same_seed(
     netns: LoopbackNamespace, params_file: Path
 ) -> None:
