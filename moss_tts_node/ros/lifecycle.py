@@ -77,9 +77,10 @@ def parameter_refusal(names: Iterable[str], phase: Phase, node: str) -> str | No
     else:
         way = "once it is unconfigured"
     quoted = ", ".join(f"'{name}'" for name in held)
+    verb, it, changes = ("is", "it", "it changes") if len(held) == 1 else ("are", "them", "they change")
     return (
-        f"{quoted} {'is' if len(held) == 1 else 'are'} read when the model loads, so it changes only while the "
-        f"node is unconfigured, and the node is {phase.value}: {way}, set it, then configure and activate"
+        f"{quoted} {verb} read when the model loads, so {changes} only while the node is unconfigured, and the "
+        f"node is {phase.value}: {way}, set {it}, then configure and activate"
     )
 
 
