@@ -13,6 +13,7 @@ import importlib.util
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -611,6 +612,26 @@ def test_bad_chunks_are_refused_with_reasons_and_the_node_keeps_serving(
     assert int(netns.client("diagnostics")["values"]["requests_refused"]) == int(before["requests_refused"]) + 3
 
 
+# Run before README's relay: its rclpy.spin first waits until the node's subscription has matched the relay's
+# publisher and says so. Seeing the publisher in the graph is not enough: chunks published before the match are
+# lost (volatile QoS), which a loaded machine showed.
+RELAY_MATCHED_PRELUDE = """
+import rclpy as _rclpy
+
+_spin = _rclpy.spin
+
+
+def _spin_once_matched(node, executor=None):
+    while node.out.get_subscription_count() == 0:
+        _rclpy.spin_once(node, timeout_sec=0.1)
+    print("matched", flush=True)
+    _spin(node, executor)
+
+
+_rclpy.spin = _spin_once_matched
+"""
+
+
 def test_the_readme_relay_speaks_an_llms_token_topic(
     netns: LoopbackNamespace, node: NodeProcess, tmp_path: Path
 ) -> None:
@@ -619,15 +640,18 @@ def test_the_readme_relay_speaks_an_llms_token_topic(
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     code = readme.split("**Relay from an LLM's token topic.**", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     script = tmp_path / "relay.py"
-    script.write_text(code)
-    relay = netns.popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    script.write_text(RELAY_MATCHED_PRELUDE + code)
+    relay = netns.popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:
+        assert relay.stdout is not None
+        watchdog = threading.Timer(60, relay.kill)
+        watchdog.start()
+        matched = relay.stdout.readline()
+        watchdog.cancel()
+        assert matched == "matched\n", "the relay's publisher never matched the node's ~/text_stream subscription"
         tokens = ["Hello", " there", ".", " I", " am", " here", ".", "", "Second", " reply", ".", ""]
-        relay_ready = {"wait_publishers": ["/moss_tts_node/text_stream", 2]}  # the relay's and the client's
         answer = netns.client(
-            "text_stream",
-            steps=[relay_ready, *({"publish": ["/llm/tokens", token]} for token in tokens)],
-            final_count=2,
+            "text_stream", steps=[{"publish": ["/llm/tokens", token]} for token in tokens], final_count=2
         )
     finally:
         relay.terminate()
