@@ -27,15 +27,16 @@ from moss_tts_node.codec.streaming import StatefulStreamDecoding
 from moss_tts_node.config import Config, GenerationConfig, load_config, stream_decoder_path
 from moss_tts_node.errors import Cancelled, CodecError, ConfigError, RequestError
 from moss_tts_node.model.layout import TOKENIZER_DIR
+from moss_tts_node.model.rates import FRAMES_PER_SECOND, frames_for_seconds
 from moss_tts_node.model.sampling import SamplingParams
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.synthesis.pipeline import Pipeline
-from moss_tts_node.synthesis.request import SpeechRequest, Voice
+from moss_tts_node.synthesis.request import SpeechRequest, Voice, check_request
 from moss_tts_node.synthesis.results import AudioStream, Synthesis
 from moss_tts_node.synthesis.stages import Stages, open_stages
-from moss_tts_node.synthesis.voices import load_voice
-from moss_tts_node.text.normalize import normalize_text
-from moss_tts_node.text.pieces import PiecePlanner
+from moss_tts_node.synthesis.voices import VoiceLibrary, VoiceLimit, load_voice
+from moss_tts_node.text.normalize import has_something_to_say, normalize_text
+from moss_tts_node.text.pieces import FRAMES_PER_TEXT_TOKEN, PiecePlanner
 from moss_tts_node.text.prompt import PromptBuilder, PromptFields
 
 CancelFlag = threading.Event | Callable[[], bool] | None
@@ -53,6 +54,9 @@ class Synthesizer:
 
     Streams decode with the stream decoder graph that ``audio.stream_decoder`` selects, loaded here
     once (its state is one utterance's, reset between requests), or else with the windowed scheme.
+
+    ``voices`` holds the owner's named voices (``voices.*``) and the default one (``generation.reference_audio``),
+    all encoded here, once: a request may give one of them as its voice (``synth.voices["butler"].codes``).
     """
 
     def __init__(self, config: Config) -> None:
@@ -65,10 +69,10 @@ class Synthesizer:
             self.n_ctx = self.stages.n_ctx  # what llama.cpp made of llama.n_ctx (it rounds up)
             self.planner = PiecePlanner(self.prompts, self.spec, self.n_ctx, config.audio.max_codec_seconds)
             self.pipeline = Pipeline(self.spec, self.stages, _open_stream_decoding(config))
+            self.voices = VoiceLibrary.build(config, self.spec, self.stages.encoder, self._voice_limit(config))
         except BaseException:
             self.stages.close()
             raise
-        self._default_voice: np.ndarray | None = None
 
     @classmethod
     def from_config_file(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> Synthesizer:
@@ -86,21 +90,23 @@ class Synthesizer:
 
     # -- voices ---------------------------------------------------------------------------
 
-    def encode_reference(self, reference: str | Path | np.ndarray) -> np.ndarray:
-        """A voice as (T, n_vq) codes: from a WAV/FLAC clip (encoded), a .npy of codes, or an array."""
-        return load_voice(reference, self.spec, self.stages.encoder)
+    def encode_reference(self, reference: str | Path | np.ndarray, config: Config | None = None) -> np.ndarray:
+        """A voice as (T, n_vq) codes: from a WAV/FLAC clip (encoded), a .npy of codes, or an array; refused
+        (RequestError) before it is decoded when longer than ``limits.max_reference_seconds`` of ``config``
+        (default ``self.config``) or than the context leaves room for."""
+        limit = self._voice_limit(config if config is not None else self.config)
+        return load_voice(reference, self.spec, self.stages.encoder, limit)
 
-    def _voice(self, voice: Voice) -> list[np.ndarray]:
+    def _voice_limit(self, config: Config) -> VoiceLimit:
+        return VoiceLimit(config.limits.max_reference_seconds, self.n_ctx, self.spec.n_vq)
+
+    def _voice(self, voice: Voice, config: Config) -> list[np.ndarray]:
         if voice is None:
-            default = self.config.generation.reference_audio
-            if not default:
-                return []
-            if self._default_voice is None:
-                self._default_voice = self.encode_reference(default)
-            return [self._default_voice]
+            default = self.voices.default
+            return [] if default is None else [default.codes]
         if isinstance(voice, str | Path) and str(voice) == "":
             return []
-        return [self.encode_reference(voice)]
+        return [self.encode_reference(voice, config)]
 
     # -- synthesis ------------------------------------------------------------------------
 
@@ -111,6 +117,7 @@ class Synthesizer:
         cancel: CancelFlag = None,
         streaming: bool = True,
         config: Config | None = None,
+        max_audio_s: float | None = None,
         **fields: Any,
     ) -> AudioStream:
         """Validate the request now (errors raise here, not mid-stream), then stream its audio.
@@ -126,27 +133,46 @@ class Synthesizer:
         refused.
 
         ``config`` holds the settings the request runs with (the keys the schema marks per-request:
-        generation defaults, sampling, audio chunking), by default ``self.config`` now: they are read here
-        once, so replacing ``self.config`` later does not change a stream already made (the node queues
+        generation defaults, sampling, audio chunking, limits), by default ``self.config`` now: they are read
+        here once, so replacing ``self.config`` later does not change a stream already made (the node queues
         streams).
+
+        The checks come cheapest first: the fields and ``limits.max_text_chars`` (``check_request``), then a
+        text with nothing to say once cleaned, the voice (its length read before it is decoded), the prompt.
+        ``max_audio_s`` bounds the audio of the whole request: generation stops there (stop reason
+        max_new_tokens); ``AudioStream.estimated_seconds`` says beforehand what the text is expected to take.
         """
         request = _request(request, fields)
         config = config if config is not None else self.config
+        check_request(request, config.limits)
         gen = config.generation
         prompt_fields = _prompt_fields(gen, request, self._clean_text(request.text, gen.normalize_text))
         max_new_tokens = request.max_new_tokens or gen.max_new_tokens
-        pieces = self.planner.plan(prompt_fields, self._voice(request.voice), max_new_tokens)
+        pieces = self.planner.plan(prompt_fields, self._voice(request.voice, config), max_new_tokens)
         sampling = request.sampling or config.sampling
         seed = request.seed if request.seed is not None and request.seed >= 0 else sampling.seed
         params = SamplingParams(**{**asdict(sampling), "seed": seed if seed >= 0 else secrets.randbits(63)})
-        chunks = self.pipeline.run(pieces, params, config.audio, _flag(cancel), streaming)
-        return AudioStream(pieces[0].prompt, chunks)
+        max_frames = None if max_audio_s is None else frames_for_seconds(max_audio_s)
+        chunks = self.pipeline.run(pieces, params, config.audio, _flag(cancel), streaming, max_frames)
+        return AudioStream(pieces[0].prompt, chunks, self._estimated_seconds(prompt_fields))
+
+    def _estimated_seconds(self, fields: PromptFields) -> float:
+        """What the text is expected to take: its tokens field, or FRAMES_PER_TEXT_TOKEN frames per text token
+        (generous for speech at a normal pace)."""
+        frames = fields.tokens or self.planner.count_tokens(fields.text) * FRAMES_PER_TEXT_TOKEN
+        return frames / FRAMES_PER_SECOND
 
     def synthesize(
-        self, request: SpeechRequest | str, *, cancel: CancelFlag = None, config: Config | None = None, **fields: Any
+        self,
+        request: SpeechRequest | str,
+        *,
+        cancel: CancelFlag = None,
+        config: Config | None = None,
+        max_audio_s: float | None = None,
+        **fields: Any,
     ) -> Synthesis:
         """The whole utterance at once, as the codec decodes it; raises ``Cancelled`` if the cancel flag was set."""
-        stream = self.stream(request, cancel=cancel, streaming=False, config=config, **fields)
+        stream = self.stream(request, cancel=cancel, streaming=False, config=config, max_audio_s=max_audio_s, **fields)
         chunks = [chunk.samples for chunk in stream]
         result = stream.result
         if result is None or stream.cancelled:  # None: never, the stream was read to its end
@@ -172,18 +198,23 @@ class Synthesizer:
         """
         request = _request(request if request is not None else "", fields)
         prefix = self.prompts.voice_prefix(
-            _prompt_fields(self.config.generation, request, ""), self._voice(request.voice)
+            _prompt_fields(self.config.generation, request, ""), self._voice(request.voice, self.config)
         )
         return self.stages.prepare_prefix(prefix)
 
     @staticmethod
     def _clean_text(text: str, normalize: bool) -> str:
-        if not isinstance(text, str) or not text.strip():
+        """The text to speak (``check_request`` made sure it is a string of bounded length): cleaned when
+        ``normalize``, and refused when it is empty, or has nothing to say (``has_something_to_say``)."""
+        if not text.strip():
             raise RequestError("the text is empty: give at least one word to speak")
         if normalize:
             text = normalize_text(text)
-            if not text.strip():
-                raise RequestError("the text is empty after normalization (only markup or control characters)")
+        if not has_something_to_say(text):
+            raise RequestError(
+                "nothing to say: once cleaned, the text has no letter or digit (only emoji, symbols, punctuation "
+                "or control characters)"
+            )
         return text
 
 

@@ -45,8 +45,8 @@ def launch_parameters(params_file: str | Path) -> dict[str, Any]:
     values = read_params_file(path)
     for key, value in values.items():
         option = OPTIONS.get(key)  # the node's own options are never paths
-        if option is not None and option.names_a_path(value):
-            values[key] = str((path.parent / Path(value).expanduser()).resolve())
+        if option is not None:
+            values[key] = option.resolved(value, path.parent)
     return values
 
 

@@ -65,6 +65,40 @@ class _ChunkMaker:
         return out
 
 
+class _FrameBudget:
+    """The frames a request may still produce (None: no bound), spent as its pieces generate them.
+
+    A piece of s steps completes at most s - (n_vq - 1) frames (the first after n_vq rows), so giving it
+    ``left + n_vq - 1`` steps keeps the request within the budget, however its pieces end.
+    """
+
+    def __init__(self, frames: int | None, n_vq: int) -> None:
+        self.left = frames
+        self.n_vq = n_vq
+        self.spent_in: int | None = None  # the piece that spent the last frame
+
+    def steps(self, piece: Piece) -> int:
+        return piece.max_steps if self.left is None else min(piece.max_steps, self.left + self.n_vq - 1)
+
+    def spend(self, number: int) -> None:
+        """One frame of piece ``number`` completed."""
+        if self.left is not None:
+            self.left -= 1
+            if self.left <= 0:
+                self.spent_in = number
+
+    def ends(self, number: int, pieces: list[Piece]) -> bool:
+        """Whether piece ``number`` is the request's last: the last planned, or the one that spent the budget."""
+        return number == len(pieces) - 1 or self.spent_in == number
+
+    def runs(self, pieces: list[Piece]) -> Iterator[tuple[int, Piece]]:
+        """The pieces to generate, numbered, up to the one that spends the budget."""
+        for number, piece in enumerate(pieces):
+            yield number, piece
+            if self.spent_in is not None:
+                return
+
+
 class Pipeline:
     """Runs requests on ``stages``; streams decode with ``stream_decoding`` when given, else re-decode windows."""
 
@@ -80,29 +114,32 @@ class Pipeline:
         audio: AudioConfig,
         cancelled: Callable[[], bool],
         streaming: bool,
+        max_frames: int | None = None,
     ) -> Generator[AudioChunk, None, StreamResult]:
         """Generate and decode every piece as one stream: indices and offsets run on, one final chunk.
 
-        With stages that cannot decode while generating (low_memory), every piece is generated first and
-        each decoded offline afterwards: nothing streams.
+        ``max_frames`` bounds the frames of the whole request: the piece that reaches it stops there (its stop
+        reason max_new_tokens) and is the last. With stages that cannot decode while generating (low_memory),
+        every piece is generated first and each decoded offline afterwards: nothing streams.
         """
         clock = StageClock()
         out = _ChunkMaker(self.spec.sampling_rate, clock)
+        budget = _FrameBudget(max_frames, self.spec.n_vq)
         done: list[Generated] = []
         codes: list[np.ndarray] = []
         with ExitStack() as stack:
             if self.stages.streams:
                 stage = stack.enter_context(self.stages.generation())
                 frames: Iterable[Frames] = (
-                    self._frames(stage, piece, _seeded(sampling, number), cancelled, clock)
-                    for number, piece in enumerate(pieces)
+                    self._frames(stage, piece, number, budget, _seeded(sampling, number), cancelled, clock)
+                    for number, piece in budget.runs(pieces)
                 )
             else:
-                frames = self._generated_first(pieces, sampling, cancelled, clock)
+                frames = self._generated_first(pieces, budget, sampling, cancelled, clock)
                 streaming = False
             codec = stack.enter_context(self.stages.decoder())
             decoding = stack.enter_context(self._decoding(codec, audio, streaming))
-            for piece, piece_frames in zip(pieces, frames, strict=False):
+            for number, piece_frames in enumerate(frames):
                 decoder = SegmentDecoder(decoding, audio.chunk_frames, self.spec.n_vq)
                 generated = yield from self._decoded(piece_frames, decoder, out)
                 done.append(generated)
@@ -111,13 +148,15 @@ class Pipeline:
                     break
                 with clock.stage("codec"):
                     rest = decoder.end_segment()
-                if piece is pieces[-1]:
+                if budget.ends(number, pieces):
                     yield out.chunk(rest if rest is not None else np.empty(0, dtype=np.float32), final=True)
                 elif rest is not None:
                     yield out.chunk(rest, final=False)
         rows = np.concatenate([piece.rows for piece in done])
         all_codes = np.concatenate(codes)
         stops = {piece.stop for piece in done}
+        if len(done) < len(pieces):  # cancelled, or the budget was spent before the last piece
+            stops.add(StopReason.MAX_NEW_TOKENS)
         report = TimingReport.from_clock(
             clock,
             seed=sampling.seed,
@@ -167,15 +206,19 @@ class Pipeline:
         self,
         stage: GenerationStage,
         piece: Piece,
+        number: int,
+        budget: _FrameBudget,
         sampling: SamplingParams,
         cancelled: Callable[[], bool],
         clock: StageClock,
     ) -> Frames:
-        """Generate ``piece``: each frame as it completes, None for a gap; returns what it generated."""
+        """Generate ``piece`` (the request's ``number``-th) within what ``budget`` leaves: each frame as it
+        completes, None for a gap; returns what it generated."""
         spec = self.spec
+        steps = budget.steps(piece)
         state = DelayState(spec, piece.prompt)
         sampler = Sampler(sampling, spec, piece.prompt)
-        assembler = FrameAssembler(spec.n_vq, spec.audio_pad_code, capacity=piece.max_steps)
+        assembler = FrameAssembler(spec.n_vq, spec.audio_pad_code, capacity=steps)
         rows: list[np.ndarray] = []
         generation = generate_rows(
             stage.backbone,
@@ -184,7 +227,7 @@ class Pipeline:
             piece.prompt,
             state,
             sampler,
-            piece.max_steps,
+            steps,
             cancelled,
             clock,
         )
@@ -197,18 +240,25 @@ class Pipeline:
             rows.append(row)
             frame = assembler.push(row[1:])
             if frame is not None:
+                budget.spend(number)
                 yield None if assembler.is_gap(frame) else frame
         return Generated(np.stack(rows) if rows else np.empty((0, spec.channels), dtype=np.int64), stop)
 
     def _generated_first(
-        self, pieces: list[Piece], sampling: SamplingParams, cancelled: Callable[[], bool], clock: StageClock
+        self,
+        pieces: list[Piece],
+        budget: _FrameBudget,
+        sampling: SamplingParams,
+        cancelled: Callable[[], bool],
+        clock: StageClock,
     ) -> list[Frames]:
-        """Generate the pieces with the generation stage loaded for that time only (until one is cancelled);
-        replays of their frames, for the decoder to load after."""
+        """Generate the pieces with the generation stage loaded for that time only (until one is cancelled or
+        spends the budget); replays of their frames, for the decoder to load after."""
         replays = []
         with self.stages.generation() as stage:
-            for number, piece in enumerate(pieces):
-                frames, generated = _run_to_end(self._frames(stage, piece, _seeded(sampling, number), cancelled, clock))
+            for number, piece in budget.runs(pieces):
+                piece_frames = self._frames(stage, piece, number, budget, _seeded(sampling, number), cancelled, clock)
+                frames, generated = _run_to_end(piece_frames)
                 replays.append(_replay(frames, generated))
                 if generated.stop is StopReason.CANCELLED:
                     break

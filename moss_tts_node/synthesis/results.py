@@ -52,10 +52,14 @@ class AudioStream:
 
     A text too long for one generation is spoken in pieces, still as one stream: ``prompt`` is
     then the first piece's, ``generated`` and ``codes`` are the pieces' one after the other.
+    ``estimated_seconds`` is what the text is expected to take, known before anything is generated.
     """
 
-    def __init__(self, prompt: np.ndarray, chunks: Generator[AudioChunk, None, StreamResult]) -> None:
+    def __init__(
+        self, prompt: np.ndarray, chunks: Generator[AudioChunk, None, StreamResult], estimated_seconds: float
+    ) -> None:
         self.prompt = prompt
+        self.estimated_seconds = estimated_seconds
         self.result: StreamResult | None = None
         self._chunks = self._run(chunks)
 
