@@ -206,14 +206,12 @@ class VoiceLibrary:
         """The default voice (``generation.reference_audio``), or None when there is none."""
         return None if self.default_name is None else self._voices[self.default_name]
 
-    def find(self, value: str) -> LibraryVoice | None:
-        """The voice an untrusted client asks for: "" is the default (None when there is none), a name is
-        that voice, and a path (it has a "/") is the voice whose file it resolves to, links followed, when
-        that file is one of the voice directories'. Nothing is opened, and every other value gets the same
-        RequestError, so a client learns nothing about the files of the machine.
+    def find(self, value: str) -> LibraryVoice:
+        """The voice an untrusted client asks for: a name is that voice, and a path (it has a "/") is the voice
+        whose file it resolves to, links followed, when that file is one of the voice directories'. Nothing is
+        opened, and every other value gets the same RequestError, so a client learns nothing about the files of
+        the machine.
         """
-        if value == "":
-            return self.default
         voice = self._voices.get(value)
         if voice is None and "/" in value and len(value) <= _MAX_PATH_CHARS:
             try:
