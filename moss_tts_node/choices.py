@@ -14,3 +14,9 @@ CODEC_BACKENDS = ("onnx", "tensorrt")
 ONNX_PROVIDERS = ("auto", "cpu", "cuda")
 # audio.stream_decoder: the words it takes besides a path to a stream decoder graph
 STREAM_DECODER_MODES = ("auto", "off")
+# generation.pause_markers: what a "[pause 3.2s]" in the text means (text/pauses.py)
+PAUSE_AUTO = "auto"
+PAUSE_MODEL = "model"
+PAUSE_SILENCE = "silence"
+PAUSE_TEXT = "text"
+PAUSE_MARKER_MODES = (PAUSE_AUTO, PAUSE_MODEL, PAUSE_SILENCE, PAUSE_TEXT)

@@ -37,12 +37,14 @@ from moss_tts_node.choices import (
     HEADS_BACKENDS,
     KV_CACHE_TYPES,
     ONNX_PROVIDERS,
+    PAUSE_MARKER_MODES,
     STREAM_DECODER_MODES,
     UNQUANTIZED_KV_CACHE_TYPES,
 )
 from moss_tts_node.codec.layout import DECODER_FILE, ENCODER_FILE, STREAM_DECODER_FILE
 from moss_tts_node.errors import ConfigError
 from moss_tts_node.model.layout import CONFIG_FILE, DEFAULT_GGUF, EMBEDDINGS_DIR, HEADS_DIR, TOKENIZER_DIR
+from moss_tts_node.text.languages import language_tag
 
 NODE_NAME = "moss_tts_node"
 
@@ -198,7 +200,18 @@ class GenerationConfig:
         True, "Clean markdown and punctuation from the text before speaking.", per_request=True
     )
     language: str = _option(
-        "", "Default language tag (en, zh, ...); empty prints None in the prompt.", per_request=True
+        "",
+        'Default language: one of the 31 codes (en, zh, ...) or its English name (README "Languages"); empty '
+        "prints None in the prompt.",
+        per_request=True,
+    )
+    pause_markers: str = _option(
+        "auto",
+        "What a [pause X.Ys] in the text means: model (the model makes the pause; v1.5), silence (exactly that "
+        "much silence between the speech around it), text (plain text), or auto (model for a checkpoint converted "
+        'from v1.5, else silence) (README "Pause markers").',
+        choices=PAUSE_MARKER_MODES,
+        per_request=True,
     )
     instruction: str = _option("", "Default style instruction; empty prints None.", per_request=True)
     quality: str = _option("", "Default quality field of the prompt; empty prints None.", per_request=True)
@@ -361,6 +374,7 @@ def from_flat(values: Mapping[str, Any], base_dir: Path, source: str) -> Config:
         groups[group][name] = OPTIONS[key].resolved(value, base_dir)
     config = Config(**{name: _GROUP_TYPES[name](**kw) for name, kw in groups.items()})
     _check_llama(config, source)
+    _check_language(config, source)
     _check_files(config, source)
     return config
 
@@ -373,6 +387,15 @@ def _check_llama(config: Config, source: str) -> None:
             f"{source}: 'llama.kv_cache_type_v' {llama.kv_cache_type_v} (quantized) needs flash attention: "
             "set 'llama.flash_attn' to auto or on, or use an f16 V cache"
         )
+
+
+def _check_language(config: Config, source: str) -> None:
+    language = config.generation.language
+    if language:
+        try:
+            language_tag(language)
+        except ValueError as error:
+            raise ConfigError(f"{source}: 'generation.language': {error}") from None
 
 
 def _ros_parameters(document: Any, path: Path) -> Mapping[str, Any]:

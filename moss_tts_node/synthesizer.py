@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from moss_tts_node.choices import PAUSE_TEXT
 from moss_tts_node.codec.stream_decoder import StreamDecoder
 from moss_tts_node.codec.streaming import StatefulStreamDecoding
 from moss_tts_node.config import Config, GenerationConfig, load_config, stream_decoder_path
@@ -31,12 +32,15 @@ from moss_tts_node.model.rates import FRAMES_PER_SECOND, frames_for_seconds
 from moss_tts_node.model.sampling import SamplingParams
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.synthesis.pipeline import Pipeline
+from moss_tts_node.synthesis.release import read_release, trained_on_pause_markers
 from moss_tts_node.synthesis.request import SpeechRequest, Voice, check_request
 from moss_tts_node.synthesis.results import AudioStream, Synthesis
 from moss_tts_node.synthesis.stages import Stages, open_stages
 from moss_tts_node.synthesis.voices import VoiceLibrary, VoiceLimit, load_voice
+from moss_tts_node.text.languages import language_tag
 from moss_tts_node.text.normalize import has_something_to_say, normalize_text
-from moss_tts_node.text.pieces import FRAMES_PER_TEXT_TOKEN, PiecePlanner
+from moss_tts_node.text.pauses import find_markers, resolve_pause_mode
+from moss_tts_node.text.pieces import FRAMES_PER_TEXT_TOKEN, Piece, PiecePlanner
 from moss_tts_node.text.prompt import PromptBuilder, PromptFields
 
 CancelFlag = threading.Event | Callable[[], bool] | None
@@ -57,12 +61,16 @@ class Synthesizer:
 
     ``voices`` holds the owner's named voices (``voices.*``) and the default one (``generation.reference_audio``),
     all encoded here, once: a request may give one of them as its voice (``synth.voices["butler"].codes``).
+
+    ``release`` is the MOSS-TTS release the weights are known to be (``synthesis/release.py``), or None; with
+    ``generation.pause_markers: auto`` it decides what a ``[pause X.Ys]`` means (``text/pauses.py``).
     """
 
     def __init__(self, config: Config) -> None:
         self.config = config
         weights = Path(config.model.weights_dir)
         self.spec = ModelSpec.load(weights)
+        self.release = read_release(weights)
         self.prompts = PromptBuilder(weights / TOKENIZER_DIR, self.spec)
         self.stages: Stages = open_stages(config, self.spec)
         try:
@@ -130,7 +138,8 @@ class Synthesizer:
         speech would not fit the context (or one codec window) is split at sentence boundaries and
         spoken piece by piece in the same stream. ``max_new_tokens`` applies to each piece and is
         clamped to what n_ctx leaves after its prompt; a prompt that leaves no room for one frame is
-        refused.
+        refused. A ``[pause X.Ys]`` in the text means what ``generation.pause_markers`` says (README "Pause
+        markers"); rendered as silence, it arrives in the stream in chunks like speech.
 
         ``config`` holds the settings the request runs with (the keys the schema marks per-request:
         generation defaults, sampling, audio chunking, limits), by default ``self.config`` now: they are read
@@ -148,19 +157,22 @@ class Synthesizer:
         gen = config.generation
         prompt_fields = _prompt_fields(gen, request, self._clean_text(request.text, gen.normalize_text))
         max_new_tokens = request.max_new_tokens or gen.max_new_tokens
-        pieces = self.planner.plan(prompt_fields, self._voice(request.voice, config), max_new_tokens)
+        pause_markers = resolve_pause_mode(gen.pause_markers, trained_on_pause_markers(self.release))
+        plan = self.planner.plan(prompt_fields, self._voice(request.voice, config), max_new_tokens, pause_markers)
         sampling = request.sampling or config.sampling
         seed = request.seed if request.seed is not None and request.seed >= 0 else sampling.seed
         params = SamplingParams(**{**asdict(sampling), "seed": seed if seed >= 0 else secrets.randbits(63)})
         max_frames = None if max_audio_s is None else frames_for_seconds(max_audio_s)
-        chunks = self.pipeline.run(pieces, params, config.audio, _flag(cancel), streaming, max_frames)
-        return AudioStream(pieces[0].prompt, chunks, self._estimated_seconds(prompt_fields))
+        chunks = self.pipeline.run(plan, params, config.audio, _flag(cancel), streaming, max_frames)
+        prompt = next(item.prompt for item in plan if isinstance(item, Piece))
+        return AudioStream(prompt, chunks, self._estimated_seconds(prompt_fields, pause_markers))
 
-    def _estimated_seconds(self, fields: PromptFields) -> float:
-        """What the text is expected to take: its tokens field, or FRAMES_PER_TEXT_TOKEN frames per text token
-        (generous for speech at a normal pace)."""
+    def _estimated_seconds(self, fields: PromptFields, pause_markers: str) -> float:
+        """What the request is expected to take: its tokens field, or FRAMES_PER_TEXT_TOKEN frames per text
+        token (generous for speech at a normal pace), and its pause markers' seconds unless they are text."""
         frames = fields.tokens or self.planner.count_tokens(fields.text) * FRAMES_PER_TEXT_TOKEN
-        return frames / FRAMES_PER_SECOND
+        pauses = 0.0 if pause_markers == PAUSE_TEXT else sum(marker.seconds for marker in find_markers(fields.text))
+        return frames / FRAMES_PER_SECOND + pauses
 
     def synthesize(
         self,
@@ -226,10 +238,17 @@ def _request(request: SpeechRequest | str, fields: dict[str, Any]) -> SpeechRequ
 
 
 def _prompt_fields(gen: GenerationConfig, request: SpeechRequest, text: str) -> PromptFields:
-    """A request's prompt fields, those left ``None`` taken from the generation defaults ``gen``."""
+    """A request's prompt fields, those left ``None`` taken from the generation defaults ``gen``; the language
+    spelled as upstream's table does (``text/languages.py``), or refused."""
+    language = request.language if request.language is not None else gen.language or None
+    if language:
+        try:
+            language = language_tag(language)
+        except ValueError as error:
+            raise RequestError(str(error)) from None
     return PromptFields(
         text=text,
-        language=request.language if request.language is not None else gen.language or None,
+        language=language,
         instruction=request.instruction if request.instruction is not None else gen.instruction or None,
         quality=request.quality if request.quality is not None else gen.quality or None,
         tokens=request.tokens,

@@ -8,6 +8,7 @@ tensors.
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 from collections import namedtuple
@@ -22,6 +23,7 @@ from qwen3_reference import exact_backbone, qwen3_forward
 from moss_tts_node.errors import BridgeError
 from moss_tts_node.model.layout import gguf_name
 from moss_tts_node.model.spec import ModelSpec
+from moss_tts_node.synthesis.release import read_release, release_from_model_card
 from moss_tts_node.tools.cli.main import main
 from moss_tts_node.tools.dev.demo_weights import DemoCheckpoint, demo_checkpoint, write_checkpoint
 from moss_tts_node.tools.prepare import convert
@@ -392,3 +394,83 @@ def _no_stray_files(tmp_path: Path) -> Iterator[None]:
     """No conversion leaves its temporary files behind, whether it succeeds or not."""
     yield
     assert list(tmp_path.rglob("*.tmp")) == [] and list(tmp_path.rglob("*.partial")) == []
+
+
+# ---- MOSS-TTS-v1.5 ----------------------------------------------------------------------------------
+
+# The front matter of upstream's model cards (docs/model.md, "MOSS-TTS-v1.5"): v1.5's 31 codes in its order, 1.0's
+# 20 (the cards write block lists; YAML reads these flow lists the same).
+V1_5_CARD = (
+    "---\nlicense: apache-2.0\ntags:\n- text-to-speech\nlanguage: [zh, yue, en, ar, cs, da, de, nl, es, fr, fi, el, "
+    "he, hi, hu, ja, it, ko, mk, ms, ru, fa, pl, pt, sv, ro, sw, tl, th, tr, vi]\n---\n# MOSS-TTS Family\n"
+)
+V1_0_CARD = (
+    "---\nlicense: apache-2.0\nlanguage: [zh, en, de, es, fr, ja, it, ko, ru, fa, ar, pl, pt, cs, da, sv, he, hu, el, "
+    "tr]\n---\n# MOSS-TTS Family\n"
+)
+
+
+def _v1_5_shaped(config: dict[str, object], layers: int) -> dict[str, object]:
+    """``config`` with what upstream's v1.5 config.json may hold besides the keys the converter reads: a
+    transformers 5 save of ``MossTTSDelayConfig`` (OpenMOSS/MOSS-TTS, configuration_moss_tts.py) around a Qwen3Config.
+    The file itself is not readable here (README "MOSS-TTS-v1.5" says what that leaves open)."""
+    language = {
+        **config["language_config"],  # type: ignore[dict-item]
+        "attention_dropout": 0.0,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+        "initializer_range": 0.02,
+        "layer_types": ["full_attention"] * layers,
+        "max_window_layers": layers,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "use_cache": True,
+        "use_sliding_window": False,
+        "dtype": "bfloat16",
+    }
+    return {
+        **config,
+        "language_config": language,
+        "auto_map": {"AutoConfig": "configuration_moss_tts.MossTTSDelayConfig"},
+        "dtype": "bfloat16",
+        "initializer_range": 0.02,
+        "transformers_version": "5.0.0",
+    }
+
+
+@pytest.mark.parametrize(
+    ("card", "release"),
+    [(V1_5_CARD, "1.5"), (V1_0_CARD, "1.0"), (None, None), ("# MOSS-TTS\nno front matter\n", None)],
+    ids=["v1.5-card", "1.0-card", "no-card", "card-without-front-matter"],
+)
+def test_a_v1_5_shaped_checkpoint_converts_and_its_card_tells_the_release(
+    tmp_path: Path, small: DemoCheckpoint, card: str | None, release: str | None
+) -> None:
+    checkpoint = _variant(tmp_path, small, **_v1_5_shaped(small.config, layers=1))
+    if card is not None:
+        (checkpoint / "README.md").write_text(card, encoding="utf-8")
+    out, said = tmp_path / "out", io.StringIO()
+    convert_checkpoint(checkpoint, out, "F16", progress_stream=said)
+    written = json.loads((out / "config.json").read_text())
+    assert read_release(out) == release
+    meaning = {"1.5": "auto passes [pause X.Ys] to the model", "1.0": "auto renders", None: "release unknown"}[release]
+    assert meaning in said.getvalue()
+    assert ("moss_tts_node" in written) == (release is not None)
+    assert written["transformers_version"] == "5.0.0"  # upstream's keys pass through
+    assert ModelSpec.load(out) == ModelSpec.load(checkpoint)
+
+
+def test_the_card_decides_nothing_it_does_not_say() -> None:
+    assert release_from_model_card(V1_5_CARD) == (
+        "1.5",
+        "its model card lists 31 languages, among them the 11 v1.5 added",
+    )
+    assert release_from_model_card(V1_0_CARD)[0] == "1.0"  # type: ignore[index]
+    for card in (
+        "",
+        "---\nlanguage: en\n---\n",
+        "---\nlanguage:\n- en\n- xx\n---\n",
+        "---\n: [\n---\n",
+        "---\nlicense: x\n",
+    ):
+        assert release_from_model_card(card) is None, card

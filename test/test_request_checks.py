@@ -208,10 +208,36 @@ def test_max_audio_bounds_every_piece_of_a_request_together(small_context: Synth
         np.testing.assert_allclose(prefix, np.concatenate([c.samples for c in free])[: prefix.shape[0]], atol=1e-5)
 
 
+@pytest.fixture(scope="module")
+def low_memory(demo_config: Path) -> Iterator[Synthesizer]:
+    """The demo model with its stages loaded in turn: every piece is generated before any is decoded."""
+    with Synthesizer.from_config_file(demo_config, {"model.low_memory": True}) as loaded:
+        yield loaded
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["resident", "low_memory"])
+def test_max_audio_counts_the_silence_of_pauses_too(synth: Synthesizer, low_memory: Synthesizer, staged: bool) -> None:
+    """A pause marker rendered as silence takes frames of the budget: cut there, it is the request's end."""
+    synthesizer = low_memory if staged else synth
+    config = replace(synth.config, generation=replace(synth.config.generation, pause_markers="silence"))
+    text = "Hello. [pause 5s] And goodbye."
+    whole = synthesizer.synthesize(text, seed=1, config=config, max_new_tokens=40)
+    assert whole.audio.shape[0] > 5 * SAMPLE_RATE  # the pause and the speech around it
+    cut = synthesizer.stream(text, seed=1, config=config, max_new_tokens=40, max_audio_s=2.0, streaming=False)
+    chunks = list(cut)
+    audio = np.concatenate([chunk.samples for chunk in chunks])
+    assert cut.report is not None and cut.report.stop_reason is StopReason.MAX_NEW_TOKENS
+    assert [chunk.is_final for chunk in chunks].count(True) == 1 and chunks[-1].is_final
+    assert 1.5 * SAMPLE_RATE < audio.shape[0] <= 2.0 * SAMPLE_RATE
+    np.testing.assert_allclose(audio, whole.audio[: audio.shape[0]], atol=1e-6)  # the same start, cut short
+
+
 def test_the_estimate_is_known_before_generating(synth: Synthesizer) -> None:
     short_text, long_text = synth.stream("Hello."), synth.stream("Hello there. " * 40)
     assert 0 < short_text.estimated_seconds < long_text.estimated_seconds
     assert synth.stream("Hello.", tokens=50).estimated_seconds == 4.0  # the tokens field is the length asked for
+    silence = replace(synth.config, generation=replace(synth.config.generation, pause_markers="silence"))
+    assert synth.stream("Hello. [pause 5s] Bye.", tokens=50, config=silence).estimated_seconds == 9.0
 
 
 def _fields(text: str) -> Any:
@@ -448,7 +474,7 @@ def test_fuzzed_texts_with_fields_in_range_are_spoken_unless_the_text_is_refused
 ) -> None:
     request = SpeechRequest(
         data.draw(texts, "text"),
-        language=data.draw(st.none() | st.sampled_from(["en", "zh", "\u200fhe"]), "language"),
+        language=data.draw(st.none() | st.sampled_from(["en", "zh", " French ", "CANTONESE"]), "language"),
         instruction=data.draw(st.none() | st.text(st.sampled_from(HOSTILE), max_size=20), "instruction"),
         tokens=data.draw(st.none() | st.integers(1, 3000), "tokens"),
         voice=data.draw(st.sampled_from(voice_files["valid"]), "voice"),

@@ -2,8 +2,10 @@
 
 Each piece is generated row by row (``model/generation.py``), its rows become frames as the delay pattern
 completes them (``FrameAssembler``), and frames become samples through one ``SegmentDecoding`` for the whole
-request. Every generator here hands its end marker back as its return value: ``_frames`` returns what the
-piece generated (``Generated``), ``run`` the ``StreamResult``.
+request. A ``Pause`` between pieces (a pause marker rendered as silence, ``text/pieces.py``) becomes silence in
+chunks of ``audio.chunk_frames`` frames, like speech; the segments around it are decoded on their own either way, so
+the stream and the whole utterance carry the same silence. Every generator here hands its end marker back as its
+return value: ``_frames`` returns what the piece generated (``Generated``), ``run`` the ``StreamResult``.
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ from moss_tts_node.codec.streaming import (
 from moss_tts_node.config import AudioConfig
 from moss_tts_node.model.delay import DelayState, FrameAssembler
 from moss_tts_node.model.generation import generate_rows
+from moss_tts_node.model.rates import SAMPLES_PER_FRAME
 from moss_tts_node.model.sampling import Sampler, SamplingParams
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.synthesis.results import AudioChunk, StreamResult
 from moss_tts_node.synthesis.stages import GenerationStage, Stages
-from moss_tts_node.text.pieces import Piece
+from moss_tts_node.text.pieces import Pause, Piece
 from moss_tts_node.timing import StageClock, StopReason, TimingReport
 
 # A piece's frames as they complete: (n_vq,) codes, or None for a gap (an all-pad frame, which ends an
@@ -66,37 +69,39 @@ class _ChunkMaker:
 
 
 class _FrameBudget:
-    """The frames a request may still produce (None: no bound), spent as its pieces generate them.
+    """The frames a request may still produce (None: no bound), spent as its pieces generate them and its pauses
+    take them, in the order of the request.
 
     A piece of s steps completes at most s - (n_vq - 1) frames (the first after n_vq rows), so giving it
-    ``left + n_vq - 1`` steps keeps the request within the budget, however its pieces end.
+    ``left + n_vq - 1`` steps keeps the request within the budget, however its pieces end; a pause is cut to the
+    frames left.
     """
 
     def __init__(self, frames: int | None, n_vq: int) -> None:
         self.left = frames
         self.n_vq = n_vq
-        self.spent_in: int | None = None  # the piece that spent the last frame
+        self.cut = False  # a pause was cut short
+
+    @property
+    def spent(self) -> bool:
+        return self.left is not None and self.left <= 0
 
     def steps(self, piece: Piece) -> int:
         return piece.max_steps if self.left is None else min(piece.max_steps, self.left + self.n_vq - 1)
 
-    def spend(self, number: int) -> None:
-        """One frame of piece ``number`` completed."""
+    def spend(self) -> None:
+        """One frame completed."""
         if self.left is not None:
             self.left -= 1
-            if self.left <= 0:
-                self.spent_in = number
 
-    def ends(self, number: int, pieces: list[Piece]) -> bool:
-        """Whether piece ``number`` is the request's last: the last planned, or the one that spent the budget."""
-        return number == len(pieces) - 1 or self.spent_in == number
-
-    def runs(self, pieces: list[Piece]) -> Iterator[tuple[int, Piece]]:
-        """The pieces to generate, numbered, up to the one that spends the budget."""
-        for number, piece in enumerate(pieces):
-            yield number, piece
-            if self.spent_in is not None:
-                return
+    def pause(self, pause: Pause) -> Pause:
+        """``pause``, cut to the frames left, which it takes."""
+        if self.left is None:
+            return pause
+        samples = min(pause.samples, self.left * SAMPLES_PER_FRAME)
+        self.left -= -(-samples // SAMPLES_PER_FRAME)
+        self.cut = self.cut or samples < pause.samples
+        return Pause(samples)
 
 
 class Pipeline:
@@ -109,53 +114,67 @@ class Pipeline:
 
     def run(
         self,
-        pieces: list[Piece],
+        plan: list[Piece | Pause],
         sampling: SamplingParams,
         audio: AudioConfig,
         cancelled: Callable[[], bool],
         streaming: bool,
         max_frames: int | None = None,
     ) -> Generator[AudioChunk, None, StreamResult]:
-        """Generate and decode every piece as one stream: indices and offsets run on, one final chunk.
+        """Generate and decode every piece, and render every pause, as one stream: indices and offsets run on,
+        one final chunk.
 
-        ``max_frames`` bounds the frames of the whole request: the piece that reaches it stops there (its stop
-        reason max_new_tokens) and is the last. With stages that cannot decode while generating (low_memory),
-        every piece is generated first and each decoded offline afterwards: nothing streams.
+        ``max_frames`` bounds the frames of the whole request: the piece or pause that reaches it stops there
+        (stop reason max_new_tokens) and is the last. With stages that cannot decode while generating
+        (low_memory), every piece is generated first and each decoded offline afterwards: nothing streams.
         """
         clock = StageClock()
         out = _ChunkMaker(self.spec.sampling_rate, clock)
         budget = _FrameBudget(max_frames, self.spec.n_vq)
+        pieces = [item for item in plan if isinstance(item, Piece)]
         done: list[Generated] = []
         codes: list[np.ndarray] = []
         with ExitStack() as stack:
-            if self.stages.streams:
+            if self.stages.streams:  # generated as the stream is read: the budget is spent in the stream's order
                 stage = stack.enter_context(self.stages.generation())
                 frames: Iterable[Frames] = (
-                    self._frames(stage, piece, number, budget, _seeded(sampling, number), cancelled, clock)
-                    for number, piece in budget.runs(pieces)
+                    self._frames(stage, piece, budget, _seeded(sampling, number), cancelled, clock)
+                    for number, piece in enumerate(pieces)
                 )
-            else:
-                frames = self._generated_first(pieces, budget, sampling, cancelled, clock)
+                items, left = plan, budget
+            else:  # generated first, within the budget: what is left to decode is within it already
+                items, frames = self._generated_first(plan, budget, sampling, cancelled, clock)
+                left = _FrameBudget(None, self.spec.n_vq)
                 streaming = False
             codec = stack.enter_context(self.stages.decoder())
             decoding = stack.enter_context(self._decoding(codec, audio, streaming))
-            for number, piece_frames in enumerate(frames):
+            piece_frames = iter(frames)
+            for index, item in enumerate(items):
+                if isinstance(item, Pause):
+                    pause = left.pause(item)
+                    final = index == len(items) - 1 or left.spent
+                    generated = yield from self._silence(pause, audio.chunk_frames, out, final, cancelled)
+                    done.append(generated)
+                    if generated.stop is StopReason.CANCELLED or final:
+                        break
+                    continue
                 decoder = SegmentDecoder(decoding, audio.chunk_frames, self.spec.n_vq)
-                generated = yield from self._decoded(piece_frames, decoder, out)
+                generated = yield from self._decoded(next(piece_frames), decoder, out)
                 done.append(generated)
                 codes.append(decoder.codes())
                 if generated.stop is StopReason.CANCELLED:
                     break
                 with clock.stage("codec"):
                     rest = decoder.end_segment()
-                if budget.ends(number, pieces):
+                if index == len(items) - 1 or left.spent:
                     yield out.chunk(rest if rest is not None else np.empty(0, dtype=np.float32), final=True)
-                elif rest is not None:
+                    break
+                if rest is not None:
                     yield out.chunk(rest, final=False)
         rows = np.concatenate([piece.rows for piece in done])
-        all_codes = np.concatenate(codes)
+        all_codes = np.concatenate(codes) if codes else np.empty((0, self.spec.n_vq), dtype=np.int64)
         stops = {piece.stop for piece in done}
-        if len(done) < len(pieces):  # cancelled, or the budget was spent before the last piece
+        if len(done) < len(plan) or budget.cut:  # cancelled, or the budget was spent before the request's end
             stops.add(StopReason.MAX_NEW_TOKENS)
         report = TimingReport.from_clock(
             clock,
@@ -172,6 +191,21 @@ class Pipeline:
             ),
         )
         return StreamResult(rows, all_codes, report, clock)
+
+    def _silence(
+        self, pause: Pause, chunk_frames: int, out: _ChunkMaker, final: bool, cancelled: Callable[[], bool]
+    ) -> Generator[AudioChunk, None, Generated]:
+        """``pause`` as chunks of zeros, ``chunk_frames`` frames each and the rest last; returns what it "generated":
+        no rows, and whether it was cancelled."""
+        step = chunk_frames * SAMPLES_PER_FRAME
+        stop = StopReason.END
+        for start in range(0, pause.samples, step):
+            if cancelled():
+                stop = StopReason.CANCELLED
+                break
+            end = min(start + step, pause.samples)
+            yield out.chunk(np.zeros(end - start, dtype=np.float32), final=final and end == pause.samples)
+        return Generated(np.empty((0, self.spec.channels), dtype=np.int64), stop)
 
     @staticmethod
     def _decoded(frames: Frames, decoder: SegmentDecoder, out: _ChunkMaker) -> Generator[AudioChunk, None, Generated]:
@@ -206,14 +240,13 @@ class Pipeline:
         self,
         stage: GenerationStage,
         piece: Piece,
-        number: int,
         budget: _FrameBudget,
         sampling: SamplingParams,
         cancelled: Callable[[], bool],
         clock: StageClock,
     ) -> Frames:
-        """Generate ``piece`` (the request's ``number``-th) within what ``budget`` leaves: each frame as it
-        completes, None for a gap; returns what it generated."""
+        """Generate ``piece`` within what ``budget`` leaves: each frame as it completes, None for a gap; returns
+        what it generated."""
         spec = self.spec
         steps = budget.steps(piece)
         state = DelayState(spec, piece.prompt)
@@ -240,29 +273,37 @@ class Pipeline:
             rows.append(row)
             frame = assembler.push(row[1:])
             if frame is not None:
-                budget.spend(number)
+                budget.spend()
                 yield None if assembler.is_gap(frame) else frame
         return Generated(np.stack(rows) if rows else np.empty((0, spec.channels), dtype=np.int64), stop)
 
     def _generated_first(
         self,
-        pieces: list[Piece],
+        plan: list[Piece | Pause],
         budget: _FrameBudget,
         sampling: SamplingParams,
         cancelled: Callable[[], bool],
         clock: StageClock,
-    ) -> list[Frames]:
-        """Generate the pieces with the generation stage loaded for that time only (until one is cancelled or
-        spends the budget); replays of their frames, for the decoder to load after."""
+    ) -> tuple[list[Piece | Pause], list[Frames]]:
+        """Generate the pieces with the generation stage loaded for that time only, in the plan's order, until one
+        is cancelled or the budget is spent: the items to decode (pauses cut to the budget), and replays of the
+        pieces' frames, for the decoder to load after."""
+        items: list[Piece | Pause] = []
         replays = []
         with self.stages.generation() as stage:
-            for number, piece in budget.runs(pieces):
-                piece_frames = self._frames(stage, piece, number, budget, _seeded(sampling, number), cancelled, clock)
-                frames, generated = _run_to_end(piece_frames)
-                replays.append(_replay(frames, generated))
-                if generated.stop is StopReason.CANCELLED:
+            for item in plan:
+                if isinstance(item, Pause):
+                    items.append(budget.pause(item))
+                else:
+                    seeded = _seeded(sampling, len(replays))
+                    frames, generated = _run_to_end(self._frames(stage, item, budget, seeded, cancelled, clock))
+                    items.append(item)
+                    replays.append(_replay(frames, generated))
+                    if generated.stop is StopReason.CANCELLED:
+                        break
+                if budget.spent:
                     break
-        return replays
+        return items, replays
 
 
 def _seeded(sampling: SamplingParams, piece_number: int) -> SamplingParams:

@@ -34,7 +34,9 @@ verified fixed point: one extra pass for ordinary text, which is cheap next to s
 Decisions where the rules of docs/model.md ("Text clean-up") leave room (chosen for what a listener expects):
 
 - ``[...]`` / ``{...}`` "contents kept": the whole span, brackets included, stays verbatim
-  (``[S1]``, ``{whisper}``, ``[1]``); it is not a Latin token for the CJK spacing rule.
+  (``[S1]``, ``{whisper}``, ``[1]``); it is not a Latin token for the CJK spacing rule. So a pause marker
+  (``[pause 3.2s]``, ``text/pauses.py``) stays one unit, and the spaces on either side of it stay as written:
+  no rule joins it to a word or removes it.
 - Lines are joined with ``。`` only when the previous line does not already end in a pause mark;
   after ``.!?;:,`` (ASCII) they are joined with a space, after CJK pause marks with nothing,
   so ``"Done.\\nNext"`` becomes ``"Done. Next"``, not ``"Done.。Next"``. No ``。`` is added at

@@ -6,6 +6,11 @@ speaker pauses anyway: at sentence ends (CJK ``。！？`` anywhere, Latin ``.!?
 space or the end, so ``3.14`` and ``v2.3.1`` stay whole), else at clause marks (``，、；：`` and
 ``,;:`` before a space), else between words, and only as a last resort inside a word (a long run
 of CJK text without punctuation). Closing quotes and brackets stay with the sentence they close.
+
+A pause marker (``[pause 0.8s]``, ``text/pauses.py``) is one unit: no cut falls inside one, at any level, and
+below the sentence level the text is cut before and after each marker as at a clause mark, so a marker is never
+glued to a word around it (``wait[pause 1s]go``). A marker alone is never cut, even where it measures more
+than the limit.
 """
 
 from __future__ import annotations
@@ -14,12 +19,21 @@ import re
 from collections.abc import Callable
 from itertools import pairwise
 
+from moss_tts_node.text.pauses import Marker, find_markers, inside_marker
+
 _CLOSERS = "\"'”’)）」』】》〉"
 # Each pattern matches the end of a unit (the text after a match starts a new unit).
 _SENTENCE_END = re.compile(rf"(?:[。！？]+|[.!?…]+(?=[\s{_CLOSERS}]|$))[{_CLOSERS}]*\s*")
 _CLAUSE_END = re.compile(r"(?:[，、；：]|[,;:](?=\s|$))\s*")
 _WORD_END = re.compile(r"\s+")
+# What stays with a marker when the text is cut after it: the punctuation and the whitespace that follow it.
+_AFTER_MARKER = re.compile(rf"[{_CLOSERS}。！？，、；：.!?…,;:]*\s*")
 _LEVELS = (_SENTENCE_END, _CLAUSE_END, _WORD_END)
+# The levels of cut_positions: indices of _LEVELS.
+SENTENCE = 0
+CLAUSE = 1
+WORD = 2
+_MARKER_LEVEL = CLAUSE  # from this level on, each marker is a unit of its own
 
 
 def split_text(text: str, limit: int, measure: Callable[[str], int] = len) -> list[str]:
@@ -38,11 +52,12 @@ def split_text(text: str, limit: int, measure: Callable[[str], int] = len) -> li
 
 def _split(text: str, limit: int, measure: Callable[[str], int], level: int) -> list[str]:
     """Split stripped ``text`` using the boundaries of ``_LEVELS[level]`` and finer."""
-    if measure(text) <= limit:
+    markers = find_markers(text)
+    if measure(text) <= limit or _is_one_marker(text, markers):
         return [text]
     if level == len(_LEVELS):
-        return _cut_anywhere(text, limit, measure)
-    units = _units(text, _LEVELS[level])
+        return _cut_anywhere(text, limit, measure, markers)
+    units = _units(text, level, markers)
     if len(units) == 1:
         return _split(text, limit, measure, level + 1)
     pieces: list[str] = []
@@ -63,24 +78,53 @@ def _split(text: str, limit: int, measure: Callable[[str], int], level: int) -> 
     return pieces
 
 
-def _units(text: str, boundary: re.Pattern[str]) -> list[str]:
-    """``text`` cut after every match of ``boundary``; the units concatenate back to ``text``."""
-    cuts = [match.end() for match in boundary.finditer(text) if 0 < match.end() < len(text)]
-    bounds = [0, *cuts, len(text)]
+def _is_one_marker(text: str, markers: list[Marker]) -> bool:
+    """Whether ``text`` is a marker and what follows it when the text is cut after it (``_units``): never cut."""
+    return len(markers) == 1 and markers[0].start == 0 and _AFTER_MARKER.match(text, markers[0].end).end() == len(text)
+
+
+def cut_positions(text: str, level: int, markers: list[Marker] | None = None) -> list[int]:
+    """Where ``text`` may be cut at ``level`` (``SENTENCE``, ``CLAUSE`` or ``WORD``): after each boundary of that
+    level and, from ``CLAUSE`` on, before each pause marker and after it and the punctuation that follows it; never
+    inside a marker. Sorted positions strictly inside the text (``markers``: its markers, when already found).
+
+    The rule every cutter of text shares: this splitter, and one that cuts text as it arrives (which must also
+    hold back an ``unfinished_marker_start``)."""
+    markers = find_markers(text) if markers is None else markers
+    cuts = {match.end() for match in _LEVELS[level].finditer(text)}
+    if level >= _MARKER_LEVEL:
+        for marker in markers:
+            cuts.update((marker.start, _AFTER_MARKER.match(text, marker.end).end()))
+    return sorted(cut for cut in cuts if 0 < cut < len(text) and not inside_marker(markers, cut))
+
+
+def _units(text: str, level: int, markers: list[Marker]) -> list[str]:
+    """``text`` cut at every ``cut_positions`` of ``level``; the units concatenate back to ``text``."""
+    bounds = [0, *cut_positions(text, level, markers), len(text)]
     return [text[start:end] for start, end in pairwise(bounds) if start < end]
 
 
-def _cut_anywhere(text: str, limit: int, measure: Callable[[str], int]) -> list[str]:
-    """Cut a text with no usable boundary into the longest prefixes that fit (binary search)."""
+def _cut_anywhere(text: str, limit: int, measure: Callable[[str], int], markers: list[Marker]) -> list[str]:
+    """Cut a text with no usable boundary into the longest prefixes that fit (binary search), never inside one of
+    its ``markers`` (positions in ``text``)."""
     pieces = []
-    while text:
-        low, high = 1, len(text)  # the longest fitting prefix length lies in [low, high]
+    offset = 0  # where the rest of the text starts in the original
+    while offset < len(text):
+        if text[offset].isspace():
+            offset += 1
+            continue
+        rest = text[offset:]
+        low, high = 1, len(rest)  # the longest fitting prefix length lies in [low, high]
         while low < high:
             middle = (low + high + 1) // 2
-            if measure(text[:middle]) <= limit:
+            if measure(rest[:middle]) <= limit:
                 low = middle
             else:
                 high = middle - 1
-        pieces.append(text[:low].strip())
-        text = text[low:].strip()
+        cut = offset + low
+        for marker in markers:
+            if marker.start < cut < marker.end:  # back to the marker's start, or past it when it leads the rest
+                cut = marker.start if marker.start > offset else marker.end
+        pieces.append(text[offset:cut].strip())
+        offset = cut
     return [piece for piece in pieces if piece]

@@ -60,7 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
         "raise it where synthesis is slower than real time",
     )
     synth.add_argument("--reference", help="voice to clone: WAV/FLAC clip, or .npy codes from encode-voice")
-    synth.add_argument("--language", help="language tag, e.g. en or zh")
+    synth.add_argument(
+        "--language", help='one of the 31 language codes or English names of README "Languages", e.g. en, zh, French'
+    )
     synth.add_argument("--instruction", help="style instruction")
     synth.add_argument("--seed", type=int, help="random seed; the same seed gives the same audio")
     synth.add_argument("--text-temperature", type=float, help="overrides sampling.text_temperature")
@@ -107,10 +109,16 @@ def run_synth(args: argparse.Namespace) -> int:
     from moss_tts_node.config import load_config
     from moss_tts_node.playback import Speaker, sound_output
     from moss_tts_node.synthesizer import Synthesizer
+    from moss_tts_node.text.languages import language_tag
     from moss_tts_node.timing import StopReason
 
     if args.output is None and not args.play:
         raise RequestError("nothing to do: give --output FILE.wav, --play, or both")
+    if args.language is not None:  # refused before the model loads
+        try:
+            language_tag(args.language)
+        except ValueError as error:
+            raise RequestError(f"--language: {error}") from None
     open_output = sound_output(args.device) if args.play else None  # no sound output: say so before loading
     overrides = parse_overrides(args.set)
     for flag, key in (

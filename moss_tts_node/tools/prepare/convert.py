@@ -18,6 +18,10 @@ Everything that can be checked is checked before the first byte is written: the 
 Delay's, every tensor is present with the shape the config implies, the tokenizer knows the special
 tokens, the quantization fits the row sizes, the output directory holds no weights (unless ``--force``)
 and its disk has room for the estimated output.
+
+1.0 and v1.5 checkpoints convert alike (same architecture, same config keys); which one it is, only the
+checkpoint's model card tells (``synthesis/release.py``). The release it tells is recorded in the output
+``config.json``, so that ``generation.pause_markers: auto`` passes pause markers to a v1.5 model.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from moss_tts_node.model.layout import (
     gguf_name,
 )
 from moss_tts_node.model.spec import ModelSpec
+from moss_tts_node.synthesis.release import MODEL_CARD_FILE, RECORD_KEY, V1_5, release_from_model_card
 from moss_tts_node.tools.prepare.qwen3_gguf import Qwen3Shape, qwen3_tensor_shapes, write_qwen3_gguf
 from moss_tts_node.tools.prepare.safetensors_io import SafetensorsCheckpoint
 
@@ -168,6 +173,15 @@ def read_checkpoint_config(checkpoint_dir: Path) -> CheckpointConfig:
     except ValueError as exc:
         raise ConversionError(f"{where}: {exc}") from exc
     return CheckpointConfig(raw=raw, shape=shape, spec=ModelSpec.load(Path(checkpoint_dir)))
+
+
+def model_card_release(checkpoint_dir: Path) -> tuple[str, str] | None:
+    """(release, evidence) from the checkpoint's model card, or None when it has none that tells."""
+    card = Path(checkpoint_dir) / MODEL_CARD_FILE
+    try:
+        return release_from_model_card(card.read_text(encoding="utf-8")) if card.is_file() else None
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def checkpoint_tensor_name(backbone_name: str) -> str:
@@ -410,6 +424,8 @@ def convert_checkpoint(
         f"converting {checkpoint_dir} ({len(checkpoint.tensors)} tensors, {_gb(checkpoint.nbytes)}) into {out_dir} "
         f"as {gguf_type} (about {_gb(final_bytes)})"
     )
+    release = model_card_release(checkpoint_dir)
+    progress.say(_release_note(release))
     for sub in (EMBEDDINGS_DIR, HEADS_DIR, TOKENIZER_DIR):
         (out_dir / sub).mkdir(parents=True, exist_ok=True)
     gguf_path = out_dir / gguf_name(gguf_type)
@@ -435,6 +451,8 @@ def convert_checkpoint(
     for path in tokenizer_files:
         shutil.copyfile(path, out_dir / TOKENIZER_DIR / path.name)
     merged = {**config.raw, **config.spec.to_json()}  # the ModelSpec keys explicit, defaults included
+    if release is not None:
+        merged[RECORD_KEY] = {"release": release[0], "evidence": release[1]}
     (out_dir / CONFIG_FILE).write_text(json.dumps(merged, indent=2) + "\n", encoding="utf-8")
     progress.say(
         f"done in {time.perf_counter() - progress.started:.1f} s: {gguf_path} ({_gb(gguf_path.stat().st_size)})"
@@ -455,6 +473,18 @@ def _write_backbone(
             progress.advance(checkpoint.tensors[source].nbytes, source)
 
     write_qwen3_gguf(path, shape, tensors(), dtype=dtype, name="MOSS-TTS-Delay backbone")
+
+
+def _release_note(release: tuple[str, str] | None) -> str:
+    """What the conversion found out about the release, and what generation.pause_markers auto will do with it."""
+    if release is None:
+        return (
+            f"release unknown (no {MODEL_CARD_FILE} whose front matter lists the languages): generation.pause_markers "
+            "auto renders [pause X.Ys] as silence; set it to model for a v1.5 checkpoint"
+        )
+    name, evidence = release
+    meaning = "passes [pause X.Ys] to the model" if name == V1_5 else "renders [pause X.Ys] as silence"
+    return f"MOSS-TTS {name} ({evidence}): generation.pause_markers auto {meaning}"
 
 
 def _remove_leftovers(out_dir: Path) -> None:
