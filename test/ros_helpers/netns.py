@@ -23,6 +23,7 @@ from typing import Any
 
 HELPERS = Path(__file__).resolve().parent
 CLIENT = HELPERS / "client.py"
+SECURITY_CLIENT = HELPERS / "security_client.py"
 READY_LINE = "ready: model loaded"
 
 
@@ -57,16 +58,22 @@ class LoopbackNamespace:
         )
 
     def client(
-        self, command: str, timeout: float = 60.0, on_line: Callable[[Any], None] | None = None, **args: Any
+        self,
+        command: str,
+        timeout: float = 60.0,
+        on_line: Callable[[Any], None] | None = None,
+        script: Path = CLIENT,
+        **args: Any,
     ) -> Any:
-        """Run one client.py command in the namespace and return its JSON answer (its last line).
+        """Run one client.py command (or one of ``script``'s) in the namespace and return its JSON answer (its
+        last line).
 
         ``on_line`` is given each JSON line as it is printed (progress; the answer last).
         """
         # Errors to a file: a full pipe would block the client while stdout is read.
         with tempfile.TemporaryFile("w+", dir=self.log_dir) as errors:
             process = self.popen(
-                [sys.executable, str(CLIENT), command, json.dumps(args)], stdout=subprocess.PIPE, stderr=errors
+                [sys.executable, str(script), command, json.dumps(args)], stdout=subprocess.PIPE, stderr=errors
             )
             assert process.stdout is not None
             watchdog = threading.Timer(timeout, process.kill)
