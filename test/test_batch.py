@@ -14,8 +14,9 @@ import pytest
 import soundfile as sf
 from conftest import bad_input_message, run_cli
 
-from moss_tts_node.codec.audio_io import float_to_pcm16, write_wav
+from moss_tts_node.codec.audio_io import write_wav
 from moss_tts_node.codec.onnx import OnnxCodec
+from moss_tts_node.pcm import float_to_pcm16
 from moss_tts_node.synthesizer import Synthesizer
 from moss_tts_node.tools.cli.batch import BadLine, Utterance, read_list
 from moss_tts_node.tools.cli.main import main as cli_main

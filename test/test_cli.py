@@ -11,9 +11,10 @@ import numpy as np
 import soundfile as sf
 from conftest import bad_input_message, run_cli
 
-from moss_tts_node.codec.audio_io import float_to_pcm16, load_reference_audio, write_wav
+from moss_tts_node.codec.audio_io import load_reference_audio, write_wav
 from moss_tts_node.codec.onnx import OnnxCodec
 from moss_tts_node.model.rates import SAMPLE_RATE, SAMPLES_PER_FRAME
+from moss_tts_node.pcm import float_to_pcm16
 
 if TYPE_CHECKING:
     from conftest import NullSink

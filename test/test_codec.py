@@ -12,7 +12,7 @@ import soundfile as sf
 from conftest import REPO_ROOT, REQUIRE_CODEC_TINY_VARIABLE, SHARED_DIR_VARIABLE, codec_tiny_or_skip
 from onnx import TensorProto, helper
 
-from moss_tts_node.codec.audio_io import float_to_pcm16, load_reference_audio, resample, write_wav
+from moss_tts_node.codec.audio_io import load_reference_audio, resample, write_wav
 from moss_tts_node.codec.base import ONNX_SOURCE, PUBLISHED_ATTENTION_SPAN_FRAMES, read_attention_span
 from moss_tts_node.codec.onnx import OnnxCodec
 from moss_tts_node.errors import CodecError, RequestError, WeightsError
@@ -332,8 +332,3 @@ def test_write_wav_round_trip(tmp_path: Path) -> None:
     back, _ = sf.read(str(path), dtype="int16")
     np.testing.assert_array_equal(back[-2:], [32767, -32767])  # clipped, not wrapped
     np.testing.assert_allclose(back[:-2] / 32767, samples[:-2], atol=1 / 32767)
-
-
-def test_float_to_pcm16_is_little_endian_s16() -> None:
-    raw = float_to_pcm16(np.array([0.0, 0.5, -1.0, 2.0], np.float32))
-    assert raw == np.array([0, 16384, -32767, 32767], "<i2").tobytes()

@@ -12,7 +12,7 @@ from conftest import bad_input_message
 from moss_tts_node.config import load_config
 from moss_tts_node.errors import ConfigError, RequestError
 from moss_tts_node.synthesizer import Synthesizer
-from moss_tts_node.text.languages import ADDED_IN_V1_5, LANGUAGES, language_tag
+from moss_tts_node.text.languages import ADDED_IN_V1_5, LANGUAGES, language_code, language_tag
 from moss_tts_node.text.prompt import PromptFields
 
 # Upstream's model card table (docs/model.md, "MOSS-TTS-v1.5"), retyped: the module must hold exactly these.
@@ -101,6 +101,14 @@ def test_a_code_or_a_name_in_any_case_gets_upstreams_spelling(given: str, prompt
 def test_anything_else_is_refused_with_the_list(given: str) -> None:
     with pytest.raises(ValueError, match=r"unknown language .*: give one of the codes zh, yue, en, .*, vi, or its"):
         language_tag(given)
+    with pytest.raises(ValueError, match=r"unknown language"):
+        language_code(given)
+
+
+def test_every_spelling_of_a_language_has_its_code() -> None:
+    for code, name in LANGUAGES.items():
+        for spelling in (code, code.upper(), name, name.lower(), f" {name} "):
+            assert language_code(spelling) == code
 
 
 def test_the_config_checks_generation_language_when_it_loads(demo_config: Path) -> None:

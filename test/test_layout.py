@@ -145,7 +145,7 @@ def test_the_tools_depend_one_way_prepare_then_dev_then_cli() -> None:
 # Low to high; a module imports modules of its own layer and lower ones only. "__init__" is the package's own
 # __init__.py (the library's front door), "__main__" the CLI's entry point.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "choices", "timing"),
+    ("errors", "choices", "timing", "pcm"),
     ("llama", "playback"),
     ("model",),
     ("text", "codec"),

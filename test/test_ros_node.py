@@ -454,7 +454,7 @@ def test_a_soak_of_mixed_requests_is_answered_in_full_with_bounded_memory(params
             if "progress" in line:
                 curve.append((line["progress"], rss_kib(process.process.pid)))
 
-        answer = ns.client("soak", timeout=600, on_line=sample, cycles=SOAK_CYCLES)
+        answer = ns.client("soak", timeout=600, on_line=sample, cycles=SOAK_CYCLES, long=LONG)
         values = ns.client("diagnostics")["values"]
     finally:
         process.stop()

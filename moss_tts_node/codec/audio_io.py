@@ -1,4 +1,4 @@
-"""Audio files in and out: reference clips for voice cloning, WAV output, S16LE PCM.
+"""Audio files in and out: reference clips for voice cloning, WAV output (S16LE, by ``pcm.py``).
 
 Reference clips are prepared the way upstream's processor prepares them (docs/model.md, "Upstream"): mono,
 24 kHz, -20 dBFS RMS with the gain clamped to +-3 dB, whole codec frames, so that a voice cloned
@@ -18,6 +18,7 @@ import soundfile as sf
 
 from moss_tts_node.errors import RequestError
 from moss_tts_node.model.rates import SAMPLE_RATE, SAMPLES_PER_FRAME
+from moss_tts_node.pcm import float_to_pcm16
 
 TARGET_DBFS = -20.0
 MAX_GAIN_DB = 3.0
@@ -101,18 +102,6 @@ def write_wav(path: str | Path, samples: np.ndarray, sample_rate: int) -> None:
     """Write mono float samples as a 16-bit PCM WAV, clipping to [-1, 1] first."""
     pcm = np.frombuffer(float_to_pcm16(samples), dtype="<i2")
     sf.write(str(path), pcm, sample_rate, subtype="PCM_16", format="WAV")
-
-
-def float_to_pcm16(samples: np.ndarray) -> bytes:
-    """Convert mono float samples to signed 16-bit little-endian PCM bytes (S16LE).
-
-    Values are clipped to [-1, 1] and scaled by 32767, so full scale never wraps around.
-    """
-    samples = np.asarray(samples)
-    if samples.ndim != 1:
-        raise ValueError(f"expected mono samples of shape (n,), got {samples.shape}")
-    scaled = np.round(np.clip(samples.astype(np.float64), -1.0, 1.0) * 32767.0)
-    return scaled.astype("<i2").tobytes()
 
 
 def clip_seconds(path: str | Path) -> float:

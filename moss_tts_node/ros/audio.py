@@ -8,6 +8,9 @@ colcon ROS install), the node also publishes what ros-drivers' ``audio_capture``
 - ``~/audio_common/audio``          AudioData, raw S16LE mono (what ``audio_play`` subscribes to)
 - ``~/audio_common/audio_stamped``  AudioDataStamped, the same with a header
 - ``~/audio_common/audio_info``     AudioInfo, latched (transient local)
+
+The player imports ``decode`` and ``AUDIO_QOS`` from here: this module imports no synthesis code (only
+``pcm.py`` and the NumPy-only result types), and ``test/test_ros_player_imports.py`` keeps it so.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from std_msgs.msg import Header
 
-from moss_tts_node.codec.audio_io import float_to_pcm16
+from moss_tts_node.pcm import float_to_pcm16, pcm16_to_float
 from moss_tts_node.synthesis.results import AudioChunk
 
 ENCODINGS = (AudioChunkMsg.ENCODING_PCM_S16LE, AudioChunkMsg.ENCODING_FLOAT32)
@@ -45,7 +48,7 @@ def decode(data: bytes, encoding: str) -> np.ndarray:
     if encoding == AudioChunkMsg.ENCODING_FLOAT32:
         return np.frombuffer(data, dtype="<f4").astype(np.float32)
     if encoding == AudioChunkMsg.ENCODING_PCM_S16LE:
-        return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32767.0  # as float_to_pcm16 scales
+        return pcm16_to_float(data)
     raise ValueError(f"unknown encoding {encoding!r}: expected one of {', '.join(ENCODINGS)}")
 
 

@@ -8,32 +8,31 @@
 - ``~/audio`` (moss_tts_msgs/AudioChunk): chunks as they are decoded (see ros/audio.py).
 - ``/diagnostics``: readiness, queue depth, last real-time factor and time to first audio.
 
-Parameters are the config keys (``config.options()``: the same files and checks as the CLI)
-plus the few below that only a node has. The model loads once, at startup; requests wait in a
+This module is the wiring: parameters are declared and checked in ros/parameters.py (the config
+keys, with the same files and checks as the CLI, plus the few only a node has), messages converted in
+ros/messages.py, audio published by ros/audio.py. The model loads once, at startup; requests wait in a
 RequestQueue (ros/queue.py) and run one at a time on it.
 """
 
 from __future__ import annotations
 
-import math
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import rclpy
-from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from diagnostic_msgs.msg import DiagnosticArray
 from moss_tts_msgs.action import Speak
-from moss_tts_msgs.msg import Timing
 from moss_tts_msgs.srv import Synthesize
-from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, SetParametersResult
+from rcl_interfaces.msg import SetParametersResult
 from rclpy.action import ActionServer, CancelResponse
 from rclpy.action.server import ServerGoalHandle
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
@@ -44,72 +43,25 @@ from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile
 from std_msgs.msg import Header, String
 
-from moss_tts_node.config import NODE_NAME, OPTIONS, Config, Option, check_value, from_flat
-from moss_tts_node.errors import ConfigError, MossTTSError, RequestError
-from moss_tts_node.ros.audio import ENCODINGS, AudioOut, encode
+from moss_tts_node.config import NODE_NAME
+from moss_tts_node.errors import ConfigError, MossTTSError
+from moss_tts_node.ros.audio import AudioOut, encode
 from moss_tts_node.ros.launch_params import START_FAILURE
+from moss_tts_node.ros.messages import (
+    NodeStatus,
+    diagnostic_status,
+    speak_feedback,
+    speech_request,
+    text_request,
+    timing_message,
+)
+from moss_tts_node.ros.parameters import ALL_OPTIONS, Settings, checked_settings, declarations
 from moss_tts_node.ros.process import start_node, wait_for_stop
-from moss_tts_node.ros.queue import POLICIES, Outcome, Rejected, RequestQueue, Ticket
+from moss_tts_node.ros.queue import Outcome, Rejected, RequestQueue, Ticket
+from moss_tts_node.synthesis.request import SpeechRequest
 from moss_tts_node.synthesis.results import AudioStream
 from moss_tts_node.synthesizer import Synthesizer
 from moss_tts_node.timing import TimingReport
-
-
-def _node_option(
-    key: str,
-    default: Any,
-    doc: str,
-    *,
-    min: int | None = None,
-    max: int | None = None,
-    choices: tuple[str, ...] | None = None,
-) -> Option:
-    return Option(key, type(default), default, doc, min, max, choices, path=False)
-
-
-# Parameters of the node alone; the config keys come from config.options().
-NODE_OPTIONS = (
-    _node_option(
-        "queue_size", 8, "Requests that may wait behind the one being spoken; more are refused.", min=0, max=64
-    ),
-    _node_option(
-        "queue_policy",
-        "queue",
-        "queue: first in, first out. interrupt: a new request stops the current one and drops those waiting.",
-        choices=POLICIES,
-    ),
-    _node_option(
-        "output_encoding", ENCODINGS[0], "Sample encoding of ~/audio and of the synthesize response.", choices=ENCODINGS
-    ),
-    _node_option(
-        "languages",
-        [],
-        "Language values a request may ask for, e.g. [en, zh]; empty accepts any. An empty request language "
-        "takes generation.language.",
-    ),
-)
-ALL_OPTIONS: dict[str, Option] = {**OPTIONS, **{o.key: o for o in NODE_OPTIONS}}
-
-# What a running node may change: what the Synthesizer reads per request (sampling, request
-# defaults, streaming chunk sizes) and the queue's policy and output. Every other key (model files,
-# llama.cpp context, codec and heads backends, the encoded default voice, queue_size, which sizes
-# the executor) is read when the node starts, so it is a read-only parameter: a key added to the
-# config later is read-only until it is known to be safe to change on the fly.
-LIVE_KEYS = (
-    "sampling.",
-    "generation.",
-    "audio.chunk_frames",
-    "audio.left_context_frames",
-    "queue_policy",
-    "output_encoding",
-    "languages",
-)
-LOAD_TIME_KEYS = ("generation.reference_audio",)  # the default voice is encoded once
-
-
-def _read_only(key: str) -> bool:
-    return not key.startswith(LIVE_KEYS) or key in LOAD_TIME_KEYS
-
 
 DIAGNOSTICS_PERIOD_S = 1.0
 # One feedback per chunk for every goal on one topic: deep enough that a burst (the model can run
@@ -119,31 +71,10 @@ FEEDBACK_QOS = QoSProfile(depth=100)
 SHUTDOWN_FLUSH_S = 0.5
 SHUTDOWN_REASON = "the node is shutting down"
 CLIENT_CANCEL = "canceled by the client"
-
-
-class SpeechRequest(Protocol):
-    """The fields Synthesize requests and Speak goals share (a text message becomes a Speak goal)."""
-
-    text: str
-    language: str
-    instruction: str
-    reference_audio: str
-    seed: int
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Every parameter, checked: the synthesizer's config and the node's own.
-
-    Immutable and replaced whole on a parameter change, so a request accepted under one keeps it
-    (its snapshot) whatever changes while it waits or runs.
-    """
-
-    config: Config
-    queue_size: int
-    queue_policy: str
-    output_encoding: str
-    languages: tuple[str, ...]
+# rclpy marks a goal canceling just after _cancel_goal returns, and the request may end before that; its
+# execute callback waits for the mark, up to this bound (rclpy sets it a few statements after the return).
+CANCELING_MARK_WAIT_S = 1.0
+CANCELING_MARK_POLL_S = 0.001
 
 
 @dataclass
@@ -158,6 +89,19 @@ class Job:
     started: float | None = None
     chunks: int = 0
     audio_s: float = 0.0
+    client_canceled: bool = False  # a Speak goal whose client's cancel was accepted
+
+    @property
+    def queue_wait_s(self) -> float | None:
+        """Seconds from its arrival to the start of its generation; None while it has not started."""
+        return None if self.started is None else self.started - self.received
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A Speak goal that never took a turn (a bad request, a full line): accepted, then aborted with ``reason``."""
+
+    reason: str
 
 
 class TtsNode(Node):
@@ -169,27 +113,33 @@ class TtsNode(Node):
 
     def __init__(self) -> None:
         super().__init__(NODE_NAME)
-        self.declare_parameters(
-            "", [(o.key, o.default, _descriptor(o, _read_only(o.key))) for o in ALL_OPTIONS.values()]
-        )
+        self.declare_parameters("", declarations())
         self._settings = self._checked(self._parameter_values())
-        config = self._settings.config
+        self._load()
+        self._serve()
+
+    def _load(self) -> None:
+        """Load the model and prefill the configured voice, then start the line of requests."""
         started = time.monotonic()
-        self._synth = Synthesizer(config)
+        self._synth = Synthesizer(self._settings.config)
         self._synth.prepare_voice()  # the first request prefills only its text
         self._load_s = time.monotonic() - started
         self._last: TimingReport | None = None  # the last request's figures, for diagnostics
+        self._counts = threading.Lock()  # callbacks on several executor threads refuse requests at once
         self._completed = 0  # requests spoken to their end
         self._refused = 0  # bad requests, and those a full queue turned away
-        self._audio = AudioOut(self, self._synth.spec.sampling_rate)
         self._queue: RequestQueue[Job] = RequestQueue(
             self._generate, self._settings.queue_size, self._settings.queue_policy
         )
-        self._goals: dict[str, Ticket[Job] | str] = {}  # Speak goal id -> its ticket, or why it was refused
+        self._goals: dict[str, Ticket[Job] | Refused] = {}  # Speak goal id -> its place in line, or its refusal
         self._pending = 0  # service and action callbacks waiting for an outcome
         self._pending_changed = threading.Condition()
+
+    def _serve(self) -> None:
+        """Open the interfaces: parameter changes, audio out, the topic, the service, the action, diagnostics."""
         self.add_on_set_parameters_callback(self._check_new_parameters)
         self.add_post_set_parameters_callback(self._apply_parameters)
+        self._audio = AudioOut(self, self._synth.spec.sampling_rate)
         self.create_subscription(String, "~/text", self._on_text, 10)
         # A service call waits for its request's turn, so calls must run side by side.
         self.create_service(Synthesize, "~/synthesize", self._on_synthesize, callback_group=ReentrantCallbackGroup())
@@ -208,7 +158,7 @@ class TtsNode(Node):
         self._diagnostics = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self.create_timer(DIAGNOSTICS_PERIOD_S, self._publish_diagnostics)
         self.get_logger().info(
-            f"ready: model loaded in {self._load_s:.1f} s from {config.model.weights_dir}; "
+            f"ready: model loaded in {self._load_s:.1f} s from {self._settings.config.model.weights_dir}; "
             f"listening on {self.resolve_topic_name('~/text')}, {self.resolve_service_name('~/synthesize')} "
             f"and the {self.resolve_service_name('~/speak')} action"
         )
@@ -232,16 +182,8 @@ class TtsNode(Node):
     def _parameter_values(self) -> dict[str, Any]:
         return {key: self.get_parameter(key).value for key in ALL_OPTIONS}
 
-    def _checked(self, values: Mapping[str, Any]) -> Settings:
-        """Validate every parameter as the CLI validates a config file; raises ConfigError."""
-        source = f"{self.get_name()} parameters"
-        checked = {key: check_value(ALL_OPTIONS[key], value, source) for key, value in values.items()}
-        languages = checked["languages"]
-        if not all(isinstance(language, str) and language for language in languages):
-            raise ConfigError(f"{source}: 'languages' must be a list of language tags, got {languages!r}")
-        config = from_flat({key: checked[key] for key in OPTIONS}, Path.cwd(), source)
-        node_values = {o.key: checked[o.key] for o in NODE_OPTIONS} | {"languages": tuple(languages)}
-        return Settings(config=config, **node_values)
+    def _checked(self, values: dict[str, Any]) -> Settings:
+        return checked_settings(values, f"{self.get_name()} parameters", Path.cwd())
 
     def _check_new_parameters(self, parameters: list[Parameter]) -> SetParametersResult:
         try:
@@ -285,19 +227,10 @@ class TtsNode(Node):
         The request is checked and runs with the parameters in force now (one Settings object).
         """
         settings = self._settings
-        languages = settings.languages
-        if request.language and languages and request.language not in languages:
-            raise RequestError(
-                f"unknown language {request.language!r}: this node accepts {', '.join(languages)} "
-                "(parameter 'languages')"
-            )
+        settings.check_language(request.language)
         cancel = threading.Event()
         stream = self._synth.stream(
-            request.text,
-            language=request.language or None,
-            instruction=request.instruction or None,
-            voice=request.reference_audio or None,
-            seed=request.seed,
+            request,
             cancel=cancel,
             streaming=not collect,  # a whole-utterance answer is the codec's offline decode
             config=settings.config,
@@ -325,7 +258,8 @@ class TtsNode(Node):
         if job.stream.cancelled:
             outcome = Outcome(False, ticket.cancel_reason)
         else:
-            self._completed += 1
+            with self._counts:
+                self._completed += 1
             rtf = "-" if report.real_time_factor is None else f"{report.real_time_factor:.2f}"
             outcome = Outcome(
                 True,
@@ -347,18 +281,19 @@ class TtsNode(Node):
                 self._pending -= 1
                 self._pending_changed.notify_all()
 
-    def _refuse(self, interface: str, err: Exception) -> str:
-        """Count and log a request that never took a turn; returns the reason for its answer.
+    def _refuse(self, interface: str, err: Exception) -> Refused:
+        """Count and log a request that never took a turn; returns the refusal, for its answer.
 
         For ~/text this log line and the diagnostics counter are the only trace: a topic has no answer.
         """
-        self._refused += 1
+        with self._counts:
+            self._refused += 1
         self.get_logger().warning(f"{interface} request refused: {err}")
-        return str(err)
+        return Refused(str(err))
 
     def _on_text(self, msg: String) -> None:
         try:
-            self._submit(Speak.Goal(text=msg.data), uuid.uuid4().hex, collect=False)
+            self._submit(text_request(msg.data), uuid.uuid4().hex, collect=False)
         except (MossTTSError, Rejected) as err:
             self._refuse("~/text", err)
 
@@ -366,12 +301,12 @@ class TtsNode(Node):
         response.sample_rate = self._synth.spec.sampling_rate
         response.channels = 1
         response.encoding = self._settings.output_encoding
-        response.timing = _timing(None)
+        response.timing = timing_message(None, None)
         with self._waiting_reply():
             try:
-                ticket = self._submit(request, uuid.uuid4().hex, collect=True)
+                ticket = self._submit(speech_request(request), uuid.uuid4().hex, collect=True)
             except (MossTTSError, Rejected) as err:
-                response.message = self._refuse("~/synthesize", err)
+                response.message = self._refuse("~/synthesize", err).reason
                 return response
             outcome = ticket.wait()
             job = ticket.job
@@ -382,7 +317,7 @@ class TtsNode(Node):
             response.encoding = job.encoding
             response.audio = encode(audio, job.encoding)
             response.duration = audio.shape[0] / response.sample_rate
-            response.timing = _timing(job)
+            response.timing = timing_message(job.stream.report, job.queue_wait_s)
             return response
 
     def _accept_goal(self, goal_handle: ServerGoalHandle) -> None:
@@ -390,7 +325,10 @@ class TtsNode(Node):
         goal_id = _goal_id(goal_handle)
         try:
             self._goals[goal_id] = self._submit(
-                goal_handle.request, goal_id, collect=False, on_update=partial(_publish_feedback, goal_handle)
+                speech_request(goal_handle.request),
+                goal_id,
+                collect=False,
+                on_update=partial(_publish_feedback, goal_handle),
             )
         except (MossTTSError, Rejected) as err:
             # Accepted all the same and aborted by _execute_goal: a rejected goal cannot say why.
@@ -401,6 +339,7 @@ class TtsNode(Node):
         """Accept every cancel: the goal leaves the queue now, or stops within one generation step."""
         ticket = self._goals.get(_goal_id(goal_handle))
         if isinstance(ticket, Ticket):
+            ticket.job.client_canceled = True  # before the request can end by it
             self._queue.cancel(ticket, CLIENT_CANCEL)
         return CancelResponse.ACCEPT
 
@@ -408,21 +347,22 @@ class TtsNode(Node):
         goal_id = _goal_id(goal_handle)
         with self._waiting_reply():
             ticket = self._goals[goal_id]
-            if isinstance(ticket, str):
-                result = Speak.Result(success=False, message=ticket, timing=_timing(None))
+            if isinstance(ticket, Refused):
+                result = Speak.Result(success=False, message=ticket.reason, timing=timing_message(None, None))
                 goal_handle.abort()
             else:
                 outcome = ticket.wait()
                 assert outcome is not None
+                job = ticket.job
                 result = Speak.Result(
                     success=outcome.success,
                     message=outcome.message,
-                    duration=ticket.job.audio_s,
-                    timing=_timing(ticket.job),
+                    duration=job.audio_s,
+                    timing=timing_message(job.stream.report, job.queue_wait_s),
                 )
                 if outcome.success:
                     goal_handle.succeed()
-                elif goal_handle.is_cancel_requested:
+                elif _marked_canceling(goal_handle, job.client_canceled):
                     goal_handle.canceled()
                 else:
                     goal_handle.abort()
@@ -432,51 +372,24 @@ class TtsNode(Node):
     # -- diagnostics --------------------------------------------------------------------------
 
     def _publish_diagnostics(self) -> None:
-        depth, size, busy = self._queue.depth, self._settings.queue_size, self._queue.busy
-        full = busy and depth >= size
-        status = DiagnosticStatus(
-            name=f"{self.get_name()}: synthesizer",
-            hardware_id=NODE_NAME,
-            level=DiagnosticStatus.WARN if full else DiagnosticStatus.OK,
-            message="queue full" if full else "speaking" if busy else "ready",
+        with self._counts:
+            completed, refused = self._completed, self._refused
+        status = NodeStatus(
+            model_load_s=self._load_s,
+            queue_depth=self._queue.depth,
+            queue_size=self._settings.queue_size,
+            busy=self._queue.busy,
+            queue_policy=self._settings.queue_policy,
+            completed=completed,
+            refused=refused,
+            last=self._last,
         )
-        last = self._last
-        values = {
-            "model_loaded": "true",  # the node serves only once the model is loaded
-            "model_load_s": _figure(self._load_s),
-            "queue_depth": depth,
-            "queue_size": size,
-            "queue_policy": self._settings.queue_policy,
-            "requests_completed": self._completed,
-            "requests_refused": self._refused,
-            "last_real_time_factor": _figure(last.real_time_factor if last else None),
-            "last_time_to_first_audio_s": _figure(last.time_to_first_audio_s if last else None),
-            "last_stop_reason": last.stop_reason if last else "",
-        }
-        status.values = [KeyValue(key=key, value=str(value)) for key, value in values.items()]
         self._diagnostics.publish(
-            DiagnosticArray(header=Header(stamp=self.get_clock().now().to_msg()), status=[status])
+            DiagnosticArray(
+                header=Header(stamp=self.get_clock().now().to_msg()),
+                status=[diagnostic_status(self.get_name(), status)],
+            )
         )
-
-
-def _descriptor(option: Option, read_only: bool) -> ParameterDescriptor:
-    """A parameter's description and range, from its config Option.
-
-    Typing is dynamic so that values are checked by ``check_value`` exactly as in a config file
-    (``1`` is a valid float there, and a wrong type gets the same message as from the CLI).
-    """
-    descriptor = ParameterDescriptor(name=option.key, description=option.doc, dynamic_typing=True, read_only=read_only)
-    if option.choices:
-        descriptor.additional_constraints = f"one of: {', '.join(option.choices)}"
-    if option.type is int and (option.min is not None or option.max is not None):
-        low = -(2**63) if option.min is None else int(option.min)
-        high = 2**63 - 1 if option.max is None else int(option.max)
-        descriptor.integer_range = [IntegerRange(from_value=low, to_value=high, step=0)]
-    if option.type is float and (option.min is not None or option.max is not None):
-        low = -math.inf if option.min is None else option.min
-        high = math.inf if option.max is None else option.max
-        descriptor.floating_point_range = [FloatingPointRange(from_value=low, to_value=high, step=0.0)]
-    return descriptor
 
 
 def _goal_id(goal_handle: ServerGoalHandle) -> str:
@@ -484,53 +397,18 @@ def _goal_id(goal_handle: ServerGoalHandle) -> str:
     return bytes(goal_handle.goal_id.uuid).hex()
 
 
+def _marked_canceling(goal_handle: ServerGoalHandle, client_canceled: bool) -> bool:
+    """Whether a goal that did not succeed ends as canceled: rclpy has marked it canceling. When its client's
+    cancel was accepted, the mark follows at once (it is the only state a goal may be canceled from), so wait
+    for it: without it the goal would end aborted though the client asked, and was told yes."""
+    deadline = time.monotonic() + CANCELING_MARK_WAIT_S
+    while client_canceled and not goal_handle.is_cancel_requested and time.monotonic() < deadline:
+        time.sleep(CANCELING_MARK_POLL_S)
+    return goal_handle.is_cancel_requested
+
+
 def _publish_feedback(goal_handle: ServerGoalHandle, ticket: Ticket[Job]) -> None:
-    goal_handle.publish_feedback(
-        Speak.Feedback(
-            state=int(ticket.state),
-            audio_produced=ticket.job.audio_s,
-            chunks_published=ticket.job.chunks,
-            queue_position=ticket.ahead,
-        )
-    )
-
-
-def _timing(job: Job | None) -> Timing:
-    """The Timing message of a request; NaN where nothing was measured."""
-    nan = math.nan
-    report = job.stream.report if job else None
-    timing = Timing(
-        queue_wait=job.started - job.received if job and job.started else nan,
-        time_to_first_audio=nan,
-        wall_time=nan,
-        real_time_factor=nan,
-        prefill_time=nan,
-        steps_per_second=nan,
-        seed=-1,
-        codec_rtf=nan,
-    )
-    if report is not None:
-        timing.time_to_first_audio = _or_nan(report.time_to_first_audio_s)
-        timing.wall_time = report.wall_s
-        timing.real_time_factor = _or_nan(report.real_time_factor)
-        timing.prefill_time = report.prefill_ms / 1000.0
-        timing.steps_per_second = report.steps_per_second
-        timing.steps = report.steps
-        timing.frames = report.frames
-        timing.prompt_rows = report.prompt_rows
-        timing.seed = report.seed
-        timing.stop_reason = report.stop_reason
-        timing.codec_decode = report.codec_decode
-        timing.codec_rtf = _or_nan(report.codec_rtf)
-    return timing
-
-
-def _or_nan(value: float | None) -> float:
-    return math.nan if value is None else value
-
-
-def _figure(value: float | None) -> str:
-    return "" if value is None else f"{value:.3f}"
+    goal_handle.publish_feedback(speak_feedback(ticket.state, ticket.ahead, ticket.job.audio_s, ticket.job.chunks))
 
 
 def main(args: Sequence[str] | None = None) -> int:

@@ -46,6 +46,7 @@ LANGUAGES: dict[str, str] = {
 ADDED_IN_V1_5 = ("yue", "nl", "fi", "hi", "mk", "ms", "ro", "sw", "tl", "th", "vi")
 
 _SPELLINGS = {spelling.casefold(): spelling for pair in LANGUAGES.items() for spelling in pair}
+_CODES = {spelling.casefold(): code for code, name in LANGUAGES.items() for spelling in (code, name)}
 
 
 def language_tag(value: str) -> str:
@@ -58,3 +59,10 @@ def language_tag(value: str) -> str:
             '(e.g. French); README "Languages" lists them'
         )
     return spelling
+
+
+def language_code(value: str) -> str:
+    """The code of ``value``, a code or an English name of ``LANGUAGES`` in any case, so that two spellings of one
+    language compare equal ("French" and "fr"); ValueError as ``language_tag``."""
+    language_tag(value)  # refuses what is not a language, with the message
+    return _CODES[value.strip().casefold()]

@@ -60,6 +60,7 @@ class Client(Node):
         self.started = time.monotonic()
         self.feedback: dict[str, list[dict[str, Any]]] = defaultdict(list)  # by goal id
         self.received = 0  # messages of either kind, to tell when the node has gone quiet
+        self._params: AsyncParameterClient | None = None
         # Deep queues: the demo model makes a chunk and a feedback every few milliseconds.
         qos = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
         self.audio = self.create_subscription(AudioChunk, f"{NODE}/audio", self._on_chunk, qos)
@@ -169,10 +170,13 @@ class Client(Node):
         return {name: parameter_value_to_python(value) for name, value in zip(names, response.values, strict=True)}
 
     def param_client(self) -> AsyncParameterClient:
-        params = AsyncParameterClient(self, NODE)
-        if not params.wait_for_services(MATCH_TIMEOUT):
-            raise TimeoutError("the node's parameter services did not appear")
-        return params
+        """One client of the node's parameter services for the whole run: each new one is six more
+        endpoints that the node's middleware keeps track of (memory the soak would count)."""
+        if self._params is None:
+            self._params = AsyncParameterClient(self, NODE)
+            if not self._params.wait_for_services(MATCH_TIMEOUT):
+                raise TimeoutError("the node's parameter services did not appear")
+        return self._params
 
 
 def _request_fields(args: dict[str, Any], message: Any) -> Any:
@@ -467,9 +471,12 @@ class Soak:
         else:
             self.counts["refused"] += self.check(what, not success and refusal in message, message)
 
+    def wait_state(self, handle: Any, state: int) -> None:
+        self.client.spin_until(lambda: state in self.states(handle), self.timeout, f"feedback state {state}")
+
     def cancel_when(self, handle: Any, state: int) -> None:
         """Cancel a goal once its feedback says ``state``; it must end cancelled, never spoken if waiting."""
-        self.client.spin_until(lambda: state in self.states(handle), self.timeout, f"feedback state {state}")
+        self.wait_state(handle, state)
         self.client.result(handle.cancel_goal_async(), self.timeout, "the cancel response")
         response = self.client.result(handle.get_result_async(), self.timeout, "a result")
         ok = response.status == CANCELED and response.result.message == "canceled by the client"
@@ -488,16 +495,26 @@ def run_soak(client: Client, args: dict[str, Any]) -> dict[str, Any]:
     then); returns the tallies and whatever went other than expected. The node must run with
     ``languages:=[en]``. No good request may be refused, so two texts at once (two requests) are
     always followed by a single request: the second text may still be finishing then.
+
+    The goal cancelled while spoken is accepted under the parameters ``long`` (one that speaks until it
+    is cancelled), so the goal sent after it waits, whatever the speed of the machine; the node's own
+    parameters are back before that one is sent (once the long goal's feedback says it generates, it
+    holds the settings it was accepted under).
     """
     soak = Soak(client, args.get("timeout", 30))
+    long = args["long"]
+    short = client.get_params(sorted(long))
     for _ in range(args["cycles"]):
         soak.texts("A text on the topic.", "And one right after it.")
         soak.call(Synthesize.Request(text="A service call."))
         soak.result(soak.send(Speak.Goal(text="An action goal.")))
-        soak.cancel_when(soak.send(Speak.Goal(text="A goal cancelled while it is spoken.")), GENERATING)
-        first = soak.send(Speak.Goal(text="A goal that is spoken."))
+        client.set_params_or_fail(long)
+        speaking = soak.send(Speak.Goal(text="A goal cancelled while it is spoken."))
+        soak.wait_state(speaking, GENERATING)
+        client.set_params_or_fail(short)
         soak.cancel_when(soak.send(Speak.Goal(text="A goal cancelled while it waits.")), QUEUED)
-        soak.result(first)
+        soak.cancel_when(speaking, GENERATING)
+        soak.result(soak.send(Speak.Goal(text="A goal that is spoken.")))
         soak.call(Synthesize.Request(text=" "), refusal="text is empty")
         soak.call(Synthesize.Request(text="Hello.", reference_audio="/nonexistent/voice.wav"), refusal="not found")
         soak.result(soak.send(Speak.Goal(text="Bonjour.", language="fr")), refusal="unknown language 'fr'")

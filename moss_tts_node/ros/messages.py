@@ -1,0 +1,124 @@
+"""The node's messages to and from the synthesizer's types: requests in; Timing, feedback and diagnostics out.
+
+Pure (no node), so every conversion is tested without a middleware (``test/test_ros_messages.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from diagnostic_msgs.msg import DiagnosticStatus, KeyValue
+from moss_tts_msgs.action import Speak
+from moss_tts_msgs.msg import Timing
+from moss_tts_msgs.srv import Synthesize
+
+from moss_tts_node.config import NODE_NAME
+from moss_tts_node.ros.queue import State
+from moss_tts_node.synthesis.request import SpeechRequest
+from moss_tts_node.timing import TimingReport
+
+
+def speech_request(msg: Speak.Goal | Synthesize.Request) -> SpeechRequest:
+    """A Speak goal or a Synthesize request as a SpeechRequest.
+
+    Empty fields take the node's defaults (None): ``generation.language`` and ``generation.instruction``,
+    the configured voice (``generation.reference_audio``); a negative seed takes ``sampling.seed``. The text
+    is kept as it came, for the synthesizer to check.
+    """
+    return SpeechRequest(
+        text=msg.text,
+        language=msg.language or None,
+        instruction=msg.instruction or None,
+        voice=msg.reference_audio or None,
+        seed=msg.seed if msg.seed >= 0 else None,
+    )
+
+
+def text_request(text: str) -> SpeechRequest:
+    """A ``~/text`` message's string as a SpeechRequest: the text, every other field the node's default."""
+    return SpeechRequest(text)
+
+
+def timing_message(report: TimingReport | None, queue_wait_s: float | None) -> Timing:
+    """The Timing message of a request: its report (None: it never ran, or never ended) and how long it
+    waited in line (None: it never left the line); NaN where nothing was measured."""
+    nan = math.nan
+    message = Timing(
+        queue_wait=_or_nan(queue_wait_s),
+        time_to_first_audio=nan,
+        wall_time=nan,
+        real_time_factor=nan,
+        prefill_time=nan,
+        steps_per_second=nan,
+        seed=-1,  # no seed, as in the request messages
+        codec_rtf=nan,
+    )
+    if report is not None:
+        message.time_to_first_audio = _or_nan(report.time_to_first_audio_s)
+        message.wall_time = report.wall_s
+        message.real_time_factor = _or_nan(report.real_time_factor)
+        message.prefill_time = report.prefill_ms / 1000.0
+        message.steps_per_second = report.steps_per_second
+        message.steps = report.steps
+        message.frames = report.frames
+        message.prompt_rows = report.prompt_rows
+        message.seed = report.seed
+        message.stop_reason = str(report.stop_reason)
+        message.codec_decode = report.codec_decode
+        message.codec_rtf = _or_nan(report.codec_rtf)
+    return message
+
+
+def speak_feedback(state: State, queue_position: int, audio_s: float, chunks: int) -> Speak.Feedback:
+    """A Speak goal's progress: where it is, requests ahead of it, seconds and chunks of audio published."""
+    return Speak.Feedback(
+        state=int(state), audio_produced=audio_s, chunks_published=chunks, queue_position=queue_position
+    )
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """What the node reports on ``/diagnostics``, read at one moment."""
+
+    model_load_s: float
+    queue_depth: int  # requests waiting, the one being spoken not included
+    queue_size: int
+    busy: bool  # a request is being spoken
+    queue_policy: str
+    completed: int  # requests spoken to their end
+    refused: int  # bad requests, and those the line turned away
+    last: TimingReport | None  # the last request's figures, None before the first one ends
+
+
+def diagnostic_status(node_name: str, status: NodeStatus) -> DiagnosticStatus:
+    """The node's DiagnosticStatus: WARN while the line is full, with the figures as key-values."""
+    full = status.busy and status.queue_depth >= status.queue_size
+    last = status.last
+    values = {
+        "model_loaded": "true",  # the node serves only once the model is loaded
+        "model_load_s": _figure(status.model_load_s),
+        "queue_depth": status.queue_depth,
+        "queue_size": status.queue_size,
+        "queue_policy": status.queue_policy,
+        "requests_completed": status.completed,
+        "requests_refused": status.refused,
+        "last_real_time_factor": _figure(last.real_time_factor if last else None),
+        "last_time_to_first_audio_s": _figure(last.time_to_first_audio_s if last else None),
+        "last_stop_reason": str(last.stop_reason) if last else "",
+    }
+    return DiagnosticStatus(
+        name=f"{node_name}: synthesizer",
+        hardware_id=NODE_NAME,
+        level=DiagnosticStatus.WARN if full else DiagnosticStatus.OK,
+        message="queue full" if full else "speaking" if status.busy else "ready",
+        values=[KeyValue(key=key, value=str(value)) for key, value in values.items()],
+    )
+
+
+def _or_nan(value: float | None) -> float:
+    return math.nan if value is None else value
+
+
+def _figure(value: float | None) -> str:
+    return "" if value is None else f"{value:.3f}"

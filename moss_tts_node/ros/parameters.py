@@ -1,0 +1,157 @@
+"""The node's parameters: which there are, how ROS describes them, and the check of a full set of values.
+
+Pure (no node), so every rule here is tested without a middleware (``test/test_ros_parameters.py``). The
+parameters are the config keys (``config.OPTIONS``: the same names, ranges and messages as a config file
+for the CLI) and the few in ``NODE_OPTIONS`` that only a node has.
+
+What a running node may change follows each option's ``per_request`` mark: a key read for each request
+(from the ``Settings`` the request was accepted under) may change; every other key is read when the model
+loads (model files, llama.cpp context, codec and heads backends, the encoded default voice) or, for
+``queue_size``, when the executor is made, so it is a read-only parameter. A key added to the config later
+is read-only until it is marked.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
+
+from moss_tts_node.config import OPTIONS, Config, Option, check_value, from_flat
+from moss_tts_node.errors import ConfigError, RequestError
+from moss_tts_node.ros.audio import ENCODINGS
+from moss_tts_node.ros.queue import POLICIES
+from moss_tts_node.text.languages import language_code
+
+
+def _node_option(
+    key: str,
+    default: Any,
+    doc: str,
+    *,
+    per_request: bool,
+    min: int | None = None,
+    max: int | None = None,
+    choices: tuple[str, ...] | None = None,
+) -> Option:
+    return Option(key, type(default), default, doc, min, max, choices, path=False, per_request=per_request)
+
+
+# Parameters of the node alone; the config keys come from config.OPTIONS.
+NODE_OPTIONS = (
+    _node_option(
+        "queue_size",
+        8,
+        "Requests that may wait behind the one being spoken; more are refused.",
+        per_request=False,  # it sizes the executor's threads
+        min=0,
+        max=64,
+    ),
+    _node_option(
+        "queue_policy",
+        "queue",
+        "queue: first in, first out. interrupt: a new request stops the current one and drops those waiting.",
+        per_request=True,
+        choices=POLICIES,
+    ),
+    _node_option(
+        "output_encoding",
+        ENCODINGS[0],
+        "Sample encoding of ~/audio and of the synthesize response.",
+        per_request=True,
+        choices=ENCODINGS,
+    ),
+    _node_option(
+        "languages",
+        [],
+        "Languages a request may ask for, codes or English names, e.g. [en, zh]; empty accepts all 31. An empty "
+        "request language takes generation.language.",
+        per_request=True,
+    ),
+)
+ALL_OPTIONS: dict[str, Option] = {**OPTIONS, **{o.key: o for o in NODE_OPTIONS}}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every parameter, checked: the synthesizer's config and the node's own.
+
+    Immutable and replaced whole on a parameter change, so a request accepted under one keeps it
+    (its snapshot) whatever changes while it waits or runs.
+    """
+
+    config: Config
+    queue_size: int
+    queue_policy: str
+    output_encoding: str
+    languages: tuple[str, ...]  # codes (text/languages.py), whatever spelling the parameter used
+
+    def check_language(self, language: str | None) -> None:
+        """Raise RequestError unless a request may ask for ``language`` (None: generation.language), in any of
+        its spellings (a code or an English name)."""
+        if language is None:
+            return
+        try:
+            code = language_code(language)
+        except ValueError as error:
+            raise RequestError(str(error)) from None
+        if self.languages and code not in self.languages:
+            raise RequestError(
+                f"language {language!r} is not one this node accepts: {', '.join(self.languages)} (parameter "
+                "'languages')"
+            )
+
+
+def read_only(option: Option) -> bool:
+    """Whether a running node refuses to change this parameter: it is not read per request."""
+    return not option.per_request
+
+
+def descriptor(option: Option) -> ParameterDescriptor:
+    """A parameter's description, range, choices and read-only flag, from its Option.
+
+    Typing is dynamic so that values are checked by ``check_value`` exactly as in a config file
+    (``1`` is a valid float there, and a wrong type gets the same message as from the CLI).
+    """
+    described = ParameterDescriptor(
+        name=option.key, description=option.doc, dynamic_typing=True, read_only=read_only(option)
+    )
+    if option.choices:
+        described.additional_constraints = f"one of: {', '.join(option.choices)}"
+    if option.type is int and (option.min is not None or option.max is not None):
+        low = -(2**63) if option.min is None else int(option.min)
+        high = 2**63 - 1 if option.max is None else int(option.max)
+        described.integer_range = [IntegerRange(from_value=low, to_value=high, step=0)]
+    if option.type is float and (option.min is not None or option.max is not None):
+        low = -math.inf if option.min is None else option.min
+        high = math.inf if option.max is None else option.max
+        described.floating_point_range = [FloatingPointRange(from_value=low, to_value=high, step=0.0)]
+    return described
+
+
+def declarations() -> list[tuple[str, Any, ParameterDescriptor]]:
+    """Every parameter as ``Node.declare_parameters`` takes it: name, default, descriptor."""
+    return [(o.key, o.default, descriptor(o)) for o in ALL_OPTIONS.values()]
+
+
+def checked_settings(values: Mapping[str, Any], source: str, base_dir: Path) -> Settings:
+    """Validate a value for every parameter as the CLI validates a config file; raises ConfigError.
+
+    ``source`` begins each message (the node's "<name> parameters"); relative paths are taken from
+    ``base_dir`` (the node's working directory, as ``ros2 run --params-file`` leaves them).
+    """
+    checked = {key: check_value(ALL_OPTIONS[key], value, source) for key, value in values.items()}
+    languages = checked["languages"]
+    if not all(isinstance(language, str) and language for language in languages):
+        raise ConfigError(f"{source}: 'languages' must be a list of language codes or names, got {languages!r}")
+    try:
+        codes = tuple(dict.fromkeys(language_code(language) for language in languages))
+    except ValueError as error:
+        raise ConfigError(f"{source}: 'languages': {error}") from None
+    config = from_flat({key: checked[key] for key in OPTIONS}, base_dir, source)
+    node_values = {o.key: checked[o.key] for o in NODE_OPTIONS} | {"languages": codes}
+    return Settings(config=config, **node_values)

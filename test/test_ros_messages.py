@@ -1,0 +1,188 @@
+"""ros/messages.py without a middleware: requests in, Timing, Speak feedback and diagnostics out."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING
+
+import pytest
+from ros_helpers import require_ros
+
+from moss_tts_node.ros.queue import State
+from moss_tts_node.synthesis.request import SpeechRequest
+from moss_tts_node.timing import StopReason, TimingReport
+
+if TYPE_CHECKING:
+    from moss_tts_node.synthesizer import Synthesizer
+
+require_ros()
+
+from diagnostic_msgs.msg import DiagnosticStatus  # noqa: E402
+from moss_tts_msgs.action import Speak  # noqa: E402
+from moss_tts_msgs.msg import Timing  # noqa: E402
+from moss_tts_msgs.srv import Synthesize  # noqa: E402
+
+from moss_tts_node.ros.messages import (  # noqa: E402
+    NodeStatus,
+    diagnostic_status,
+    speak_feedback,
+    speech_request,
+    text_request,
+    timing_message,
+)
+
+REQUEST_FIELDS = [f.name for f in dataclasses.fields(SpeechRequest)]
+
+
+def fields_of(request: SpeechRequest) -> dict[str, object]:
+    return {name: getattr(request, name) for name in REQUEST_FIELDS}
+
+
+@pytest.fixture(scope="module")
+def report(synth: Synthesizer) -> TimingReport:
+    """The report of a real synthesis on the demo model: every figure measured."""
+    return synth.synthesize("Hello there.", seed=3).report
+
+
+@pytest.mark.parametrize("message", [Speak.Goal, Synthesize.Request])
+def test_empty_fields_of_a_request_take_the_nodes_defaults(message: type) -> None:
+    request = speech_request(message(text="Hello."))  # every other field as the message's default
+    assert fields_of(request) == fields_of(SpeechRequest("Hello."))
+    assert fields_of(speech_request(message(text="Hi.", seed=-7))) == fields_of(SpeechRequest("Hi."))
+
+
+@pytest.mark.parametrize("message", [Speak.Goal, Synthesize.Request])
+def test_the_fields_a_request_gives_reach_the_speech_request(message: type) -> None:
+    request = speech_request(
+        message(text=" Hi. ", language="zh", instruction="calm", reference_audio="/voices/a.wav", seed=0)
+    )
+    assert fields_of(request) == fields_of(
+        SpeechRequest(" Hi. ", language="zh", instruction="calm", voice="/voices/a.wav", seed=0)
+    )
+    assert speech_request(message(text="Hi.", seed=2**63 - 1)).seed == 2**63 - 1
+
+
+def test_a_text_message_is_a_request_of_its_text_alone() -> None:
+    assert fields_of(text_request("Hello robot.")) == fields_of(SpeechRequest("Hello robot."))
+    assert text_request("").text == ""  # kept, for the synthesizer to refuse with its reason
+
+
+def test_timing_is_nan_where_nothing_was_measured() -> None:
+    never_ran = timing_message(None, None)
+    floats = [name for name, kind in Timing.get_fields_and_field_types().items() if kind == "double"]
+    assert floats and all(math.isnan(getattr(never_ran, name)) for name in floats)
+    assert (never_ran.steps, never_ran.frames, never_ran.prompt_rows, never_ran.seed) == (0, 0, 0, -1)
+    assert (never_ran.stop_reason, never_ran.codec_decode) == ("", "")
+    waited = timing_message(None, 0.25)  # cancelled while it waited its turn
+    assert waited.queue_wait == 0.25
+    assert all(math.isnan(getattr(waited, name)) for name in floats if name != "queue_wait")
+
+
+def test_every_timing_field_comes_from_the_report(report: TimingReport) -> None:
+    message = timing_message(report, 0.5)
+    expected = {
+        "queue_wait": 0.5,
+        "time_to_first_audio": report.time_to_first_audio_s,
+        "wall_time": report.wall_s,
+        "real_time_factor": report.real_time_factor,
+        "prefill_time": report.prefill_ms / 1000.0,
+        "steps_per_second": report.steps_per_second,
+        "steps": report.steps,
+        "frames": report.frames,
+        "prompt_rows": report.prompt_rows,
+        "seed": 3,
+        "stop_reason": report.stop_reason.value,
+        "codec_decode": "offline",
+        "codec_rtf": report.codec_rtf,
+    }
+    assert set(expected) == set(Timing.get_fields_and_field_types())  # a field added to Timing.msg is mapped here
+    assert {name: getattr(message, name) for name in expected} == expected
+    assert type(message.stop_reason) is str
+    assert report.steps > 0 and report.frames > 0 and report.prompt_rows > 0
+    assert all(value is not None and value > 0 for value in (report.time_to_first_audio_s, report.codec_rtf))
+
+
+def test_a_figure_the_report_could_not_give_is_nan(report: TimingReport) -> None:
+    no_audio = dataclasses.replace(
+        report, time_to_first_audio_s=None, real_time_factor=None, codec_rtf=None, stop_reason=StopReason.CANCELLED
+    )
+    message = timing_message(no_audio, 0.0)
+    assert math.isnan(message.time_to_first_audio) and math.isnan(message.real_time_factor)
+    assert math.isnan(message.codec_rtf)
+    assert (message.queue_wait, message.wall_time, message.stop_reason) == (0.0, report.wall_s, "cancelled")
+
+
+def test_speak_feedback_carries_the_tickets_state_and_progress() -> None:
+    constants = {
+        State.QUEUED: Speak.Feedback.STATE_QUEUED,
+        State.GENERATING: Speak.Feedback.STATE_GENERATING,
+        State.DONE: Speak.Feedback.STATE_DONE,
+    }
+    for state, constant in constants.items():
+        feedback = speak_feedback(state, 2, 1.28, 5)
+        assert (feedback.state, feedback.queue_position, feedback.audio_produced, feedback.chunks_published) == (
+            constant,
+            2,
+            1.28,
+            5,
+        )
+
+
+def status(**changes: object) -> NodeStatus:
+    idle = NodeStatus(
+        model_load_s=1.23456,
+        queue_depth=0,
+        queue_size=2,
+        busy=False,
+        queue_policy="queue",
+        completed=0,
+        refused=0,
+        last=None,
+    )
+    return dataclasses.replace(idle, **changes)
+
+
+@pytest.mark.parametrize(
+    ("changes", "level", "message"),
+    [
+        ({}, DiagnosticStatus.OK, "ready"),
+        ({"busy": True, "queue_depth": 1}, DiagnosticStatus.OK, "speaking"),
+        ({"busy": True, "queue_depth": 2}, DiagnosticStatus.WARN, "queue full"),
+        ({"busy": True, "queue_size": 0}, DiagnosticStatus.WARN, "queue full"),  # speaks when idle, refuses now
+        ({"busy": False, "queue_size": 0}, DiagnosticStatus.OK, "ready"),
+    ],
+)
+def test_diagnostics_say_whether_the_node_is_ready_speaking_or_full(
+    changes: dict[str, object], level: bytes, message: str
+) -> None:
+    diagnosed = diagnostic_status("moss_tts_node", status(**changes))
+    assert (diagnosed.name, diagnosed.hardware_id) == ("moss_tts_node: synthesizer", "moss_tts_node")
+    assert (diagnosed.level, diagnosed.message) == (level, message)
+
+
+def test_diagnostics_values_before_and_after_the_first_request(report: TimingReport) -> None:
+    before = {kv.key: kv.value for kv in diagnostic_status("tts", status()).values}
+    assert before == {
+        "model_loaded": "true",
+        "model_load_s": "1.235",
+        "queue_depth": "0",
+        "queue_size": "2",
+        "queue_policy": "queue",
+        "requests_completed": "0",
+        "requests_refused": "0",
+        "last_real_time_factor": "",
+        "last_time_to_first_audio_s": "",
+        "last_stop_reason": "",
+    }
+    after = status(queue_depth=1, busy=True, queue_policy="interrupt", completed=4, refused=3, last=report)
+    values = {kv.key: kv.value for kv in diagnostic_status("tts", after).values}
+    assert values == before | {
+        "queue_depth": "1",
+        "queue_policy": "interrupt",
+        "requests_completed": "4",
+        "requests_refused": "3",
+        "last_real_time_factor": f"{report.real_time_factor:.3f}",
+        "last_time_to_first_audio_s": f"{report.time_to_first_audio_s:.3f}",
+        "last_stop_reason": report.stop_reason.value,
+    }

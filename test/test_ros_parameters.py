@@ -1,0 +1,149 @@
+"""ros/parameters.py without a middleware: what the node declares, which parameters a running node may change,
+and the check of a full set of values (the same rules and messages as a config file)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ros_helpers import require_ros
+
+from moss_tts_node.config import OPTIONS, flatten, load_config
+
+require_ros()
+
+from moss_tts_node.errors import ConfigError, RequestError  # noqa: E402
+from moss_tts_node.ros.parameters import (  # noqa: E402
+    ALL_OPTIONS,
+    NODE_OPTIONS,
+    Settings,
+    checked_settings,
+    declarations,
+    descriptor,
+)
+
+SOURCE = "moss_tts_node parameters"
+# What README "ROS 2 node" promises a running node may change (`ros2 param set`); everything else is read-only.
+LIVE = {
+    *(key for key in OPTIONS if key.startswith("sampling.")),
+    *(key for key in OPTIONS if key.startswith("generation.") and key != "generation.reference_audio"),
+    "audio.chunk_frames",
+    "audio.left_context_frames",
+    "queue_policy",
+    "output_encoding",
+    "languages",
+}
+
+
+def values_of(demo_config: Path, **changes: Any) -> dict[str, Any]:
+    """A value for every parameter: the demo config's, the node options' defaults, then ``changes``
+    (``__`` for the dots of a key)."""
+    values: dict[str, Any] = dict(flatten(load_config(demo_config)))
+    values |= {o.key: o.default for o in NODE_OPTIONS}
+    return values | {key.replace("__", "."): value for key, value in changes.items()}
+
+
+def test_every_config_key_and_node_option_is_declared_once_with_its_default() -> None:
+    declared = declarations()
+    assert [name for name, _, _ in declared] == [*OPTIONS, "queue_size", "queue_policy", "output_encoding", "languages"]
+    for name, default, described in declared:
+        assert default == ALL_OPTIONS[name].default
+        assert (described.name, described.description) == (name, ALL_OPTIONS[name].doc)
+        assert described.dynamic_typing  # checked by check_value, as in a config file
+
+
+def test_a_parameter_is_read_only_unless_its_option_is_marked_per_request() -> None:
+    for name, _, described in declarations():
+        assert described.read_only is (not ALL_OPTIONS[name].per_request), name
+    assert {name for name, _, described in declarations() if not described.read_only} == LIVE
+    assert descriptor(ALL_OPTIONS["generation.reference_audio"]).read_only  # the default voice is encoded once
+    assert descriptor(ALL_OPTIONS["queue_size"]).read_only  # it sizes the executor
+
+
+def test_ranges_and_choices_reach_the_descriptor() -> None:
+    n_ctx = descriptor(OPTIONS["llama.n_ctx"]).integer_range[0]
+    assert (n_ctx.from_value, n_ctx.to_value, n_ctx.step) == (64, 131072, 0)
+    seed = descriptor(OPTIONS["sampling.seed"]).integer_range[0]
+    assert (seed.from_value, seed.to_value) == (-1, 2**63 - 1)
+    top_p = descriptor(OPTIONS["sampling.text_top_p"]).floating_point_range[0]
+    assert (top_p.from_value, top_p.to_value, top_p.step) == (0.0, 1.0, 0.0)
+    queue_size = descriptor(ALL_OPTIONS["queue_size"]).integer_range[0]
+    assert (queue_size.from_value, queue_size.to_value) == (0, 64)
+    assert descriptor(ALL_OPTIONS["queue_policy"]).additional_constraints == "one of: queue, interrupt"
+    assert descriptor(ALL_OPTIONS["output_encoding"]).additional_constraints == "one of: pcm_s16le, float32"
+    extremes = {int: (-(2**63), 2**63 - 1), float: (-math.inf, math.inf)}
+    for option in ALL_OPTIONS.values():
+        described = descriptor(option)
+        assert bool(described.additional_constraints) is bool(option.choices), option.key
+        ranges = [*described.integer_range, *described.floating_point_range]
+        if option.type not in extremes or (option.min is None and option.max is None):
+            assert not ranges, option.key
+            continue
+        (bounds,) = ranges
+        assert (bounds in described.integer_range) is (option.type is int), option.key
+        low, high = extremes[option.type]
+        assert bounds.from_value == (low if option.min is None else option.min), option.key
+        assert bounds.to_value == (high if option.max is None else option.max), option.key
+
+
+def test_a_full_set_of_values_becomes_the_settings(demo_config: Path) -> None:
+    settings = checked_settings(
+        values_of(demo_config, queue_size=2, languages=["en", "zh"], sampling__text_temperature=1),
+        SOURCE,
+        Path.cwd(),
+    )
+    expected = load_config(demo_config, {"sampling.text_temperature": 1.0})
+    assert settings == Settings(
+        expected, queue_size=2, queue_policy="queue", output_encoding="pcm_s16le", languages=("en", "zh")
+    )
+    assert type(settings.config.sampling.text_temperature) is float  # an int is a float's value, as in a file
+
+
+def test_relative_paths_are_taken_from_the_base_directory(demo_config: Path) -> None:
+    weights = demo_config.parent.resolve()
+    settings = checked_settings(values_of(demo_config, model__weights_dir=weights.name), SOURCE, weights.parent)
+    assert settings.config.model.weights_dir == str(weights)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"queue_policy": "lifo"}, f"{SOURCE}: 'queue_policy' must be one of queue, interrupt, got 'lifo'"),
+        ({"sampling__text_temperature": "hot"}, f"{SOURCE}: 'sampling.text_temperature' must be float, got str 'hot'"),
+        ({"sampling__text_top_p": 2.0}, f"{SOURCE}: 'sampling.text_top_p' must be <= 1.0, got 2.0"),
+        ({"queue_size": 65}, f"{SOURCE}: 'queue_size' must be <= 64, got 65"),
+        ({"queue_size": -1}, f"{SOURCE}: 'queue_size' must be >= 0, got -1"),
+        ({"output_encoding": "mp3"}, f"{SOURCE}: 'output_encoding' must be one of pcm_s16le, float32, got 'mp3'"),
+        ({"languages": "en"}, f"{SOURCE}: 'languages' must be list, got str 'en'"),
+        ({"languages": ["en", ""]}, f"{SOURCE}: 'languages' must be a list of language codes or names, got ['en', '']"),
+        ({"languages": [1]}, f"{SOURCE}: 'languages' must be a list of language codes or names, got [1]"),
+        ({"languages": ["en", "klingon"]}, f"{SOURCE}: 'languages': unknown language 'klingon': give one of the codes"),
+        ({"model__weights_dir": "/nowhere"}, f"{SOURCE}: 'model.weights_dir' directory not found: /nowhere"),
+        (
+            {"llama__kv_cache_type_v": "q8_0", "llama__flash_attn": "off"},
+            f"{SOURCE}: 'llama.kv_cache_type_v' q8_0 (quantized) needs flash attention",
+        ),
+    ],
+)
+def test_bad_values_are_refused_with_the_config_files_messages(
+    demo_config: Path, changes: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        checked_settings(values_of(demo_config, **changes), SOURCE, Path.cwd())
+    assert str(refused.value).startswith(message)
+
+
+def test_the_languages_parameter_bounds_what_a_request_may_ask_for(demo_config: Path) -> None:
+    settings = checked_settings(values_of(demo_config, languages=["en", "Chinese", "zh"]), SOURCE, Path.cwd())
+    assert settings.languages == ("en", "zh")  # codes, each once, whatever spelling the parameter used
+    settings.check_language("zh")
+    settings.check_language("english")  # a name stands for its code
+    settings.check_language(None)  # generation.language, whatever it is
+    with pytest.raises(RequestError, match="unknown language 'xx': give one of the codes"):
+        settings.check_language("xx")
+    with pytest.raises(RequestError) as refused:
+        settings.check_language("fr")
+    assert str(refused.value) == "language 'fr' is not one this node accepts: en, zh (parameter 'languages')"
+    checked_settings(values_of(demo_config), SOURCE, Path.cwd()).check_language("fr")  # empty: any
