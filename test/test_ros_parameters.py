@@ -17,6 +17,7 @@ require_ros()
 from moss_tts_node.errors import ConfigError, RequestError  # noqa: E402
 from moss_tts_node.ros.parameters import (  # noqa: E402
     ALL_OPTIONS,
+    LIMITS,
     NODE_OPTIONS,
     Settings,
     checked_settings,
@@ -47,7 +48,8 @@ def values_of(demo_config: Path, **changes: Any) -> dict[str, Any]:
 
 def test_every_config_key_and_node_option_is_declared_once_with_its_default() -> None:
     declared = declarations()
-    assert [name for name, _, _ in declared] == [*OPTIONS, "queue_size", "queue_policy", "output_encoding", "languages"]
+    node_options = ["queue_size", "queue_policy", "output_encoding", "languages", "max_response_seconds"]
+    assert [name for name, _, _ in declared] == [*OPTIONS, *node_options]
     for name, default, described in declared:
         assert default == ALL_OPTIONS[name].default
         assert (described.name, described.description) == (name, ALL_OPTIONS[name].doc)
@@ -56,10 +58,18 @@ def test_every_config_key_and_node_option_is_declared_once_with_its_default() ->
 
 def test_a_parameter_is_read_only_unless_its_option_is_marked_per_request() -> None:
     for name, _, described in declarations():
-        assert described.read_only is (not ALL_OPTIONS[name].per_request), name
+        assert described.read_only is (not ALL_OPTIONS[name].per_request or name.startswith(LIMITS)), name
     assert {name for name, _, described in declarations() if not described.read_only} == LIVE
     assert descriptor(ALL_OPTIONS["generation.reference_audio"]).read_only  # the default voice is encoded once
     assert descriptor(ALL_OPTIONS["queue_size"]).read_only  # it sizes the executor
+
+
+def test_the_limits_are_read_only_though_read_per_request() -> None:
+    """Any participant of the domain may set a parameter that is not read-only: it must not raise a limit."""
+    limits = [o for o in ALL_OPTIONS.values() if o.key.startswith("limits.") or o.key == "max_response_seconds"]
+    assert len(limits) == 3 and all(o.per_request for o in limits)
+    assert all(descriptor(o).read_only for o in limits)
+    assert all(descriptor(o).read_only for o in ALL_OPTIONS.values() if o.key.startswith("voices."))
 
 
 def test_ranges_and_choices_reach_the_descriptor() -> None:
@@ -96,7 +106,12 @@ def test_a_full_set_of_values_becomes_the_settings(demo_config: Path) -> None:
     )
     expected = load_config(demo_config, {"sampling.text_temperature": 1.0})
     assert settings == Settings(
-        expected, queue_size=2, queue_policy="queue", output_encoding="pcm_s16le", languages=("en", "zh")
+        expected,
+        queue_size=2,
+        queue_policy="queue",
+        output_encoding="pcm_s16le",
+        languages=("en", "zh"),
+        max_response_seconds=120.0,
     )
     assert type(settings.config.sampling.text_temperature) is float  # an int is a float's value, as in a file
 

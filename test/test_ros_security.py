@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from xml.etree import ElementTree
 
 import numpy as np
@@ -27,6 +28,9 @@ from ros_helpers.netns import SECURITY_CLIENT, LoopbackNamespace, NodeProcess
 from moss_tts_node.codec.audio_io import write_wav
 from moss_tts_node.config import flatten, load_config, write_params_file
 from moss_tts_node.model.rates import FRAMES_PER_SECOND, SAMPLE_RATE
+
+if TYPE_CHECKING:
+    from conftest import NullSink
 
 require_ros()
 
@@ -156,7 +160,10 @@ def test_no_file_outside_the_voices(netns: LoopbackNamespace, node: NodeProcess,
     fields = ("voice", "reference_audio")
     vias = ("synthesize", "speak")
     requests = [{"via": via, "text": "Hello.", field: probe} for probe in probes for field in fields for via in vias]
-    answers = secure(netns, "requests", requests=requests)["answers"]
+    try:
+        answers = secure(netns, "requests", requests=requests)["answers"]
+    finally:
+        (voice_dir / "shadow.wav").unlink()  # a node started later would refuse to load such a directory
     assert not any(a["success"] for a in answers)
     assert {a["message"] for a in answers} == {
         f"{UNKNOWN_VOICE}give one of its voice names (butler, guide, nurse) or the path of a file in one of its "
@@ -168,22 +175,24 @@ def test_no_file_outside_the_voices(netns: LoopbackNamespace, node: NodeProcess,
 
 
 def test_paths_are_refused_unless_the_owner_allows_a_directory(
-    netns: LoopbackNamespace, demo_config: Path, voice_dir: Path, tmp_path: Path
+    demo_config: Path, voice_dir: Path, tmp_path: Path
 ) -> None:
     values: dict[str, Any] = dict(flatten(load_config(demo_config))) | {"voices.files": [str(voice_dir / "nurse.wav")]}
     params = tmp_path / "files_only.yaml"
     write_params_file(params, values)
-    process = NodeProcess(netns, ["--params-file", str(params)], name="files_only")
+    ns = namespace(tmp_path)  # a node of its own: two of one name in a domain would both answer
+    process = NodeProcess(ns, ["--params-file", str(params)], name="files_only")
     try:
         process.wait_ready()
         answers = synthesize(
-            netns,
+            ns,
             {"text": "Hello.", "voice": "nurse"},
             {"text": "Hello.", "reference_audio": str(voice_dir / "nurse.wav")},  # the very file, by path
             {"text": "Hello.", "reference_audio": "/etc/passwd"},
         )
     finally:
         process.stop()
+        ns.close()
     assert answers[0]["success"], answers[0]
     assert answers[1]["message"] == answers[2]["message"] == f"{UNKNOWN_VOICE}give one of its voice names (nurse)"
 
@@ -223,23 +232,31 @@ def test_a_text_with_nothing_to_say_on_the_topic_is_logged_and_counted(
     assert int(netns.client("diagnostics")["values"]["requests_refused"]) == before + 1
 
 
-def test_a_response_holds_at_most_max_response_seconds(netns: LoopbackNamespace, node: NodeProcess) -> None:
+def test_a_response_holds_at_most_max_response_seconds(params_file: Path, tmp_path: Path) -> None:
     """Refused when the text is expected to take longer; cut there when the model runs on (greedy text)."""
-    netns.client("params", set=[[k, v] for k, v in {**LONG, "max_response_seconds": 2.0}.items()])
+    ns = namespace(tmp_path)
+    greedy = [f"{key}:={value}" for key, value in {**LONG, "max_response_seconds": 2.0}.items()]
+    process = NodeProcess(ns, ["--params-file", str(params_file), *(a for p in greedy for a in ("-p", p))])
     try:
-        long_text, runs_on = synthesize(netns, {"text": "Hello there, robot. " * 12}, {"text": "Hi.", "seed": 3})
+        process.wait_ready()
+        long_text, runs_on = synthesize(ns, {"text": "Hello there, robot. " * 12}, {"text": "Hi.", "seed": 3})
     finally:
-        netns.client(
-            "params",
-            set=[
-                ["sampling.text_temperature", 1.5],
-                ["generation.max_new_tokens", 60],
-                ["max_response_seconds", 120.0],
-            ],
-        )
+        process.stop()
+        ns.close()
     assert not long_text["success"] and "parameter 'max_response_seconds' (2 s)" in long_text["message"]
     assert runs_on["success"] and runs_on["stop_reason"] == "max_new_tokens", runs_on
     assert 1.5 < runs_on["duration"] <= 2.0
+
+
+def test_no_client_can_raise_a_limit(netns: LoopbackNamespace, node: NodeProcess) -> None:
+    limits = [
+        ["limits.max_text_chars", 10**6],
+        ["limits.max_reference_seconds", 600.0],
+        ["max_response_seconds", 3600.0],
+    ]
+    verdicts = netns.client("params", set=limits)["set"]
+    assert [v["successful"] for v in verdicts] == [False] * 3 and all("read-only" in v["reason"] for v in verdicts)
+    assert netns.client("params", get=["limits.max_text_chars"])["values"] == {"limits.max_text_chars": 2000}
 
 
 # -- the executor is never held -----------------------------------------------------------------------------------
@@ -263,7 +280,7 @@ def test_a_long_check_holds_nothing_up(params_file: Path, tmp_path: Path) -> Non
     )
     try:
         process.wait_ready()
-        answer = secure(ns, "order", long="你好。" * 100_000)  # 300,000 characters: seconds of checking
+        answer = secure(ns, "order", unit="你好。", times=100_000)  # 300,000 characters: seconds of checking
     finally:
         process.stop()
         ns.close()
@@ -278,7 +295,7 @@ def test_a_long_check_holds_nothing_up(params_file: Path, tmp_path: Path) -> Non
 
 # What crosses DDS: UTF-8 strings (no lone surrogates), cut at a NUL byte; RTL marks, controls, CJK, emoji, brackets.
 WIRE = st.characters(exclude_categories=("Cs",), exclude_characters="\x00")
-HOSTILE = ["\u200f", "\u202e", "\u200b", "\x1b", "\ufffd", "🤖", "。", "【", "】", "a", "你", " ", "\n", "../", "/etc"]
+HOSTILE = ["\u200f", "\u202e", "\u200b", "\x1b", "\ufffd", "🤖", "。", "【", "】", "a", "你", " ", "\n", ".", "/"]
 node_texts = st.one_of(
     st.text(WIRE, max_size=200),
     st.text(st.sampled_from(HOSTILE), max_size=2010),
@@ -350,51 +367,96 @@ NOT_USED_HERE = {
     "publish": {f"rt/moss_tts_node/audio_common/{name}" for name in ("audio", "audio_stamped", "audio_info")},
     "subscribe": {"rt/clock", "rt/parameter_events"},
 }
+ENCLAVES = ("client", "node", "operator", "player")
+
+
+@pytest.fixture(scope="module")
+def keystore(netns: LoopbackNamespace, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A keystore with the artifacts ``ros2 security generate_artifacts`` makes of the shipped policy."""
+    folder = tmp_path_factory.mktemp("sros2")
+    created = ros2(netns, "security", "create_keystore", str(folder / "keystore"), cwd=folder)
+    assert created.returncode == 0, created.stdout
+    made = ros2(netns, "security", "generate_artifacts", "-k", str(folder / "keystore"), "-p", str(POLICY), cwd=folder)
+    assert made.returncode == 0, made.stdout
+    return folder / "keystore"
+
+
+def assert_grants_exactly(permissions: Path, graph: dict[str, list[str]], not_used_here: dict[str, set[str]]) -> None:
+    grants, uses = granted(permissions), used(graph)
+    for kind in ("publish", "subscribe"):
+        assert uses[kind] <= grants[kind], (kind, "used, not granted", uses[kind] - grants[kind])
+        assert grants[kind] - uses[kind] <= not_used_here[kind], (kind, "granted, not used", grants[kind] - uses[kind])
+
+
+def test_the_shipped_policy_gives_every_enclave_signed_permissions(keystore: Path) -> None:
+    enclaves = keystore / "enclaves" / "moss_tts"
+    assert tuple(sorted(p.name for p in enclaves.iterdir())) == ENCLAVES
+    for enclave in enclaves.iterdir():
+        files = {p.name for p in enclave.iterdir()}
+        assert {"cert.pem", "key.pem", "permissions.xml", "permissions.p7s", "governance.p7s"} <= files, enclave
+        assert f"<subject_name>CN=/moss_tts/{enclave.name}</subject_name>" in (enclave / "permissions.xml").read_text()
+    if shutil.which("openssl") is not None:  # the signature, checked against the keystore's permissions CA
+        for enclave in enclaves.iterdir():
+            verified = subprocess.run(
+                [
+                    "openssl",
+                    "smime",
+                    "-verify",
+                    "-in",
+                    str(enclave / "permissions.p7s"),
+                    "-CAfile",
+                    str(keystore / "public" / "permissions_ca.cert.pem"),
+                    "-out",
+                    "/dev/null",
+                ],
+                capture_output=True,
+                text=True,
+            )
+            assert verified.returncode == 0, verified.stderr
 
 
 def test_the_shipped_policy_grants_the_node_exactly_what_it_uses(
-    netns: LoopbackNamespace, node: NodeProcess, tmp_path: Path
+    netns: LoopbackNamespace, node: NodeProcess, keystore: Path
 ) -> None:
-    """``ros2 security generate_artifacts`` on the shipped policy: signed permissions for every enclave, and the
-    node's allow exactly the topics, services and action its graph shows (and the few it uses elsewhere)."""
-    created = ros2(netns, "security", "create_keystore", str(tmp_path / "keystore"), cwd=tmp_path)
-    assert created.returncode == 0, created.stdout
-    made = ros2(
-        netns, "security", "generate_artifacts", "-k", str(tmp_path / "keystore"), "-p", str(POLICY), cwd=tmp_path
-    )
-    assert made.returncode == 0, made.stdout
-    enclaves = tmp_path / "keystore" / "enclaves" / "moss_tts"
-    assert sorted(p.name for p in enclaves.iterdir()) == ["client", "node", "operator", "player"]
-    for enclave in enclaves.iterdir():
-        assert {"cert.pem", "key.pem", "permissions.xml", "permissions.p7s", "governance.p7s"} <= {
-            p.name for p in enclave.iterdir()
-        }, enclave
-    graph = secure(netns, "graph", expect=["/moss_tts_node/synthesize", "/moss_tts_node/list_voices"])
-    grants, uses = granted(enclaves / "node" / "permissions.xml"), used(graph)
-    for kind in ("publish", "subscribe"):
-        assert uses[kind] <= grants[kind], (kind, uses[kind] - grants[kind])
-        assert grants[kind] - uses[kind] <= NOT_USED_HERE[kind] | {
-            "rq/moss_tts_node/get_type_descriptionRequest",
-            "rr/moss_tts_node/get_type_descriptionReply",
-        }, kind
+    """The node's enclave allows exactly the DDS topics of the topics, services and action its graph shows (and
+    the few it uses elsewhere)."""
+    graph = secure(netns, "graph", node="moss_tts_node", expect=["/moss_tts_node/list_voices", "/moss_tts_node/speak"])
+    assert_grants_exactly(keystore / "enclaves" / "moss_tts" / "node" / "permissions.xml", graph, NOT_USED_HERE)
 
 
-def test_an_enforced_run_needs_a_fast_dds_with_security(params_file: Path, tmp_path: Path) -> None:
+def test_the_shipped_policy_grants_the_player_exactly_what_it_uses(
+    netns: LoopbackNamespace, node: NodeProcess, keystore: Path, null_sink: NullSink, tmp_path: Path
+) -> None:
+    env = {**netns.env, "PULSE_SERVER": null_sink.env["PULSE_SERVER"]}
+    log = tmp_path / "player.log"
+    with log.open("w") as out:
+        player = netns.popen(
+            [sys.executable, "-m", "moss_tts_node.ros.player"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        graph = secure(netns, "graph", node="moss_tts_player", expect=["/moss_tts_node/speak/_action/status"])
+    finally:
+        player.send_signal(signal.SIGINT)
+        assert player.wait(30) == 0, log.read_text()
+    not_used = {"publish": set(), "subscribe": {"rt/clock", "rt/parameter_events"}}
+    assert_grants_exactly(keystore / "enclaves" / "moss_tts" / "player" / "permissions.xml", graph, not_used)
+
+
+def test_an_enforced_run_needs_a_fast_dds_with_security(params_file: Path, keystore: Path, tmp_path: Path) -> None:
     """The node under ROS_SECURITY_ENABLE, with the shipped policy's /moss_tts/node enclave: it serves where Fast
     DDS has its security plugins; the PyPI one has none, and the node then says so and exits 2 (no traceback)."""
     ns = namespace(tmp_path)
+    ns.env |= {
+        "ROS_SECURITY_ENABLE": "true",
+        "ROS_SECURITY_STRATEGY": "Enforce",
+        "ROS_SECURITY_KEYSTORE": str(keystore),
+    }
+    process = NodeProcess(ns, ["--params-file", str(params_file), "--enclave", "/moss_tts/node"])
     try:
-        assert ros2(ns, "security", "create_keystore", str(tmp_path / "keystore"), cwd=tmp_path).returncode == 0
-        made = ros2(
-            ns, "security", "generate_artifacts", "-k", str(tmp_path / "keystore"), "-p", str(POLICY), cwd=tmp_path
-        )
-        assert made.returncode == 0, made.stdout
-        ns.env |= {
-            "ROS_SECURITY_ENABLE": "true",
-            "ROS_SECURITY_STRATEGY": "Enforce",
-            "ROS_SECURITY_KEYSTORE": str(tmp_path / "keystore"),
-        }
-        process = NodeProcess(ns, ["--params-file", str(params_file), "--enclave", "/moss_tts/node"])
         try:
             process.wait_ready()
             served = True

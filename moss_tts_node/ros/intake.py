@@ -23,7 +23,6 @@ BUSY = (
     "the node is busy: {pending} requests are waiting to be checked; retry later (at most {capacity} wait, "
     "the limit of requests arriving faster than they are checked)"
 )
-CLOSED = "the node is shutting down"
 
 _Result = TypeVar("_Result")
 
@@ -36,13 +35,13 @@ class Intake:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="request-checks")
         self._lock = threading.Lock()
         self._pending = 0
-        self._closed = False
+        self._closed: str | None = None  # why it refuses every check, once closed
 
     def submit(self, check: Callable[[], _Result]) -> Future[_Result]:
         """Queue ``check``; raises Rejected, with the reason, when ``capacity`` checks wait already."""
         with self._lock:
-            if self._closed:
-                raise Rejected(CLOSED)
+            if self._closed is not None:
+                raise Rejected(self._closed)
             if self._pending >= self.capacity:
                 raise Rejected(BUSY.format(pending=self._pending, capacity=self.capacity))
             self._pending += 1
@@ -55,8 +54,8 @@ class Intake:
             with self._lock:
                 self._pending -= 1
 
-    def close(self) -> None:
-        """Refuse new checks and wait for those queued (each answers its request)."""
+    def close(self, reason: str) -> None:
+        """Refuse new checks with ``reason`` and wait for those queued: each answers its request."""
         with self._lock:
-            self._closed = True
+            self._closed = reason
         self._pool.shutdown(wait=True)

@@ -5,13 +5,15 @@
 - ``~/text`` (std_msgs/String): speak it; the audio goes to ``~/audio``.
 - ``~/speak`` (moss_tts_msgs/action/Speak): the same with feedback, a result and cancel.
 - ``~/synthesize`` (moss_tts_msgs/srv/Synthesize): the whole utterance back in the response.
+- ``~/list_voices`` (moss_tts_msgs/srv/ListVoices): the voices a request may name (ros/voices.py).
 - ``~/audio`` (moss_tts_msgs/AudioChunk): chunks as they are decoded (see ros/audio.py).
 - ``/diagnostics``: readiness, queue depth, last real-time factor and time to first audio.
 
 This module is the wiring: parameters are declared and checked in ros/parameters.py (the config
 keys, with the same files and checks as the CLI, plus the few only a node has), messages converted in
-ros/messages.py, audio published by ros/audio.py. The model loads once, at startup; requests wait in a
-RequestQueue (ros/queue.py) and run one at a time on it.
+ros/messages.py, a request's voice looked up by name in ros/voices.py, audio published by ros/audio.py.
+The model and its voices load once, at startup; requests are checked one at a time on the intake's thread
+(ros/intake.py), then wait in a RequestQueue (ros/queue.py) and run one at a time on it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -44,8 +47,9 @@ from rclpy.qos import QoSProfile
 from std_msgs.msg import Header, String
 
 from moss_tts_node.config import NODE_NAME
-from moss_tts_node.errors import ConfigError, MossTTSError
+from moss_tts_node.errors import ConfigError, MossTTSError, RequestError
 from moss_tts_node.ros.audio import AudioOut, encode
+from moss_tts_node.ros.intake import Intake
 from moss_tts_node.ros.launch_params import START_FAILURE
 from moss_tts_node.ros.messages import (
     NodeStatus,
@@ -58,6 +62,7 @@ from moss_tts_node.ros.messages import (
 from moss_tts_node.ros.parameters import ALL_OPTIONS, Settings, checked_settings, declarations
 from moss_tts_node.ros.process import start_node, wait_for_stop
 from moss_tts_node.ros.queue import Outcome, Rejected, RequestQueue, Ticket
+from moss_tts_node.ros.voices import VoiceListing, requested_voice
 from moss_tts_node.synthesis.request import SpeechRequest
 from moss_tts_node.synthesis.results import AudioStream
 from moss_tts_node.synthesizer import Synthesizer
@@ -75,6 +80,8 @@ CLIENT_CANCEL = "canceled by the client"
 # execute callback waits for the mark, up to this bound (rclpy sets it a few statements after the return).
 CANCELING_MARK_WAIT_S = 1.0
 CANCELING_MARK_POLL_S = 0.001
+# Requests that may wait for their check (README "Security"): more than a burst of clients sends at once.
+CHECKS_WAITING = 32
 
 
 @dataclass
@@ -131,7 +138,9 @@ class TtsNode(Node):
         self._queue: RequestQueue[Job] = RequestQueue(
             self._generate, self._settings.queue_size, self._settings.queue_policy
         )
-        self._goals: dict[str, Ticket[Job] | Refused] = {}  # Speak goal id -> its place in line, or its refusal
+        self._intake = Intake(CHECKS_WAITING)  # every request's check, in the order they arrive
+        # Speak goal id -> its check (then its place in line), or its refusal
+        self._goals: dict[str, Future[Ticket[Job]] | Refused] = {}
         self._pending = 0  # service and action callbacks waiting for an outcome
         self._pending_changed = threading.Condition()
 
@@ -143,6 +152,7 @@ class TtsNode(Node):
         self.create_subscription(String, "~/text", self._on_text, 10)
         # A service call waits for its request's turn, so calls must run side by side.
         self.create_service(Synthesize, "~/synthesize", self._on_synthesize, callback_group=ReentrantCallbackGroup())
+        self._voice_listing = VoiceListing(self, self._synth.voices)
         # Goal requests one at a time: rclpy answers a goal before _accept_goal queues it, so a
         # client's next goal could otherwise overtake it. Execute callbacks run as tasks of their own.
         self._speak = ActionServer(
@@ -172,6 +182,7 @@ class TtsNode(Node):
     def close(self) -> None:
         """Cancel the current request, answer the waiting ones as aborted, free the model."""
         self._queue.close(SHUTDOWN_REASON)
+        self._intake.close(SHUTDOWN_REASON)  # the checks still queued refuse their requests with that reason
         with self._pending_changed:
             self._pending_changed.wait_for(lambda: self._pending == 0, timeout=5.0)
         time.sleep(SHUTDOWN_FLUSH_S)
@@ -220,25 +231,39 @@ class TtsNode(Node):
         collect: bool,
         on_update: Callable[[Ticket[Job]], None] | None = None,
     ) -> Ticket[Job]:
-        """Validate a request and put it in line; raises RequestError or Rejected with the reason.
+        """Validate a request and put it in line; raises RequestError or Rejected with the reason. Runs on the
+        intake's thread: the check of a long text takes tens of milliseconds (README "Security").
 
         ``stream()`` checks the request now (text, reference, room in the context) without
         generating, so a bad request never takes a turn, nor interrupts the one being spoken.
-        The request is checked and runs with the parameters in force now (one Settings object).
+        The request is checked and runs with the parameters in force now (one Settings object). A
+        whole-utterance answer (``collect``) holds at most ``max_response_seconds`` of audio.
         """
         settings = self._settings
         settings.check_language(request.language)
         cancel = threading.Event()
+        limit = settings.max_response_seconds if collect else None
         stream = self._synth.stream(
             request,
             cancel=cancel,
             streaming=not collect,  # a whole-utterance answer is the codec's offline decode
             config=settings.config,
+            max_audio_s=limit,
         )
+        if limit is not None and stream.estimated_seconds > limit:
+            raise RequestError(
+                f"the speech is expected to take {stream.estimated_seconds:.1f} s, more than a ~/synthesize "
+                f"response holds (parameter 'max_response_seconds' ({limit:g} s)): split the text, or use "
+                "~/speak or ~/text, which stream it"
+            )
         job = Job(stream, request_id, settings.output_encoding, [] if collect else None)
         ticket = Ticket(job, cancel, on_update)
         self._queue.submit(ticket)
         return ticket
+
+    def _speech_request(self, msg: Speak.Goal | Synthesize.Request) -> SpeechRequest:
+        """A goal or a service request as the synthesizer takes it, its voice looked up among the node's."""
+        return speech_request(msg, requested_voice(self._synth.voices, msg.voice, msg.reference_audio))
 
     def _generate(self, ticket: Ticket[Job]) -> Outcome:
         """Run one request on the worker thread, publishing or keeping each chunk as it comes."""
@@ -293,7 +318,14 @@ class TtsNode(Node):
 
     def _on_text(self, msg: String) -> None:
         try:
-            self._submit(text_request(msg.data), uuid.uuid4().hex, collect=False)
+            self._intake.submit(partial(self._check_text, msg.data))
+        except Rejected as err:
+            self._refuse("~/text", err)
+
+    def _check_text(self, text: str) -> None:
+        """On the intake's thread: put a ~/text message in line, or log and count why not."""
+        try:
+            self._submit(text_request(text), uuid.uuid4().hex, collect=False)
         except (MossTTSError, Rejected) as err:
             self._refuse("~/text", err)
 
@@ -304,7 +336,10 @@ class TtsNode(Node):
         response.timing = timing_message(None, None)
         with self._waiting_reply():
             try:
-                ticket = self._submit(speech_request(request), uuid.uuid4().hex, collect=True)
+                check = self._intake.submit(
+                    lambda: self._submit(self._speech_request(request), uuid.uuid4().hex, collect=True)
+                )
+                ticket = check.result()
             except (MossTTSError, Rejected) as err:
                 response.message = self._refuse("~/synthesize", err).reason
                 return response
@@ -321,39 +356,45 @@ class TtsNode(Node):
             return response
 
     def _accept_goal(self, goal_handle: ServerGoalHandle) -> None:
-        """Put an accepted Speak goal in line (before the next goal or a cancel is looked at)."""
+        """Hand an accepted Speak goal to the intake (before the next goal or a cancel is looked at), which
+        checks it and puts it in line in the order the goals came."""
         goal_id = _goal_id(goal_handle)
+        feedback = partial(_publish_feedback, goal_handle)
         try:
-            self._goals[goal_id] = self._submit(
-                speech_request(goal_handle.request),
-                goal_id,
-                collect=False,
-                on_update=partial(_publish_feedback, goal_handle),
+            self._goals[goal_id] = self._intake.submit(
+                lambda: self._submit(
+                    self._speech_request(goal_handle.request), goal_id, collect=False, on_update=feedback
+                )
             )
-        except (MossTTSError, Rejected) as err:
+        except Rejected as err:
             # Accepted all the same and aborted by _execute_goal: a rejected goal cannot say why.
             self._goals[goal_id] = self._refuse("~/speak", err)
         goal_handle.execute()
 
     def _cancel_goal(self, goal_handle: ServerGoalHandle) -> CancelResponse:
-        """Accept every cancel: the goal leaves the queue now, or stops within one generation step."""
-        ticket = self._goals.get(_goal_id(goal_handle))
-        if isinstance(ticket, Ticket):
-            ticket.job.client_canceled = True  # before the request can end by it
-            self._queue.cancel(ticket, CLIENT_CANCEL)
+        """Accept every cancel: the goal leaves the queue now, or stops within one generation step; one still
+        being checked does so as soon as it is in line."""
+        check = self._goals.get(_goal_id(goal_handle))
+        if isinstance(check, Future):
+            check.add_done_callback(_cancel_by_client(self._queue))
         return CancelResponse.ACCEPT
 
     def _execute_goal(self, goal_handle: ServerGoalHandle) -> Speak.Result:
         goal_id = _goal_id(goal_handle)
         with self._waiting_reply():
-            ticket = self._goals[goal_id]
-            if isinstance(ticket, Refused):
-                result = Speak.Result(success=False, message=ticket.reason, timing=timing_message(None, None))
+            entry = self._goals[goal_id]
+            if isinstance(entry, Future):
+                try:
+                    entry = entry.result()
+                except (MossTTSError, Rejected) as err:
+                    entry = self._refuse("~/speak", err)
+            if isinstance(entry, Refused):
+                result = Speak.Result(success=False, message=entry.reason, timing=timing_message(None, None))
                 goal_handle.abort()
             else:
-                outcome = ticket.wait()
+                outcome = entry.wait()
                 assert outcome is not None
-                job = ticket.job
+                job = entry.job
                 result = Speak.Result(
                     success=outcome.success,
                     message=outcome.message,
@@ -395,6 +436,18 @@ class TtsNode(Node):
 def _goal_id(goal_handle: ServerGoalHandle) -> str:
     """A goal's UUID in hex: the request_id of its AudioChunk messages."""
     return bytes(goal_handle.goal_id.uuid).hex()
+
+
+def _cancel_by_client(queue: RequestQueue[Job]) -> Callable[[Future[Ticket[Job]]], None]:
+    """What a client's cancel does to its goal once the goal's check is done: nothing to a refused one."""
+
+    def cancel(check: Future[Ticket[Job]]) -> None:
+        if check.exception() is None:
+            ticket = check.result()
+            ticket.job.client_canceled = True  # before the request can end by it
+            queue.cancel(ticket, CLIENT_CANCEL)
+
+    return cancel
 
 
 def _marked_canceling(goal_handle: ServerGoalHandle, client_canceled: bool) -> bool:

@@ -8,7 +8,9 @@ What a running node may change follows each option's ``per_request`` mark: a key
 (from the ``Settings`` the request was accepted under) may change; every other key is read when the model
 loads (model files, llama.cpp context, codec and heads backends, the encoded default voice) or, for
 ``queue_size``, when the executor is made, so it is a read-only parameter. A key added to the config later
-is read-only until it is marked.
+is read-only until it is marked. The limits are read-only too, though read per request: any participant
+of the domain may set a parameter that is not, and a limit it could raise would bound nothing (README
+"Security").
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ def _node_option(
     doc: str,
     *,
     per_request: bool,
-    min: int | None = None,
-    max: int | None = None,
+    min: float | None = None,
+    max: float | None = None,
     choices: tuple[str, ...] | None = None,
 ) -> Option:
     return Option(key, type(default), default, doc, min, max, choices, path=False, per_request=per_request)
@@ -72,8 +74,19 @@ NODE_OPTIONS = (
         "request language takes generation.language.",
         per_request=True,
     ),
+    _node_option(
+        "max_response_seconds",
+        120.0,
+        "Most seconds of audio in one ~/synthesize response: a text expected to take longer is refused, and "
+        "the response stops there (it is held whole until it is sent).",
+        per_request=True,
+        min=0.08,
+        max=3600.0,
+    ),
 )
 ALL_OPTIONS: dict[str, Option] = {**OPTIONS, **{o.key: o for o in NODE_OPTIONS}}
+# Read per request, yet read-only: the limits of what a request may ask (README "Security").
+LIMITS = ("limits.", "max_response_seconds")
 
 
 @dataclass(frozen=True)
@@ -89,6 +102,7 @@ class Settings:
     queue_policy: str
     output_encoding: str
     languages: tuple[str, ...]  # codes (text/languages.py), whatever spelling the parameter used
+    max_response_seconds: float
 
     def check_language(self, language: str | None) -> None:
         """Raise RequestError unless a request may ask for ``language`` (None: generation.language), in any of
@@ -107,8 +121,8 @@ class Settings:
 
 
 def read_only(option: Option) -> bool:
-    """Whether a running node refuses to change this parameter: it is not read per request."""
-    return not option.per_request
+    """Whether a running node refuses to change this parameter: it is not read per request, or it is a limit."""
+    return not option.per_request or option.key.startswith(LIMITS)
 
 
 def descriptor(option: Option) -> ParameterDescriptor:

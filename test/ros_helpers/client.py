@@ -1,4 +1,5 @@
-"""A ROS client of moss_tts_node for the tests, run in its own process: ``client.py COMMAND JSON``.
+"""A ROS client of moss_tts_node for the tests, run in its own process: ``client.py COMMAND ARGUMENTS_FILE``
+(a JSON object).
 
 It plays one scenario against the node at ``/moss_tts_node`` and prints one JSON line with what
 it saw. Commands:
@@ -488,6 +489,9 @@ class Soak:
         return {f["state"] for f in self.client.feedback[bytes(handle.goal_id.uuid).hex()]}
 
 
+NOT_A_VOICE = "not a voice of this node"
+
+
 def run_soak(client: Client, args: dict[str, Any]) -> dict[str, Any]:
     """``cycles`` rounds of every request kind, each answered before the next starts.
 
@@ -516,10 +520,18 @@ def run_soak(client: Client, args: dict[str, Any]) -> dict[str, Any]:
         soak.cancel_when(speaking, GENERATING)
         soak.result(soak.send(Speak.Goal(text="A goal that is spoken.")))
         soak.call(Synthesize.Request(text=" "), refusal="text is empty")
-        soak.call(Synthesize.Request(text="Hello.", reference_audio="/nonexistent/voice.wav"), refusal="not found")
+        soak.call(Synthesize.Request(text="Hello.", reference_audio="/nonexistent/voice.wav"), refusal=NOT_A_VOICE)
         soak.result(soak.send(Speak.Goal(text="Bonjour.", language="fr")), refusal="unknown language 'fr'")
         soak.result(soak.send(Speak.Goal(text="")), refusal="text is empty")
         soak.bad_text("  ")
+        # Hostile and oversized (README "Security"): a megabyte of text, a probe of the machine's files,
+        # nothing to say, a seed out of range, an escape through the voice field.
+        soak.call(Synthesize.Request(text="word " * 200_000), refusal="'limits.max_text_chars'")
+        soak.result(soak.send(Speak.Goal(text="Hello.", reference_audio="/etc/shadow")), refusal=NOT_A_VOICE)
+        soak.call(Synthesize.Request(text="🤖🤖🤖 ... !!!"), refusal="nothing to say")
+        soak.result(soak.send(Speak.Goal(text="Hello.", seed=-5)), refusal="the seed must be -1")
+        soak.call(Synthesize.Request(text="Hello.", voice="../" * 20 + "proc/self/environ"), refusal=NOT_A_VOICE)
+        soak.bad_text("🤖" * 5000)
         print(json.dumps({"progress": soak.counts["requests"]}), flush=True)
     return {"counts": soak.counts, "unexpected": soak.unexpected}
 
@@ -536,8 +548,13 @@ COMMANDS = {
 }
 
 
+def command_line() -> tuple[str, dict[str, Any]]:
+    """The command and its arguments: ``client.py COMMAND ARGUMENTS_FILE``, the file holding a JSON object."""
+    return sys.argv[1], json.loads(Path(sys.argv[2]).read_text(encoding="utf-8"))
+
+
 def main() -> int:
-    command, args = sys.argv[1], json.loads(sys.argv[2])
+    command, args = command_line()
     rclpy.init()
     client = Client()
     try:

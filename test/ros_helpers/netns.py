@@ -70,10 +70,16 @@ class LoopbackNamespace:
 
         ``on_line`` is given each JSON line as it is printed (progress; the answer last).
         """
-        # Errors to a file: a full pipe would block the client while stdout is read.
-        with tempfile.TemporaryFile("w+", dir=self.log_dir) as errors:
+        # Errors to a file: a full pipe would block the client while stdout is read. The arguments in a file
+        # too: a request may be longer than a command line may be.
+        with (
+            tempfile.TemporaryFile("w+", dir=self.log_dir) as errors,
+            tempfile.NamedTemporaryFile("w", dir=self.log_dir, suffix=".json") as arguments,
+        ):
+            json.dump(args, arguments)
+            arguments.flush()
             process = self.popen(
-                [sys.executable, str(script), command, json.dumps(args)], stdout=subprocess.PIPE, stderr=errors
+                [sys.executable, str(script), command, arguments.name], stdout=subprocess.PIPE, stderr=errors
             )
             assert process.stdout is not None
             watchdog = threading.Timer(timeout, process.kill)

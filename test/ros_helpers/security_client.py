@@ -1,4 +1,5 @@
-"""A hostile or curious ROS client of moss_tts_node, for test_ros_security.py: ``security_client.py COMMAND JSON``.
+"""A hostile or curious ROS client of moss_tts_node, for test_ros_security.py: ``security_client.py COMMAND
+ARGUMENTS_FILE`` (a JSON object).
 
 Like client.py (whose ``Client`` it uses), it plays one scenario and prints one JSON line. Commands:
 
@@ -17,7 +18,7 @@ import time
 from typing import Any
 
 import rclpy
-from client import MATCH_TIMEOUT, NODE, Client
+from client import MATCH_TIMEOUT, NODE, Client, command_line
 from diagnostic_msgs.msg import DiagnosticArray
 from moss_tts_msgs.action import Speak
 from moss_tts_msgs.srv import ListVoices, Synthesize
@@ -25,7 +26,6 @@ from rclpy.action import ActionClient, get_action_server_names_and_types_by_node
 from rclpy.parameter import Parameter
 from std_msgs.msg import String
 
-NODE_NAME = NODE.lstrip("/")
 FIELDS = ("text", "language", "instruction", "reference_audio", "seed", "voice")
 
 
@@ -37,22 +37,22 @@ def message(request: dict[str, Any], empty: Any) -> Any:
 
 
 def run_graph(client: Client, args: dict[str, Any]) -> dict[str, Any]:
-    """Every DDS topic the node reads or writes, once its action and ``args["expect"]`` services are seen."""
+    """What the node ``args["node"]`` (in /) reads, writes, serves and calls, once the services and topics of
+    ``args["expect"]`` are among them."""
+    name = args["node"]
 
     def seen() -> dict[str, Any] | None:
-        if (NODE_NAME, "/") not in client.get_node_names_and_namespaces():
+        if (name, "/") not in client.get_node_names_and_namespaces():
             return None
-        services = dict(client.get_service_names_and_types_by_node(NODE_NAME, "/"))
-        actions = dict(get_action_server_names_and_types_by_node(client, NODE_NAME, "/"))
-        if not all(name in services for name in args["expect"]) or f"{NODE}/speak" not in actions:
-            return None
-        return {
-            "publish": sorted(name for name, _ in client.get_publisher_names_and_types_by_node(NODE_NAME, "/")),
-            "subscribe": sorted(name for name, _ in client.get_subscriber_names_and_types_by_node(NODE_NAME, "/")),
-            "services": sorted(services),
-            "clients": sorted(name for name, _ in client.get_client_names_and_types_by_node(NODE_NAME, "/")),
-            "actions": sorted(actions),
+        graph = {
+            "publish": sorted(topic for topic, _ in client.get_publisher_names_and_types_by_node(name, "/")),
+            "subscribe": sorted(topic for topic, _ in client.get_subscriber_names_and_types_by_node(name, "/")),
+            "services": sorted(service for service, _ in client.get_service_names_and_types_by_node(name, "/")),
+            "clients": sorted(service for service, _ in client.get_client_names_and_types_by_node(name, "/")),
+            "actions": sorted(action for action, _ in get_action_server_names_and_types_by_node(client, name, "/")),
         }
+        everything = {entry for entries in graph.values() for entry in entries}
+        return graph if set(args["expect"]) <= everything else None
 
     # The graph fills in as discovery goes on: take it once two looks half a second apart agree.
     deadline = time.monotonic() + MATCH_TIMEOUT
@@ -99,8 +99,8 @@ def run_requests(client: Client, args: dict[str, Any]) -> dict[str, Any]:
                 }
             )
         else:
-            goal = client.send_goal(action, request)
-            result = client.result(goal["result_future"], timeout, "a result")
+            handle = client.result(action.send_goal_async(message(request, Speak.Goal())), 10, "goal acceptance")
+            result = client.result(handle.get_result_async(), timeout, "a result")
             answers.append(
                 {
                     "success": result.result.success,
@@ -115,9 +115,10 @@ def run_requests(client: Client, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_order(client: Client, args: dict[str, Any]) -> dict[str, Any]:
-    """Send ``long`` (a text whose check takes seconds) on ~/text, then at once: a parameter change, a request
-    refused by its fields, a goal and its cancel, and listen to /diagnostics. Returns when each was answered
-    (the system's monotonic clock) and when the long text's first chunk arrived."""
+    """Send a long text (``unit`` ``times`` over: a text whose check takes seconds; too long for a command
+    line) on ~/text, then at once: a parameter change, a request refused by its fields, a goal and its cancel,
+    and listen to /diagnostics. Returns when each was answered (the system's monotonic clock) and when the
+    long text's first chunk arrived."""
     text = client.create_publisher(String, f"{NODE}/text", 10)
     service = client.create_client(Synthesize, f"{NODE}/synthesize")
     action = ActionClient(client, Speak, f"{NODE}/speak")
@@ -136,7 +137,7 @@ def run_order(client: Client, args: dict[str, Any]) -> dict[str, Any]:
         return lambda _future: answered.setdefault(name, client.now())
 
     sent = client.now()
-    text.publish(String(data=args["long"]))
+    text.publish(String(data=args["unit"] * args["times"]))
     params.set_parameters([Parameter("sampling.seed", value=11)]).add_done_callback(when("parameter"))
     bad = service.call_async(Synthesize.Request(text="Hello.", seed=-5))
     bad.add_done_callback(when("bad request"))
@@ -161,7 +162,7 @@ COMMANDS = {"graph": run_graph, "voices": run_voices, "requests": run_requests, 
 
 
 def main() -> int:
-    command, args = sys.argv[1], json.loads(sys.argv[2])
+    command, args = command_line()
     rclpy.init()
     client = Client()
     try:
