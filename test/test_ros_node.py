@@ -222,7 +222,7 @@ def test_bad_requests_are_answered_and_the_node_keeps_serving(netns: LoopbackNam
         ({"text": "   "}, "text is empty"),
         ({"text": "Hello.", "language": "fr"}, "unknown language 'fr': this node accepts en, zh"),
         ({"text": "Hello.", "reference_audio": "/nonexistent/voice.wav"}, "not a voice of this node"),
-        ({"text": "Hello.", "instruction": "calm " * 10000}, "raise llama.n_ctx"),  # too long for the context
+        ({"text": "Hello.", "instruction": "calm " * 10000}, "'limits.max_text_chars'"),  # refused unread
     ]
     answer = netns.client(
         "synthesize", requests=[request for request, _ in bad] + [{"text": "Hello.", "language": "en"}]
