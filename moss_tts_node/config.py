@@ -154,7 +154,8 @@ class AudioConfig:
         f"Streaming decode: auto (model.codec_dir/{STREAM_DECODER_FILE}, made by build-stream-decoder, when it "
         "exists: each chunk decodes only its new frames, as the offline decode; else re-decoding with "
         "left_context_frames), off (always re-decode), or a path to a stream decoder graph. It runs in ONNX Runtime "
-        'on the CPU whatever the backend (README "Streaming").',
+        "on the CPU whatever the backend; where one is loaded, whole utterances decode on it too and decoder.onnx "
+        'is not loaded (README "Streaming").',
         path=True,
         keywords=STREAM_DECODER_MODES,
     )

@@ -23,10 +23,8 @@ from typing import Any
 import numpy as np
 
 from moss_tts_node.choices import PAUSE_TEXT
-from moss_tts_node.codec.stream_decoder import StreamDecoder
-from moss_tts_node.codec.streaming import StatefulStreamDecoding
-from moss_tts_node.config import Config, GenerationConfig, load_config, stream_decoder_path
-from moss_tts_node.errors import Cancelled, CodecError, ConfigError, RequestError
+from moss_tts_node.config import Config, GenerationConfig, load_config
+from moss_tts_node.errors import Cancelled, RequestError
 from moss_tts_node.model.layout import TOKENIZER_DIR
 from moss_tts_node.model.rates import FRAMES_PER_SECOND, frames_for_seconds
 from moss_tts_node.model.sampling import SamplingParams
@@ -56,8 +54,8 @@ class Synthesizer:
     With ``model.low_memory`` (8 GB boards) the stages take turns in memory (``synthesis/stages.py``):
     nothing streams, each request reloads them, and no prompt prefix is reused.
 
-    Streams decode with the stream decoder graph that ``audio.stream_decoder`` selects, loaded here
-    once (its state is one utterance's, reset between requests), or else with the windowed scheme.
+    Streams decode with the stream decoder graph that ``audio.stream_decoder`` selects, which the stages
+    load once (its state is one utterance's, reset between requests), or else with the windowed scheme.
 
     ``voices`` holds the owner's named voices (``voices.*``) and the default one (``generation.reference_audio``),
     all encoded here, once: a request may give one of them as its voice (``synth.voices["butler"].codes``).
@@ -76,7 +74,7 @@ class Synthesizer:
         try:
             self.n_ctx = self.stages.n_ctx  # what llama.cpp made of llama.n_ctx (it rounds up)
             self.planner = PiecePlanner(self.prompts, self.spec, self.n_ctx, config.audio.max_codec_seconds)
-            self.pipeline = Pipeline(self.spec, self.stages, _open_stream_decoding(config))
+            self.pipeline = Pipeline(self.spec, self.stages, self.stages.stream_decoding)
             self.voices = VoiceLibrary.build(config, self.spec, self.stages.encoder, self._voice_limit(config))
         except BaseException:
             self.stages.close()
@@ -253,21 +251,6 @@ def _prompt_fields(gen: GenerationConfig, request: SpeechRequest, text: str) -> 
         quality=request.quality if request.quality is not None else gen.quality or None,
         tokens=request.tokens,
     )
-
-
-def _open_stream_decoding(config: Config) -> StatefulStreamDecoding | None:
-    """The stream decoder ``audio.stream_decoder`` selects, loaded and checked now; None for the windowed scheme."""
-    path = stream_decoder_path(config)
-    if path is None:
-        return None
-    try:
-        decoder = StreamDecoder(path, threads=config.audio.codec_threads)
-    except CodecError as error:
-        raise ConfigError(
-            f"'audio.stream_decoder' {config.audio.stream_decoder} selects a graph that cannot be used: {error}; "
-            "or set 'audio.stream_decoder' to off"
-        ) from error
-    return StatefulStreamDecoding(decoder)
 
 
 def _flag(cancel: CancelFlag) -> Callable[[], bool]:

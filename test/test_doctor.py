@@ -122,4 +122,5 @@ def test_the_stream_decoder_line_says_which_decode_streams_use(demo_config: Path
     graph.write_bytes(b"")  # the doctor loads no model: presence is what it reports
     status, detail = stream_line()
     assert status == "ok" and detail.startswith(f"{graph}: streams decode only their new frames")
+    assert "decoder.onnx is not loaded" in detail
     assert stream_line(**{"model.low_memory": True}) == ("--", "not used: model.low_memory does not stream")

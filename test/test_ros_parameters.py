@@ -160,5 +160,5 @@ def test_the_languages_parameter_bounds_what_a_request_may_ask_for(demo_config: 
         settings.check_language("xx")
     with pytest.raises(RequestError) as refused:
         settings.check_language("fr")
-    assert str(refused.value) == "language 'fr' is not one this node accepts: en, zh (parameter 'languages')"
+    assert str(refused.value) == "unknown language 'fr': this node accepts en, zh (parameter 'languages')"
     checked_settings(values_of(demo_config), SOURCE, Path.cwd()).check_language("fr")  # empty: any

@@ -15,7 +15,8 @@ from ros_helpers import require_ros
 require_ros()
 
 # Modules of this package the player may not load, by prefix; model/ and codec/ only for their file-name
-# facts (config.py names the weight and graph files in its key descriptions).
+# facts (config.py names the weight and graph files in its key descriptions), text/ only for its table of
+# languages (config.py checks generation.language against it).
 FORBIDDEN_PACKAGE_PREFIXES = (
     "moss_tts_node.synthesizer",
     "moss_tts_node.synthesis.pipeline",
@@ -27,7 +28,12 @@ FORBIDDEN_PACKAGE_PREFIXES = (
     "moss_tts_node.model.",
     "moss_tts_node.codec.",
 )
-FACT_MODULES = {"moss_tts_node.model.layout", "moss_tts_node.codec.layout"}
+FACT_MODULES = {
+    "moss_tts_node.model.layout",
+    "moss_tts_node.codec.layout",
+    "moss_tts_node.text",
+    "moss_tts_node.text.languages",
+}
 FORBIDDEN_LIBRARIES = {"onnxruntime", "tokenizers", "gguf", "llama_cpp", "soundfile", "onnx", "tensorrt"}
 
 

@@ -101,10 +101,24 @@ def test_the_stateful_stream_is_the_offline_decode_request_after_request(
     np.testing.assert_allclose(audio, offline.decode(codes), rtol=0, atol=1e-6)
 
 
-def test_whole_utterances_stay_offline_and_off_selects_the_windowed_scheme(
-    demo_config: Path, codec_tiny_streaming_dir: Path, stateful_synth: Synthesizer
+def test_beside_a_stream_decoder_whole_utterances_decode_on_it_and_decoder_onnx_is_never_loaded(
+    demo_config: Path, codec_tiny_dir: Path, codec_tiny_streaming_dir: Path, tmp_path: Path
 ) -> None:
-    assert stateful_synth.synthesize(TEXT, seed=1).report.codec_decode == "offline"
+    """One decode graph resident: the stream decoder's output is the offline decode, so whole utterances run
+    on it too. Here decoder.onnx is not a model at all, so any session on it would fail at load."""
+    codec_dir = linked_copy(codec_tiny_streaming_dir, tmp_path, skip=["decoder.onnx"])
+    (codec_dir / "decoder.onnx").write_bytes(b"not an ONNX model")
+    offline = OnnxCodec(codec_tiny_dir / "decoder.onnx", provider="cpu")
+    with Synthesizer.from_config_file(demo_config, {"model.codec_dir": str(codec_dir)}) as synth:
+        result = synth.synthesize(TEXT, seed=1)
+        assert result.report.codec_decode == "offline" and result.codes.shape[0] > 1
+        np.testing.assert_allclose(result.audio, offline.decode(result.codes), rtol=0, atol=1e-6)
+        audio, codes = streamed_audio(synth, TEXT, 1)  # a stream after it starts from an empty state
+        np.testing.assert_array_equal(codes, result.codes)
+        np.testing.assert_allclose(audio, result.audio, rtol=0, atol=1e-6)
+
+
+def test_off_selects_the_windowed_scheme(demo_config: Path, codec_tiny_streaming_dir: Path) -> None:
     overrides = {"model.codec_dir": str(codec_tiny_streaming_dir), "audio.stream_decoder": "off"}
     with Synthesizer.from_config_file(demo_config, overrides) as windowed:
         stream = windowed.stream(TEXT, seed=1, max_new_tokens=40)

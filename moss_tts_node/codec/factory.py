@@ -23,13 +23,17 @@ class CodecParams:
     max_frames: int = 500  # the most frames one codec call takes; longer audio is coded in windows
 
 
-def open_codec(params: CodecParams, *, encoder: bool = True, decoder: bool = True) -> AudioCodec:
+def open_codec(
+    params: CodecParams, *, encoder: bool = True, decoder: bool = True, encoder_optional: bool = False
+) -> AudioCodec:
     """The codec backend ``params.backend`` names, holding the graphs asked for.
 
     ``encoder``/``decoder`` let ``low_memory`` hold one stage at a time. With both, a missing
     encoder (never downloaded or built) only fails when something is encoded, since most
-    robots use voices pre-encoded with encode-voice; opened to encode only, it fails at once.
+    robots use voices pre-encoded with encode-voice; opened to encode only, it fails at once,
+    unless ``encoder_optional`` (the encoder beside a stream decoder, which decodes instead).
     """
+    optional = encoder_optional or decoder
     if params.backend == "tensorrt":
         from moss_tts_node.codec.tensorrt import TensorRTCodec  # needs TensorRT: import only when chosen
 
@@ -40,6 +44,7 @@ def open_codec(params: CodecParams, *, encoder: bool = True, decoder: bool = Tru
             params.engine_dir,
             encoder=encoder,
             decoder=decoder,
+            encoder_optional=optional,
             max_frames=params.max_frames,
             attention_span_frames=read_attention_span(params.codec_dir),
         )
@@ -48,7 +53,7 @@ def open_codec(params: CodecParams, *, encoder: bool = True, decoder: bool = Tru
     encoder_path = params.codec_dir / ENCODER_FILE
     return OnnxCodec(
         params.codec_dir / DECODER_FILE if decoder else None,
-        encoder_path if encoder and (encoder_path.is_file() or not decoder) else None,
+        encoder_path if encoder and (encoder_path.is_file() or not optional) else None,
         provider=params.onnx_provider,
         threads=params.threads,
         max_frames=params.max_frames,

@@ -44,6 +44,9 @@ FORMAT_KEY = "moss_tts_node.stream_decoder"
 FORMAT_VERSION = "1"
 # Metadata of graphs that limit the frames of one call (ring attention), with that limit.
 MAX_FRAMES_KEY = "max_frames_per_call"
+# Frames per call when a whole utterance decodes on the stream decoder: from about 10 on a frame costs no
+# less (README "Streaming"), while each call's attention scores grow with its frames squared.
+WHOLE_DECODE_FRAMES_PER_CALL = 25
 
 
 def key_cache_name(stage: int, layer: int) -> str:
@@ -237,3 +240,46 @@ class StreamDecoder:
 
     def _check(self, arg: Any, kind: str, spec: TensorSpec) -> None:
         check_tensor(self.path, f"{kind} {arg.name!r}", arg, spec)
+
+
+class StreamDecoderCodec(AudioCodec):
+    """The codec with a ``StreamDecoder`` for its decoder: one decode graph resident, not two.
+
+    A stream decoder's output equals the offline decode of the same codes whatever the chunking
+    (docs/stream-decoder.md), so whole-utterance decodes run on it too, in calls of at most
+    ``frames_per_call`` frames (a bound on each call's memory), and the published ``decoder.onnx``
+    stays on disk. Any length decodes in one pass, exactly: no windows. The decoder's state is
+    reset after every decode. Encoding is ``encoder``'s (opened without its decoder).
+    """
+
+    def __init__(
+        self, decoder: StreamDecoder, encoder: AudioCodec, frames_per_call: int = WHOLE_DECODE_FRAMES_PER_CALL
+    ) -> None:
+        self.decoder = decoder
+        self._encoder = encoder
+        self.frames_per_call = min(frames_per_call, decoder.max_frames or frames_per_call)
+        self.attention_span_frames = encoder.attention_span_frames
+
+    def close(self) -> None:
+        self._encoder.close()
+
+    def _frame_limit(self, graph: str) -> int | None:
+        return self._encoder._frame_limit(graph) if graph == "encoder" else None
+
+    def _encode(self, waveform: np.ndarray) -> np.ndarray:
+        return self._encoder._encode(waveform)
+
+    def _decode(self, codes: np.ndarray) -> np.ndarray:
+        pieces = []
+        try:
+            for start in range(0, codes.shape[0], self.frames_per_call):
+                # The state must be this decode's: another decode of the same graph (a stream) would corrupt both.
+                if self.decoder.frames_done != start:
+                    raise CodecError(
+                        f"the stream decoder holds {self.decoder.frames_done} frames of state, not the {start} of this "
+                        "decode: two decodes of one synthesizer ran at once; run them one after the other"
+                    )
+                pieces.append(self.decoder.decode(codes[start : start + self.frames_per_call]))
+        finally:
+            self.decoder.reset()
+        return np.concatenate(pieces)

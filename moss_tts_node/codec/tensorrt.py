@@ -139,7 +139,8 @@ class TensorRTCodec(AudioCodec):
     Opening checks ``engines.json`` against this machine's TensorRT and GPU and loads the
     decoder engine, so a wrong or stale engine fails at start-up. The encoder engine, needed
     only to clone voices from clips, loads on first use. ``encoder``/``decoder`` = False leave
-    a graph out (``low_memory`` holds one at a time). ``max_frames`` (from config) can lower
+    a graph out (``low_memory`` holds one at a time); opened without its decoder it loads the
+    encoder at once, unless ``encoder_optional`` (beside a stream decoder). ``max_frames`` (from config) can lower
     the engines' own limit; longer audio is windowed either way, overlapping by a multiple of
     ``attention_span_frames`` (``read_attention_span``). ``cuda``: which CUDA binding
     (``auto``, ``pycuda``, ``cuda-python``).
@@ -151,6 +152,7 @@ class TensorRTCodec(AudioCodec):
         *,
         encoder: bool = True,
         decoder: bool = True,
+        encoder_optional: bool = False,
         max_frames: int | None = None,
         attention_span_frames: int = PUBLISHED_ATTENTION_SPAN_FRAMES,
         cuda: str = "auto",
@@ -171,7 +173,7 @@ class TensorRTCodec(AudioCodec):
         self._wanted = {"encoder": encoder, "decoder": decoder}
         if decoder:
             self._runner("decoder")
-        elif encoder:
+        elif encoder and not encoder_optional:
             self._runner("encoder")  # opened to encode only: fail now if there is no encoder engine
 
     @property

@@ -115,8 +115,7 @@ class Settings:
             raise RequestError(str(error)) from None
         if self.languages and code not in self.languages:
             raise RequestError(
-                f"language {language!r} is not one this node accepts: {', '.join(self.languages)} (parameter "
-                "'languages')"
+                f"unknown language {language!r}: this node accepts {', '.join(self.languages)} (parameter 'languages')"
             )
 
 

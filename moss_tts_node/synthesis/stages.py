@@ -7,6 +7,11 @@ the decoder loads and nothing streams. Either way a stage is handed out as a con
 the loaded object, never ``None``: the pipeline does not know which kind it has, only whether the
 decoder can run while the backbone generates (``streams``).
 
+Where a stream decoder graph is configured (``audio.stream_decoder``), resident stages load it instead of
+the published ``decoder.onnx``: streams decode on it chunk by chunk (``stream_decoding``), and so do
+whole-utterance outputs, in larger chunks, through the codec they hand out (``StreamDecoderCodec``): its
+output is the offline decode either way, and one decode graph is resident, not two.
+
 Here the config is mapped onto each layer's own parameters (``BackboneParams``, ``CodecParams``).
 """
 
@@ -23,7 +28,10 @@ import numpy as np
 
 from moss_tts_node.codec.base import AudioCodec
 from moss_tts_node.codec.factory import CodecParams, open_codec
-from moss_tts_node.config import Config, backbone_path
+from moss_tts_node.codec.stream_decoder import StreamDecoder, StreamDecoderCodec
+from moss_tts_node.codec.streaming import StatefulStreamDecoding
+from moss_tts_node.config import Config, backbone_path, stream_decoder_path
+from moss_tts_node.errors import CodecError, ConfigError
 from moss_tts_node.llama.backbone import Backbone, BackboneParams
 from moss_tts_node.model.embeddings import EmbeddingTables
 from moss_tts_node.model.heads import AudioHeads, load_audio_heads
@@ -98,6 +106,8 @@ class Stages(ABC):
 
     streams: bool  # whether the decoder can run while the backbone generates
     n_ctx: int
+    # How streams decode when a stream decoder is resident (its state is one utterance's); None: windowed.
+    stream_decoding: StatefulStreamDecoding | None = None
 
     @abstractmethod
     def generation(self) -> Iterator[GenerationStage]:
@@ -133,7 +143,13 @@ class ResidentStages(Stages):
     def __init__(self, config: Config, spec: ModelSpec) -> None:
         self._generation = GenerationStage.load(config, spec)
         try:
-            self._codec = open_codec(codec_params(config))
+            decoder = _open_stream_decoder(config)
+            if decoder is None:
+                self._codec = open_codec(codec_params(config))
+            else:
+                encoder = open_codec(codec_params(config), decoder=False, encoder_optional=True)
+                self._codec = StreamDecoderCodec(decoder, encoder)
+                self.stream_decoding = StatefulStreamDecoding(decoder)
         except BaseException:
             self._generation.close()
             raise
@@ -177,6 +193,7 @@ class ResidentStages(Stages):
     def close(self) -> None:
         self._generation.close()
         self._codec.close()
+        self.stream_decoding = None  # its caches and graph go with it
 
 
 class PerRequestStages(Stages):
@@ -218,6 +235,20 @@ class PerRequestStages(Stages):
 
     def close(self) -> None:
         pass  # nothing stays loaded
+
+
+def _open_stream_decoder(config: Config) -> StreamDecoder | None:
+    """The stream decoder ``audio.stream_decoder`` selects, loaded and checked now; None for the windowed scheme."""
+    path = stream_decoder_path(config)
+    if path is None:
+        return None
+    try:
+        return StreamDecoder(path, threads=config.audio.codec_threads)
+    except CodecError as error:
+        raise ConfigError(
+            f"'audio.stream_decoder' {config.audio.stream_decoder} selects a graph that cannot be used: {error}; "
+            "or set 'audio.stream_decoder' to off"
+        ) from error
 
 
 def open_stages(config: Config, spec: ModelSpec) -> Stages:

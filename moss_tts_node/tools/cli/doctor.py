@@ -186,7 +186,10 @@ def _check_stream_decoder(config: Any, checks: list[Check]) -> None:
     windowed = f"streams re-decode audio.left_context_frames ({config.audio.left_context_frames}) frames per chunk"
     path = stream_decoder_path(config)
     if path is not None:
-        detail = f"{path}: streams decode only their new frames (ONNX Runtime, CPU; the graph is checked at load)"
+        detail = (
+            f"{path}: streams decode only their new frames, and whole utterances decode on it too, so "
+            "decoder.onnx is not loaded (ONNX Runtime, CPU; the graph is checked at load)"
+        )
         checks.append(Check("ok", "stream decoder", detail))
     elif config.model.low_memory:
         checks.append(Check("--", "stream decoder", "not used: model.low_memory does not stream"))

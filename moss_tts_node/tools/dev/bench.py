@@ -12,7 +12,8 @@ reports:
 - the backbone-only limit: llama.cpp decoding the same rows in a tight loop (text head on, as llama.cpp
   runs by default, and off, as the audio phase runs here; alternated in blocks of 10 steps);
 - overhead = (step - decode) / decode, time to first audio against the bound prefill + 33 steps + one
-  chunk decode, real-time factor, and peak RSS against GGUF + fp16 embeddings and heads + KV + 500 MB;
+  chunk decode, real-time factor, and peak RSS against GGUF + fp16 embeddings and heads + KV + the resident
+  decode graph (its weights, and a stream decoder's attention caches) + 500 MB;
 - prompt-prefix reuse: the same voice (``--voice-seconds`` of random reference codes) then speaks another
   text; its prefilled rows, prefill ms and time to first audio against the bound prefill(its new rows) +
   33 steps + one chunk decode, next to the first request's (which prefills its whole prompt).
@@ -261,7 +262,8 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
     fp16 = sum(p.stat().st_size for p in (weights / EMBEDDINGS_DIR).glob("*.npy"))
     fp16 += sum((weights / HEADS_DIR / audio_head_file(k)).stat().st_size for k in range(synth.spec.n_vq))
     kv = kv_cache_bytes(gguf, synth.n_ctx, config.llama.kv_cache_type_k, config.llama.kv_cache_type_v)
-    budget = gguf.stat().st_size + fp16 + kv + BUDGET_SLACK
+    codec_bytes = decode_graph_bytes(synth)
+    budget = gguf.stat().st_size + fp16 + kv + codec_bytes + BUDGET_SLACK
     ttfa_ms = None if report.time_to_first_audio_s is None else report.time_to_first_audio_s * 1000
     ttfa_bound = report.prefill_ms + 33 * step_ms + (chunk_ms or 0.0)
     repeat_ttfa_ms = None if repeat.report.time_to_first_audio_s is None else repeat.report.time_to_first_audio_s * 1000
@@ -316,9 +318,24 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
         "rss_budget_bytes": budget,
         "kv_cache_bytes": kv,
         "fp16_npy_bytes": fp16,
+        "codec_resident_bytes": codec_bytes,
     }
     synth.close()
     return result
+
+
+def decode_graph_bytes(synth: Any) -> int:
+    """What the resident decode graph holds: its weights (the graph and its side file) and, for a stream
+    decoder, its attention caches. The encoder, loaded on a first encode, is not counted: bench encodes nothing."""
+    from moss_tts_node.codec.layout import DECODER_FILE
+
+    stream = synth.stages.stream_decoding
+    if stream is not None:
+        graph, state = stream.decoder.path, stream.decoder.state_bytes
+    else:
+        graph, state = Path(synth.config.model.codec_dir) / DECODER_FILE, 0
+    files = [graph, graph.with_name(f"{graph.name}.data")]
+    return state + sum(path.stat().st_size for path in files if path.is_file())
 
 
 def kv_cache_bytes(gguf: Path, n_ctx: int, type_k: str, type_v: str) -> int:
@@ -486,6 +503,19 @@ def format_table(results: list[dict[str, Any]]) -> str:
         row(
             "peak RSS MB (budget)",
             lambda r: f"{r['peak_rss_bytes'] / mb:.0f} ({r['rss_budget_bytes'] / mb:.0f})",
+        ),
+        row(
+            "budget: GGUF + fp16 tables + KV + decode graph and state + slack, MB",
+            lambda r: " + ".join(
+                "-" if value is None else f"{value / mb:.0f}"
+                for value in (
+                    r.get("gguf_bytes"),
+                    r.get("fp16_npy_bytes"),
+                    r.get("kv_cache_bytes"),
+                    r.get("codec_resident_bytes"),
+                    BUDGET_SLACK,
+                )
+            ),
         ),
         row("load average before / after", lambda r: f"{r['load_before'][0]:.2f} / {r['load_after'][0]:.2f}"),
         row(

@@ -8,15 +8,14 @@ state and how each attention mode relates to the codec's offline and streaming d
 
 ``stream_decoder_checkpoint`` reads the checkpoint and ``stream_decoder_layers`` holds the building
 blocks; this module puts the decode path together, declares the graph's inputs and outputs, writes the
-file (int8: quantized after) and is the ``build-stream-decoder`` command.
+file and is the ``build-stream-decoder`` command.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import shutil
-import tempfile
+import re
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +41,9 @@ from moss_tts_node.errors import WeightsError
 from moss_tts_node.tools.prepare.safetensors_io import SafetensorsCheckpoint
 from moss_tts_node.tools.prepare.stream_decoder_checkpoint import CodecSpec, CodecWeights, Patch, read_codec_config
 from moss_tts_node.tools.prepare.stream_decoder_layers import (
-    CODEBOOK_PROJECTIONS,
+    CONTRIB_DOMAIN,
     OnnxGraph,
+    WeightPrecision,
     quantizer_decode,
     stage_clock,
     transformer_stage,
@@ -56,55 +56,46 @@ from moss_tts_node.tools.prepare.stream_decoder_layers import (
 ATTENTION_MODES = ("window", "ring")
 OPSET = 20  # Gelu is a standard op from 20 on
 IR_VERSION = 9  # the oldest IR that carries opset 20, so older ONNX Runtimes load the graph too
+# The graphs --precision names: every weight float32, or some weight MatMuls 8-bit (MatMulNBits), chosen
+# from each group's measured cost in fidelity (docs/stream-decoder.md "Precision").
+_ATTENTION_WEIGHTS = re.compile(r"decoder\.\d+\.transformer\.layers\.\d+\.self_attn\.(query|key|value|out_proj)")
+PRECISIONS: dict[str, WeightPrecision | None] = {
+    "fp32": None,
+    "w8-attention": WeightPrecision(lambda name: _ATTENTION_WEIGHTS.fullmatch(name) is not None),
+    "w8": WeightPrecision(lambda name: True),
+}
 # Protobuf cannot hold a model over 2 GiB; above this the weights go to a side file.
 _EXTERNAL_DATA_BYTES = 1_800_000_000
 
 
 def build_stream_decoder(
-    checkpoint_dir: Path | str, out_path: Path | str, *, int8: bool = False, attention: str = "window"
+    checkpoint_dir: Path | str, out_path: Path | str, *, precision: str = "fp32", attention: str = "window"
 ) -> Path:
     """Write the stream decoder graph of the checkpoint in ``checkpoint_dir`` to ``out_path``; return it.
 
-    ``int8``: MatMul weights quantized dynamically to int8 (ONNX Runtime's quantizer; activations stay
-    float). ``attention``: "window" (each new position sees exactly what the offline decode shows it) or
-    "ring" (reproduces the codec's own streaming). Weights go to ``<out_path>.data`` when the graph
-    would pass protobuf's 2 GiB limit. Raises WeightsError for a missing, inconsistent or unsupported
-    checkpoint.
+    ``precision``: a name of PRECISIONS (float32, or which weight MatMuls are 8-bit). ``attention``:
+    "window" (each new position sees exactly what the offline decode shows it) or "ring" (reproduces the
+    codec's own streaming). Weights go to ``<out_path>.data`` when the graph would pass protobuf's 2 GiB
+    limit. Raises WeightsError for a missing, inconsistent or unsupported checkpoint.
     """
     if attention not in ATTENTION_MODES:
         raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
-    checkpoint_dir, out_path = Path(checkpoint_dir), Path(out_path)
-    spec = read_codec_config(checkpoint_dir / "config.json")
-    checkpoint = SafetensorsCheckpoint(checkpoint_dir)
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {tuple(PRECISIONS)}, got {precision!r}")
+    out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    if not int8:
-        _write_graph(spec, checkpoint, out_path, attention)
-        return out_path
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    with tempfile.TemporaryDirectory(dir=out_path.parent, prefix=".stream-decoder-fp32-") as scratch:
-        fp32_path = Path(scratch) / "fp32.onnx"
-        external = _write_graph(spec, checkpoint, fp32_path, attention)
-        quantize_dynamic(
-            fp32_path,
-            out_path,
-            weight_type=QuantType.QInt8,
-            op_types_to_quantize=["MatMul"],
-            use_external_data_format=external,
-            # Attention multiplies activations by the caches: only weight MatMuls may be quantized.
-            extra_options={"MatMulConstBOnly": True},
-            nodes_to_exclude=[CODEBOOK_PROJECTIONS],
-        )
-        if external:  # the quantizer creates its side file owner-only; give it the fp32 file's permissions
-            shutil.copymode(fp32_path.with_name(f"{fp32_path.name}.data"), out_path.with_name(f"{out_path.name}.data"))
+    write_graph(Path(checkpoint_dir), out_path, attention, PRECISIONS[precision])
     return out_path
 
 
-def _write_graph(spec: CodecSpec, checkpoint: SafetensorsCheckpoint, out_path: Path, attention: str) -> bool:
-    """Write the fp32 graph to ``out_path``; return whether its weights went to a side file."""
+def write_graph(checkpoint_dir: Path, out_path: Path, attention: str, weights: WeightPrecision | None) -> None:
+    """Write the graph of the checkpoint in ``checkpoint_dir``, float32 but for the 8-bit weights that
+    ``weights`` picks (``tools/dev/stream_decoder_precision.py`` measures any such choice)."""
     import onnx
     from onnx import helper
 
+    spec = read_codec_config(checkpoint_dir / "config.json")
+    checkpoint = SafetensorsCheckpoint(checkpoint_dir)
     weight_bytes = 4 * sum(  # the graph is float32 whatever the checkpoint stores
         int(np.prod(info.shape))
         for name, info in checkpoint.tensors.items()
@@ -116,14 +107,17 @@ def _write_graph(spec: CodecSpec, checkpoint: SafetensorsCheckpoint, out_path: P
     try:
         with contextlib.ExitStack() as stack:
             data_file = stack.enter_context(data_path.open("wb")) if external else None
-            graph = OnnxGraph(data_file, data_name)
+            graph = OnnxGraph(data_file, data_name, weights)
             inputs, outputs = _decode_path(graph, CodecWeights(checkpoint), spec, attention)
     except BaseException:
         if external:
             data_path.unlink(missing_ok=True)  # gigabytes of weights for a graph that will not exist
         raise
     body = helper.make_graph(graph.nodes, "moss_stream_decoder", inputs, outputs, graph.initializers)
-    model = helper.make_model(body, opset_imports=[helper.make_opsetid("", OPSET)], producer_name=__name__)
+    opsets = [helper.make_opsetid("", OPSET)]
+    if graph.contrib_ops:
+        opsets.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
+    model = helper.make_model(body, opset_imports=opsets, producer_name=__name__)
     model.ir_version = IR_VERSION
     properties = {FORMAT_KEY: FORMAT_VERSION, "attention": attention}
     if attention == "ring":
@@ -131,7 +125,6 @@ def _write_graph(spec: CodecSpec, checkpoint: SafetensorsCheckpoint, out_path: P
     helper.set_model_props(model, properties)
     onnx.save_model(model, out_path)
     onnx.checker.check_model(str(out_path))  # by path, so that external data and > 2 GiB models are checked too
-    return external
 
 
 def _ring_max_frames(spec: CodecSpec) -> int:
@@ -218,7 +211,13 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         type=Path,
         help=f"graph to write; put it in the config's model.codec_dir as {STREAM_DECODER_FILE} to have it used",
     )
-    parser.add_argument("--int8", action="store_true", help="int8 weights: faster on a CPU, slightly less exact")
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="fp32",
+        help="fp32: the offline decode (default); the others make some weights 8-bit: faster on a CPU, less "
+        'exact (README "Streaming" has the figures)',
+    )
     parser.add_argument(
         "--attention",
         choices=ATTENTION_MODES,
@@ -232,6 +231,6 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 def run(args: argparse.Namespace) -> int:
     if args.out.exists() and not args.force:
         raise WeightsError(f"{args.out} exists; pass --force to overwrite it")
-    path = build_stream_decoder(args.checkpoint, args.out, int8=args.int8, attention=args.attention)
-    print(f"wrote {path} ({'int8' if args.int8 else 'fp32'}, {args.attention} attention)")
+    path = build_stream_decoder(args.checkpoint, args.out, precision=args.precision, attention=args.attention)
+    print(f"wrote {path} ({args.precision}, {args.attention} attention)")
     return 0

@@ -58,7 +58,7 @@ class TransformerStage:
     heads: int
     layers: int
     ffn: int
-    layer_scale: bool
+    layer_scale: float | None  # the layer scales' initial value in config.json; None: the stage has none
     max_period: float
     context: int
 
@@ -230,7 +230,7 @@ class _ConfigReader:
             heads=heads,
             layers=layers,
             ffn=int(values["dim_feedforward"]),
-            layer_scale=values["layer_scale"] is not None,
+            layer_scale=None if values["layer_scale"] is None else float(values["layer_scale"]),
             max_period=float(values["max_period"]),
             context=context,
         )

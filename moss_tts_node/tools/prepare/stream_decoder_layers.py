@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -26,25 +27,38 @@ from moss_tts_node.codec.stream_decoder import (
     value_cache_name,
     write_slots_name,
 )
+from moss_tts_node.errors import WeightsError
 from moss_tts_node.tools.prepare.stream_decoder_checkpoint import CodecSpec, CodecWeights, TransformerStage
 
 _EXTERNAL_ALIGN = 4096  # lets ONNX Runtime map the side file instead of reading it
 _LAYER_NORM_EPS = 1e-5  # the codec's nn.LayerNorm default
 _INT64_MAX = np.iinfo(np.int64).max
-# The 32 codebooks' projections are one (32, 8, 512) weight: int8 would give all of them one scale,
-# which costs more accuracy (about 3 dB on codec-tiny) than the 0.5 M weights are worth. Kept in float.
-CODEBOOK_PROJECTIONS = "quantizer.out_projs.matmul"
+CONTRIB_DOMAIN = "com.microsoft"  # ONNX Runtime's own operators (MatMulNBits)
+
+
+@dataclass(frozen=True)
+class WeightPrecision:
+    """Which weight MatMuls are 8-bit: ONNX Runtime's MatMulNBits, weights in blocks of ``block`` input
+    channels with one scale each (symmetric), activations quantized per row and block of the same size
+    (``accuracy_level`` 4: int8 dot products) so that each output row depends on its own input row only,
+    whatever the chunking. Everything else (norms, attention, the caches) stays float32."""
+
+    quantized: Callable[[str], bool]  # by weight name (the ``linear`` hint), True: 8-bit
+    block: int = 32
+    accuracy_level: int = 4
 
 
 class OnnxGraph:
     """Nodes and initializers of the graph being written; big weights stream to the side file if there is one."""
 
-    def __init__(self, data_file: BinaryIO | None, data_name: str) -> None:
+    def __init__(self, data_file: BinaryIO | None, data_name: str, precision: WeightPrecision | None = None) -> None:
         self.nodes: list[Any] = []
         self.initializers: list[Any] = []
         self._data_file = data_file
         self._data_name = data_name
+        self._precision = precision
         self._used: dict[str, int] = {}
+        self.contrib_ops = False  # whether a node of ONNX Runtime's com.microsoft domain was added
 
     def name(self, hint: str) -> str:
         count = self._used.get(hint, 0)
@@ -73,6 +87,26 @@ class OnnxGraph:
         self.initializers.append(tensor)
         return name
 
+    def linear(self, x: str, hint: str, matrix: np.ndarray) -> str:
+        """``x @ matrix`` for a (in, out) weight named ``hint``: float32, or 8-bit where the precision says so."""
+        if self._precision is None or not self._precision.quantized(hint):
+            return self.op("MatMul", x, self.weight(hint, matrix))
+        block = self._precision.block
+        packed, scales = quantize_8bit_blocks(matrix, block)
+        self.contrib_ops = True
+        return self.op(
+            "MatMulNBits",
+            x,
+            self.weight(f"{hint}.q8", packed),
+            self.weight(f"{hint}.scales", scales),
+            domain=CONTRIB_DOMAIN,
+            K=matrix.shape[0],
+            N=matrix.shape[1],
+            bits=8,
+            block_size=block,
+            accuracy_level=self._precision.accuracy_level,
+        )
+
     def op(self, op_type: str, *inputs: str, outputs: int = 1, out: str | None = None, **attributes: Any) -> Any:
         """Add a node; return its output name (``out`` if given), or a list of ``outputs`` names.
 
@@ -83,6 +117,19 @@ class OnnxGraph:
         names = [out] if out is not None else [self.name(op_type.lower()) for _ in range(outputs)]
         self.nodes.append(helper.make_node(op_type, list(inputs), names, name=names[0], **attributes))
         return names[0] if len(names) == 1 else names
+
+
+def quantize_8bit_blocks(matrix: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """A (K, N) weight as MatMulNBits stores 8 bits: (N, K / block, block) uint8 codes around 128, and
+    one float32 scale per output column and block (N * K / block,), the block's largest |w| / 127."""
+    k, n = matrix.shape
+    if k % block:
+        raise WeightsError(f"a weight of {k} input channels does not split into 8-bit blocks of {block}")
+    blocks = np.ascontiguousarray(matrix.T, dtype=np.float32).reshape(n, k // block, block)
+    scales = np.abs(blocks).max(axis=2) / np.float32(127)
+    safe = np.where(scales > 0, scales, np.float32(1))  # an all-zero block: any scale gives codes of 128
+    codes = np.clip(np.rint(blocks / safe[:, :, None]), -127, 127).astype(np.int16) + 128
+    return codes.astype(np.uint8), scales.astype(np.float32).reshape(-1)
 
 
 def quantizer_decode(graph: OnnxGraph, weights: CodecWeights, spec: CodecSpec) -> str:
@@ -100,14 +147,13 @@ def quantizer_decode(graph: OnnxGraph, weights: CodecWeights, spec: CodecSpec) -
         projections = [weights.weight_normed(f"{prefix}.{i}.out_proj", rvq, width) for i in range(count)]
         matrices = graph.weight("quantizer.out_projs", np.stack([m for m, _ in projections]))
         biases = graph.weight("quantizer.out_proj_biases", np.stack([b[None, :] for _, b in projections]))
-        x = graph.op("Add", graph.op("MatMul", x, matrices, out=CODEBOOK_PROJECTIONS), biases)
+        # One batched (32, 8, 512) MatMul, always float32: its 0.5 M weights are not worth a precision loss.
+        x = graph.op("Add", graph.op("MatMul", x, matrices), biases)
     x = graph.op("ReduceSum", x, graph.constant("axis", [0]), keepdims=0)
     if rvq != spec.quantizer_output_dim:
         matrix, bias = weights.weight_normed("quantizer.output_proj", spec.quantizer_output_dim, rvq)
         x = graph.op(
-            "Add",
-            graph.op("MatMul", x, graph.weight("quantizer.output_proj", matrix)),
-            graph.weight("quantizer.output_proj.bias", bias),
+            "Add", graph.linear(x, "quantizer.output_proj", matrix), graph.weight("quantizer.output_proj.bias", bias)
         )
     return x
 
@@ -189,13 +235,10 @@ def transformer_stage(
     """One decoder Transformer stage on (T, input_dim); outputs its cache rows by the contract's names."""
     width = stage.d_model
     if stage.input_dim != width:  # the codec has no projection where the widths agree
-        x = graph.op(
-            "MatMul",
+        x = graph.linear(
             x,
-            graph.weight(
-                f"{stage.prefix}.input_proj",
-                weights.linear(f"{stage.prefix}.input_proj.weight", width, stage.input_dim),
-            ),
+            f"{stage.prefix}.input_proj",
+            weights.linear(f"{stage.prefix}.input_proj.weight", width, stage.input_dim),
         )
     key_rows, value_rows = [], []
     for layer in range(stage.layers):
@@ -205,13 +248,10 @@ def transformer_stage(
     graph.op("Concat", *key_rows, axis=0, out=new_keys_name(index))
     graph.op("Concat", *value_rows, axis=0, out=new_values_name(index))
     if stage.output_dim != width:
-        x = graph.op(
-            "MatMul",
+        x = graph.linear(
             x,
-            graph.weight(
-                f"{stage.prefix}.output_proj",
-                weights.linear(f"{stage.prefix}.output_proj.weight", stage.output_dim, width),
-            ),
+            f"{stage.prefix}.output_proj",
+            weights.linear(f"{stage.prefix}.output_proj.weight", stage.output_dim, width),
         )
     return x
 
@@ -232,7 +272,7 @@ def _layer(
         return graph.op("LayerNormalization", value, scale, bias, axis=-1, epsilon=_LAYER_NORM_EPS)
 
     def residual(name: str, update: str) -> str:
-        if stage.layer_scale:
+        if stage.layer_scale is not None:
             update = graph.op(
                 "Mul", update, graph.weight(f"{prefix}.{name}.scale", weights.read(f"{prefix}.{name}.scale", (width,)))
             )
@@ -260,12 +300,8 @@ def _layer(
     in_proj = weights.read(f"{prefix}.self_attn.in_projs.0.weight", (3 * width, width))
     query, key, value = (
         split_heads(
-            graph.op(
-                "MatMul",
-                normed,
-                graph.weight(
-                    f"{prefix}.self_attn.{part}", np.ascontiguousarray(in_proj[i * width : (i + 1) * width].T)
-                ),
+            graph.linear(
+                normed, f"{prefix}.self_attn.{part}", np.ascontiguousarray(in_proj[i * width : (i + 1) * width].T)
             )
         )
         for i, part in enumerate(("query", "key", "value"))
@@ -294,16 +330,12 @@ def _layer(
         "Reshape", graph.op("Transpose", attended, perm=[1, 0, 2]), graph.constant("width_shape", [-1, width])
     )
     out_proj = weights.linear(f"{prefix}.self_attn.out_projs.0.weight", width, width)
-    x = residual("layer_scale_1", graph.op("MatMul", merged, graph.weight(f"{prefix}.self_attn.out_proj", out_proj)))
-    hidden = graph.op(
-        "MatMul",
-        norm("norm2", x),
-        graph.weight(f"{prefix}.linear1", weights.linear(f"{prefix}.linear1.weight", stage.ffn, width)),
+    x = residual("layer_scale_1", graph.linear(merged, f"{prefix}.self_attn.out_proj", out_proj))
+    hidden = graph.linear(
+        norm("norm2", x), f"{prefix}.linear1", weights.linear(f"{prefix}.linear1.weight", stage.ffn, width)
     )
-    ffn = graph.op(
-        "MatMul",
-        graph.op("Gelu", hidden),
-        graph.weight(f"{prefix}.linear2", weights.linear(f"{prefix}.linear2.weight", width, stage.ffn)),
+    ffn = graph.linear(
+        graph.op("Gelu", hidden), f"{prefix}.linear2", weights.linear(f"{prefix}.linear2.weight", width, stage.ffn)
     )
     x = residual("layer_scale_2", ffn)
     # Keep only the newest `span` positions: the rows the ring will hold.
