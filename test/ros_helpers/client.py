@@ -523,16 +523,19 @@ def run_soak(client: Client, args: dict[str, Any]) -> dict[str, Any]:
         soak.call(Synthesize.Request(text="Hello.", reference_audio="/nonexistent/voice.wav"), refusal=NOT_A_VOICE)
         soak.result(soak.send(Speak.Goal(text="Bonjour.", language="fr")), refusal="unknown language 'fr'")
         soak.result(soak.send(Speak.Goal(text="")), refusal="text is empty")
-        soak.bad_text("  ")
         # Hostile and oversized (README "Security"): a megabyte of text, a probe of the machine's files,
         # nothing to say, a seed out of range, an escape through the voice field.
+        soak.bad_text("🤖" * 5000)
         soak.call(Synthesize.Request(text="word " * 200_000), refusal="'limits.max_text_chars'")
         soak.result(soak.send(Speak.Goal(text="Hello.", reference_audio="/etc/shadow")), refusal=NOT_A_VOICE)
         soak.call(Synthesize.Request(text="🤖🤖🤖 ... !!!"), refusal="nothing to say")
         soak.result(soak.send(Speak.Goal(text="Hello.", seed=-5)), refusal="the seed must be -1")
         soak.call(Synthesize.Request(text="Hello.", voice="../" * 20 + "proc/self/environ"), refusal=NOT_A_VOICE)
-        soak.bad_text("🤖" * 5000)
+        soak.bad_text("  ")
         print(json.dumps({"progress": soak.counts["requests"]}), flush=True)
+    # The node checks requests in the order they come: once this one is answered, so is every text before it
+    # (whose refusals only the diagnostics count).
+    soak.call(Synthesize.Request(text="The end."))
     return {"counts": soak.counts, "unexpected": soak.unexpected}
 
 
