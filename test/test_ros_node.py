@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pytest
 from ros_helpers import require_ros
-from ros_helpers.netns import LoopbackNamespace, NodeProcess
+from ros_helpers.netns import LoopbackNamespace, NodeProcess, namespace
 
 from moss_tts_node.codec.streaming import OfflineDecoding, WindowedStreamDecoding
 from moss_tts_node.config import flatten, load_config, write_params_file
@@ -41,13 +41,6 @@ QUEUED, GENERATING, DONE = 0, 1, 2  # Speak feedback states
 LONG = {"sampling.text_temperature": 0.0, "generation.max_new_tokens": 8000}
 LONG_ARGS = [arg for key, value in LONG.items() for arg in ("-p", f"{key}:={value}")]
 FILE_SEED = 5
-
-
-def namespace(tmp_path: Path) -> LoopbackNamespace:
-    try:
-        return LoopbackNamespace(tmp_path)
-    except (RuntimeError, OSError) as err:
-        pytest.skip(f"no loopback-only network namespace here: {err}")
 
 
 @pytest.fixture(scope="module")

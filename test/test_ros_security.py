@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ros_helpers import require_ros
-from ros_helpers.netns import SECURITY_CLIENT, LoopbackNamespace, NodeProcess
+from ros_helpers.netns import SECURITY_CLIENT, LoopbackNamespace, NodeProcess, namespace
 
 from moss_tts_node.codec.audio_io import write_wav
 from moss_tts_node.config import flatten, load_config, write_params_file
@@ -39,13 +39,6 @@ POLICY = ROOT / "policies" / "moss_tts.policy.xml"
 ABORTED = 6  # action_msgs/GoalStatus
 UNKNOWN_VOICE = "not a voice of this node: "
 LONG = {"sampling.text_temperature": 0.0, "generation.max_new_tokens": 8000}  # the demo model runs on
-
-
-def namespace(tmp_path: Path) -> LoopbackNamespace:
-    try:
-        return LoopbackNamespace(tmp_path)
-    except (RuntimeError, OSError) as err:
-        pytest.skip(f"no loopback-only network namespace here: {err}")
 
 
 def secure(netns: LoopbackNamespace, command: str, **args: Any) -> Any:

@@ -127,14 +127,18 @@ def _read_audio(path: Path, max_seconds: float | None) -> tuple[np.ndarray, int]
     return samples, int(rate)
 
 
+def is_file(path: Path) -> bool:
+    """Whether ``path`` is a file; False, not an error, for a name the file system cannot take (too long)."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
+
+
 @contextmanager
 def _readable(path: Path) -> Iterator[None]:
     """Turn libsndfile's failures to open or read ``path`` into a RequestError a user can act on."""
-    try:
-        found = path.is_file()
-    except OSError:  # a name too long for the file system, say
-        found = False
-    if not found:
+    if not is_file(path):
         raise RequestError(f"reference audio {path} not found; give the path of a WAV, FLAC or OGG file")
     try:
         yield

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from moss_tts_node.codec.audio_io import clip_seconds, load_reference_audio
+from moss_tts_node.codec.audio_io import clip_seconds, is_file, load_reference_audio
 from moss_tts_node.codec.base import AudioCodec
 from moss_tts_node.config import Config
 from moss_tts_node.errors import ConfigError, RequestError
@@ -85,11 +85,7 @@ def load_voice(
 
 def _load_codes(path: Path, spec: ModelSpec, limit: VoiceLimit) -> np.ndarray:
     """A .npy of codes; its shape is read from the header (a memory map) and checked before it is read."""
-    try:
-        found = path.is_file()
-    except OSError:  # a name too long for the file system, say
-        found = False
-    if not found:
+    if not is_file(path):
         raise RequestError(f"reference audio not found: {path}")
     try:
         mapped = np.load(path, mmap_mode="r", allow_pickle=False)

@@ -556,7 +556,8 @@ def command_line() -> tuple[str, dict[str, Any]]:
     return sys.argv[1], json.loads(Path(sys.argv[2]).read_text(encoding="utf-8"))
 
 
-def main() -> int:
+def main(commands: dict[str, Any] = COMMANDS) -> int:
+    """Run one of ``commands`` as the command line says; ``params`` it is given are set first, restored after."""
     command, args = command_line()
     rclpy.init()
     client = Client()
@@ -566,7 +567,7 @@ def main() -> int:
         saved = client.get_params(sorted(names)) if names else {}
         client.set_params_or_fail(changed)
         try:
-            answer = COMMANDS[command](client, args)
+            answer = commands[command](client, args)
         finally:
             if saved:
                 client.set_params(list(saved.items()))

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 HELPERS = Path(__file__).resolve().parent
 CLIENT = HELPERS / "client.py"
 SECURITY_CLIENT = HELPERS / "security_client.py"
@@ -105,6 +107,15 @@ class LoopbackNamespace:
         if self._holder.poll() is None:
             os.killpg(self._holder.pid, signal.SIGKILL)
         self._holder.wait()
+
+
+def namespace(log_dir: Path) -> LoopbackNamespace:
+    """A loopback-only namespace logging to ``log_dir``; the calling test skips, with the reason, where none can
+    be made (``unshare -n`` needs root)."""
+    try:
+        return LoopbackNamespace(log_dir)
+    except (RuntimeError, OSError) as err:
+        pytest.skip(f"no loopback-only network namespace here: {err}")
 
 
 class NodeProcess:

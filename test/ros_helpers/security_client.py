@@ -12,13 +12,12 @@ Like client.py (whose ``Client`` it uses), it plays one scenario and prints one 
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from typing import Any
 
 import rclpy
-from client import MATCH_TIMEOUT, NODE, Client, command_line
+from client import MATCH_TIMEOUT, NODE, Client, main
 from diagnostic_msgs.msg import DiagnosticArray
 from moss_tts_msgs.action import Speak
 from moss_tts_msgs.srv import ListVoices, Synthesize
@@ -161,18 +160,5 @@ def run_order(client: Client, args: dict[str, Any]) -> dict[str, Any]:
 COMMANDS = {"graph": run_graph, "voices": run_voices, "requests": run_requests, "order": run_order}
 
 
-def main() -> int:
-    command, args = command_line()
-    rclpy.init()
-    client = Client()
-    try:
-        answer = COMMANDS[command](client, args)
-    finally:
-        client.destroy_node()
-        rclpy.try_shutdown()
-    print(json.dumps(answer))
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(COMMANDS))
