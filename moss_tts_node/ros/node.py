@@ -323,11 +323,15 @@ class TtsNode(Node):
             self._refuse("~/text", err)
 
     def _check_text(self, text: str) -> None:
-        """On the intake's thread: put a ~/text message in line, or log and count why not."""
+        """On the intake's thread: put a ~/text message in line, or log and count why not. No one waits for this
+        check, so a failure of the check itself is logged here too (a service call or a goal gets it back)."""
         try:
             self._submit(text_request(text), uuid.uuid4().hex, collect=False)
         except (MossTTSError, Rejected) as err:
             self._refuse("~/text", err)
+        except Exception as exc:
+            self.get_logger().error(f"~/text request failed to be checked: {exc!r}")
+            raise
 
     def _on_synthesize(self, request: Synthesize.Request, response: Synthesize.Response) -> Synthesize.Response:
         response.sample_rate = self._synth.spec.sampling_rate
