@@ -13,6 +13,7 @@ from moss_tts_node.config import Config, load_config
 from moss_tts_node.errors import Cancelled, CodecError, ConfigError, MossTTSError, RequestError, WeightsError
 
 if TYPE_CHECKING:
+    from moss_tts_node.synthesis.feed import TextFeed
     from moss_tts_node.synthesis.request import SpeechRequest
     from moss_tts_node.synthesis.results import AudioChunk, AudioStream, Synthesis
     from moss_tts_node.synthesizer import Synthesizer
@@ -29,6 +30,7 @@ __all__ = [
     "SpeechRequest",
     "Synthesis",
     "Synthesizer",
+    "TextFeed",
     "WeightsError",
     "load_config",
 ]
@@ -41,6 +43,7 @@ _LAZY = {
     "Synthesis": "moss_tts_node.synthesis.results",
     "SpeechRequest": "moss_tts_node.synthesis.request",
     "Synthesizer": "moss_tts_node.synthesizer",
+    "TextFeed": "moss_tts_node.synthesis.feed",
 }
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import secrets
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -29,12 +29,15 @@ from moss_tts_node.model.layout import TOKENIZER_DIR
 from moss_tts_node.model.rates import FRAMES_PER_SECOND, frames_for_seconds
 from moss_tts_node.model.sampling import SamplingParams
 from moss_tts_node.model.spec import ModelSpec
+from moss_tts_node.synthesis.feed import TextFeed
 from moss_tts_node.synthesis.pipeline import Pipeline
 from moss_tts_node.synthesis.release import read_release, trained_on_pause_markers
 from moss_tts_node.synthesis.request import SpeechRequest, Voice, check_request
 from moss_tts_node.synthesis.results import AudioStream, Synthesis
 from moss_tts_node.synthesis.stages import Stages, open_stages
+from moss_tts_node.synthesis.text_stream import DEFAULT_INPUT_PAUSE_S, PACK_TOKENS, RUN_TOKENS, CutPieces
 from moss_tts_node.synthesis.voices import VoiceLibrary, VoiceLimit, load_voice
+from moss_tts_node.text.cutter import TextCutter
 from moss_tts_node.text.languages import language_tag
 from moss_tts_node.text.normalize import has_something_to_say, normalize_text
 from moss_tts_node.text.pauses import find_markers, resolve_pause_mode
@@ -155,13 +158,12 @@ class Synthesizer:
         gen = config.generation
         prompt_fields = _prompt_fields(gen, request, self._clean_text(request.text, gen.normalize_text))
         max_new_tokens = request.max_new_tokens or gen.max_new_tokens
-        pause_markers = resolve_pause_mode(gen.pause_markers, trained_on_pause_markers(self.release))
+        pause_markers = self._pause_mode(gen)
         plan = self.planner.plan(prompt_fields, self._voice(request.voice, config), max_new_tokens, pause_markers)
-        sampling = request.sampling or config.sampling
-        seed = request.seed if request.seed is not None and request.seed >= 0 else sampling.seed
-        params = SamplingParams(**{**asdict(sampling), "seed": seed if seed >= 0 else secrets.randbits(63)})
         max_frames = None if max_audio_s is None else frames_for_seconds(max_audio_s)
-        chunks = self.pipeline.run(plan, params, config.audio, _flag(cancel), streaming, max_frames)
+        chunks = self.pipeline.run(
+            plan, _sampling_params(request, config), config.audio, _flag(cancel), streaming, max_frames
+        )
         prompt = next(item.prompt for item in plan if isinstance(item, Piece))
         return AudioStream(prompt, chunks, self._estimated_seconds(prompt_fields, pause_markers))
 
@@ -171,6 +173,68 @@ class Synthesizer:
         frames = fields.tokens or self.planner.count_tokens(fields.text) * FRAMES_PER_TEXT_TOKEN
         pauses = 0.0 if pause_markers == PAUSE_TEXT else sum(marker.seconds for marker in find_markers(fields.text))
         return frames / FRAMES_PER_SECOND + pauses
+
+    def stream_text(
+        self,
+        fragments: Iterable[str] | TextFeed,
+        request: SpeechRequest | None = None,
+        *,
+        cancel: CancelFlag = None,
+        streaming: bool = True,
+        config: Config | None = None,
+        input_pause_s: float = DEFAULT_INPUT_PAUSE_S,
+        pack_tokens: int = PACK_TOKENS,
+        **fields: Any,
+    ) -> AudioStream:
+        """Speak text that arrives in fragments (an LLM's tokens), sentence by sentence, as one stream.
+
+        ``fragments`` is a ``TextFeed`` that another thread puts fragments into and closes, or any iterable
+        of strings, which a reader thread drains (so a slow one never holds the synthesis up). The text is
+        cleaned and cut at sentence ends as it arrives (``text/cutter.py``): the first sentence alone, then
+        pieces of whole sentences of ``pack_tokens`` tokens or more (at most ``RUN_TOKENS``; 0: each sentence
+        alone, which pays the model's ramp of 31 steps once a sentence). Each is generated as soon as it is
+        settled, while the next fragments arrive, its prompt prefilling only its own text after the voice's
+        rows kept in the KV cache. A run of more than ``RUN_TOKENS`` tokens without a sentence end is cut at
+        a clause, else a word; input silent for ``input_pause_s`` seconds, while the
+        synthesis waits for text, closes the piece at its last word.
+
+        The other fields are a request's (as ``stream``), checked now; the request's text must be empty,
+        and ``tokens`` (a duration) cannot be given, as the text's length is not known. The same text and
+        seed give the same audio however the text was fragmented and whenever it arrived, as long as no
+        pause cut it (the pieces, and each piece's seed, depend on the text alone). A cancel ends the stream
+        within one step, or while it waits for text within ``_CANCEL_POLL_S``. Once the stream is over the
+        feed is abandoned: fragments put after that are ignored. The stream's report times the whole
+        stream, waiting for text included.
+        """
+        request = _request(request if request is not None else "", fields)
+        if request.text:
+            raise RequestError("stream_text takes its text from the fragments: leave the request's text empty")
+        if request.tokens is not None:
+            raise RequestError("a duration (tokens) cannot be asked of text that arrives in fragments: leave it out")
+        if input_pause_s <= 0:
+            raise RequestError(f"input_pause_s must be above 0 seconds, got {input_pause_s}")
+        if not 0 <= pack_tokens <= RUN_TOKENS:
+            raise RequestError(f"pack_tokens must be 0 to {RUN_TOKENS}, got {pack_tokens}")
+        config = config if config is not None else self.config
+        check_request(request, config.limits)
+        gen = config.generation
+        prompt_fields = _prompt_fields(gen, request, "")
+        voice = self._voice(request.voice, config)
+        self.planner.step_budget(self.prompts.build(prompt_fields, voice), 1)  # the voice and fields leave room
+        max_new_tokens = request.max_new_tokens or gen.max_new_tokens
+        flag = _flag(cancel)
+        pause_markers = self._pause_mode(gen)
+        source = CutPieces(
+            fragments if isinstance(fragments, TextFeed) else TextFeed.reading(fragments),
+            TextCutter(
+                normalize_text if gen.normalize_text else str, RUN_TOKENS, self.planner.count_tokens, pack_tokens
+            ),
+            lambda text: self.planner.plan(replace(prompt_fields, text=text), voice, max_new_tokens, pause_markers),
+            flag,
+            input_pause_s,
+        )
+        chunks = self.pipeline.run(source, _sampling_params(request, config), config.audio, flag, streaming)
+        return AudioStream(None, chunks)
 
     def synthesize(
         self,
@@ -212,6 +276,10 @@ class Synthesizer:
         )
         return self.stages.prepare_prefix(prefix)
 
+    def _pause_mode(self, gen: GenerationConfig) -> str:
+        """What a pause marker means for these weights under ``generation.pause_markers`` (``text/pauses.py``)."""
+        return resolve_pause_mode(gen.pause_markers, trained_on_pause_markers(self.release))
+
     @staticmethod
     def _clean_text(text: str, normalize: bool) -> str:
         """The text to speak (``check_request`` made sure it is a string of bounded length): cleaned when
@@ -233,6 +301,13 @@ def _request(request: SpeechRequest | str, fields: dict[str, Any]) -> SpeechRequ
     if isinstance(request, SpeechRequest):
         return replace(request, **fields) if fields else request
     return SpeechRequest(request, **fields)
+
+
+def _sampling_params(request: SpeechRequest, config: Config) -> SamplingParams:
+    """The request's sampling, its seed drawn now where neither the request nor the config fixes one."""
+    sampling = request.sampling or config.sampling
+    seed = request.seed if request.seed is not None and request.seed >= 0 else sampling.seed
+    return SamplingParams(**{**asdict(sampling), "seed": seed if seed >= 0 else secrets.randbits(63)})
 
 
 def _prompt_fields(gen: GenerationConfig, request: SpeechRequest, text: str) -> PromptFields:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -133,3 +134,75 @@ def test_synth_play_without_a_sound_output_says_so(demo_config: Path, tmp_path: 
         "synth", "--config", demo_config, "--text", "Hi", "--play", "--set", f"model.weights_dir={tmp_path}"
     )
     assert "sound" in message
+
+
+def synth_reading_stdin(demo_config: Path, *flags: str | Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``synth --text -`` in a child process, its standard input a pipe the test writes to as an LLM would."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "moss_tts_node", "synth", "--config", str(demo_config), "--text", "-", *map(str, flags)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+
+
+def write_slowly(process: subprocess.Popen, fragments: list[str]) -> None:
+    """One write and flush per fragment, as a program printing tokens does."""
+    assert process.stdin is not None
+    for fragment in fragments:
+        process.stdin.write(fragment.encode())
+        process.stdin.flush()
+        time.sleep(0.01)  # the reads see the fragments apart; nothing is asserted on time
+
+
+def test_synth_text_dash_speaks_standard_input_and_the_file_holds_the_whole_stream(
+    demo_config: Path, tmp_path: Path
+) -> None:
+    from moss_tts_node.synthesizer import Synthesizer
+
+    text = "Hello there, robot. 你好！How are you?"
+    out = tmp_path / "out.wav"
+    child = synth_reading_stdin(demo_config, "--output", out, "--seed", "3", "--max-new-tokens", "40")
+    encoded = text.encode()
+    cjk = encoded.index("你".encode())
+    assert child.stdin is not None
+    for part in (encoded[:3], encoded[3 : cjk + 1]):  # the second cut inside a character's UTF-8
+        child.stdin.write(part)
+        child.stdin.flush()
+        time.sleep(0.01)  # the reads see the parts apart; nothing is asserted on time
+    stdout, stderr = child.communicate(encoded[cjk + 1 :], timeout=120)  # the rest, then the end of input
+    assert child.returncode == 0, stderr.decode()
+    assert f"wrote {out}" in stdout.decode()
+    written, _ = sf.read(out, dtype="int16")
+    with Synthesizer.from_config_file(demo_config, {"generation.max_new_tokens": 40}) as synth:
+        chunks = [chunk.samples for chunk in synth.stream_text([text], seed=3, streaming=False)]
+    expected = np.frombuffer(float_to_pcm16(np.concatenate(chunks)), "<i2")
+    np.testing.assert_allclose(written, expected, atol=1)  # the same audio, one LSB of rounding
+
+
+def test_synth_text_dash_refuses_empty_or_broken_standard_input(demo_config: Path, tmp_path: Path) -> None:
+    for data, reason in ((b"  \n", "held nothing to speak"), (b"Hello \xff there.", "not UTF-8")):
+        child = synth_reading_stdin(demo_config, "--output", tmp_path / "out.wav")
+        _, stderr = child.communicate(data, timeout=120)
+        assert child.returncode == 2 and reason in stderr.decode(), stderr.decode()
+        assert not (tmp_path / "out.wav").exists()
+
+
+def test_synth_text_dash_play_speaks_while_the_writer_is_still_writing(
+    demo_config: Path, tmp_path: Path, null_sink: NullSink
+) -> None:
+    """The writer holds the end of its text back until the sound output has played something: a synth that
+    waited for the whole text would play nothing (and the test fails on the deadline instead of hanging)."""
+    recorded = tmp_path / "sink.raw"
+    with null_sink.recording(recorded):
+        child = synth_reading_stdin(demo_config, "--play", "--prebuffer", "0.1", "--seed", "3", env=null_sink.env)
+        write_slowly(child, ["The first", " sentence", " is", " here.", " And", " so"])
+        deadline = time.monotonic() + 120
+        while not np.fromfile(recorded, dtype="<f4").any():  # the sink records silence until the player plays
+            assert child.poll() is None and time.monotonic() < deadline, "nothing played before the text ended"
+            time.sleep(0.05)
+        assert child.poll() is None  # still reading: its standard input is open
+        write_slowly(child, [" it", " goes"])
+        _, stderr = child.communicate(b" on.", timeout=120)
+    assert child.returncode == 0, stderr.decode()

@@ -22,7 +22,7 @@ require_ros()
 
 from diagnostic_msgs.msg import DiagnosticStatus  # noqa: E402
 from moss_tts_msgs.action import Speak  # noqa: E402
-from moss_tts_msgs.msg import Timing  # noqa: E402
+from moss_tts_msgs.msg import TextChunk, Timing  # noqa: E402
 from moss_tts_msgs.srv import Synthesize  # noqa: E402
 
 from moss_tts_node.ros.messages import (  # noqa: E402
@@ -47,13 +47,13 @@ def report(synth: Synthesizer) -> TimingReport:
     return synth.synthesize("Hello there.", seed=3).report
 
 
-@pytest.mark.parametrize("message", [Speak.Goal, Synthesize.Request])
+@pytest.mark.parametrize("message", [Speak.Goal, Synthesize.Request, TextChunk])
 def test_empty_fields_of_a_request_take_the_nodes_defaults(message: type) -> None:
     request = speech_request(message(text="Hello."), None)  # every other field as the message's default
     assert fields_of(request) == fields_of(SpeechRequest("Hello."))
 
 
-@pytest.mark.parametrize("message", [Speak.Goal, Synthesize.Request])
+@pytest.mark.parametrize("message", [Speak.Goal, Synthesize.Request, TextChunk])
 def test_the_fields_a_request_gives_reach_the_speech_request(message: type) -> None:
     codes = np.zeros((3, 32), dtype=np.int64)  # what ros/voices.py found for its voice
     request = speech_request(message(text=" Hi. ", language="zh", instruction="calm", voice="nurse", seed=0), codes)
@@ -173,6 +173,7 @@ def test_diagnostics_values_before_and_after_the_first_request(report: TimingRep
         "queue_policy": "queue",
         "requests_completed": "0",
         "requests_refused": "0",
+        "text_streams_open": "0",
         "last_real_time_factor": "",
         "last_time_to_first_audio_s": "",
         "last_stop_reason": "",

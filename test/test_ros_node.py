@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 require_ros()
 
+from moss_tts_node.ros.text_stream import MAX_ID_CHARS  # noqa: E402
+
 SUCCEEDED, CANCELED, ABORTED = 4, 5, 6  # action_msgs/GoalStatus
 QUEUED, GENERATING, DONE = 0, 1, 2  # Speak feedback states
 # With greedy text the demo model speaks until max_new_tokens: about ten seconds of generation,
@@ -503,3 +505,138 @@ def played_span(raw: Path) -> int:
     """Samples from the first to the last that is not silence, in a float32 recording."""
     loud = np.flatnonzero(np.abs(np.fromfile(raw, dtype="<f4")) > 1e-4)
     return int(loud[-1] - loud[0] + 1) if loud.size else 0
+
+
+# -- ~/text_stream (the stream assembly itself: test_ros_text_stream.py) --------------------------------------------
+
+
+def steps(stream_id: str, text: str, final: bool = True, **first: Any) -> list[dict[str, Any]]:
+    """A text sent word by word as TextChunk steps, the request fields on the first."""
+    words = [word for word in text.replace(" ", "\0 ").split("\0") if word]
+    out = [{"chunk": {"stream_id": stream_id, "text": word}} for word in words]
+    out[0]["chunk"] |= first
+    if final:
+        out.append({"chunk": {"stream_id": stream_id, "final": True}})
+    return out
+
+
+def interleaved(*streams: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for number in range(max(map(len, streams))):
+        out += [stream[number] for stream in streams if number < len(stream)]
+    return out
+
+
+def test_interleaved_streams_are_each_one_request_in_line_order(netns: LoopbackNamespace, node: NodeProcess) -> None:
+    texts = {"first": "Hello there. I am a robot.", "second": "你好。How are you?"}
+    before = netns.client("diagnostics")["values"]
+    answer = netns.client(
+        "text_stream",
+        steps=interleaved(steps("first", texts["first"], seed=3), steps("second", texts["second"], seed=4)),
+        finals=list(texts),
+    )
+    first, second = (chunks_of(answer, stream_id) for stream_id in texts)
+    assert_stream(first)
+    assert_stream(second)
+    assert first[-1]["received"] <= second[0]["received"]  # one request after the other, in line order
+    after = netns.client("diagnostics")["values"]  # published after both ended
+    assert int(after["requests_completed"]) == int(before["requests_completed"]) + 2
+    assert after["text_streams_open"] == "0"
+
+
+def test_an_abandoned_stream_is_spoken_after_the_idle_timeout(netns: LoopbackNamespace, node: NodeProcess) -> None:
+    answer = netns.client(
+        "text_stream",
+        steps=[
+            *steps("abandoned", "Spoken though it never ends", final=False),
+            {"wait_open": 0},  # the idle timeout closed it
+            {"chunk": {"stream_id": "abandoned", "text": " late."}},
+        ],
+        finals=["abandoned"],
+        params={"text_stream_idle_timeout": 0.5},
+    )
+    assert_stream(chunks_of(answer, "abandoned"))
+    log = node.output()
+    assert "'abandoned' got no chunk for 0.5 s" in log
+    assert "text stream 'abandoned' has ended: its later chunks are dropped" in log
+
+
+def test_a_new_request_interrupts_a_stream_and_the_streams_later_chunks_are_dropped(
+    netns: LoopbackNamespace, node: NodeProcess
+) -> None:
+    answer = netns.client(
+        "text_stream",
+        steps=[
+            *steps("talker", "This goes on and on. And", final=False),
+            {"wait_chunks": ["talker", 2]},
+            {"text": "Stop talking."},
+            {"wait_open": 0},  # the interrupted stream's request has ended
+            {"chunk": {"stream_id": "talker", "text": " more.", "final": True}},
+        ],
+        finals=[],
+        # greedy text runs each piece to max_new_tokens: long enough to be interrupted, short enough to end
+        params={"sampling.text_temperature": 0.0, "generation.max_new_tokens": 300, "queue_policy": "interrupt"},
+        timeout=60,
+    )
+    talker = chunks_of(answer, "talker")
+    assert_stream(talker, final=False)  # cut off: no final chunk
+    others = [c for c in answer["chunks"] if c["request_id"] != "talker"]
+    assert others and others[0]["received"] >= talker[-1]["received"]  # the new request spoke after it
+    log = node.output()
+    assert "interrupted by a newer request" in log
+    assert "text stream 'talker' has ended: its later chunks are dropped" in log
+
+
+def test_bad_chunks_are_refused_with_reasons_and_the_node_keeps_serving(
+    netns: LoopbackNamespace, node: NodeProcess
+) -> None:
+    before = netns.client("diagnostics")["values"]
+    answer = netns.client(
+        "text_stream",
+        steps=[
+            {"chunk": {"stream_id": "", "text": "no id"}},
+            {"chunk": {"stream_id": "french", "text": "Held open,", "language": "fr"}},  # refused: a language not here
+            {"chunk": {"stream_id": "open", "text": "Held open, waiting"}},
+            {"chunk": {"stream_id": "another", "text": "One too many."}},  # text_stream_max_open 1
+            {"chunk": {"stream_id": "open", "text": " and then far too much text for the limit"}},
+            {"wait_open": 0},  # closed at its limit
+            *steps("good", "Still serving."),
+        ],
+        finals=["open", "good"],
+        params={"text_stream_max_open": 1, "text_stream_max_chars": 30},
+    )
+    assert_stream(chunks_of(answer, "good"))
+    assert not chunks_of(answer, "another") and not chunks_of(answer, "french")
+    log = node.output()
+    assert f"stream_id must be 1 to {MAX_ID_CHARS} printable characters" in log
+    assert "'french' refused: unknown language 'fr': this node accepts en, zh" in log  # the reason of any request
+    assert "'another' refused: as many streams as text_stream_max_open (1) are open" in log
+    assert "'open' would pass 30 characters (text_stream_max_chars): closed with the 18 it had" in log
+    assert int(netns.client("diagnostics")["values"]["requests_refused"]) == int(before["requests_refused"]) + 3
+
+
+def test_the_readme_relay_speaks_an_llms_token_topic(
+    netns: LoopbackNamespace, node: NodeProcess, tmp_path: Path
+) -> None:
+    """README's relay as it is written there, run as its own process: two replies, token by token, each ended by
+    an empty message, are two streams spoken to their final chunk."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = readme.split("**Relay from an LLM's token topic.**", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    script = tmp_path / "relay.py"
+    script.write_text(code)
+    relay = netns.popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        tokens = ["Hello", " there", ".", " I", " am", " here", ".", "", "Second", " reply", ".", ""]
+        relay_ready = {"wait_publishers": ["/moss_tts_node/text_stream", 2]}  # the relay's and the client's
+        answer = netns.client(
+            "text_stream",
+            steps=[relay_ready, *({"publish": ["/llm/tokens", token]} for token in tokens)],
+            final_count=2,
+        )
+    finally:
+        relay.terminate()
+        relay.wait(10)
+    ids = list(dict.fromkeys(c["request_id"] for c in answer["chunks"]))
+    assert len(ids) == 2
+    for request_id in ids:
+        assert_stream(chunks_of(answer, request_id))

@@ -48,7 +48,8 @@ def values_of(demo_config: Path, **changes: Any) -> dict[str, Any]:
 
 def test_every_config_key_and_node_option_is_declared_once_with_its_default() -> None:
     declared = declarations()
-    node_options = ["queue_size", "queue_policy", "output_encoding", "languages", "max_response_seconds"]
+    node_options = ["queue_size", "queue_policy", "output_encoding", "text_stream_max_open", "text_stream_max_chars"]
+    node_options += ["text_stream_idle_timeout", "languages", "max_response_seconds"]
     assert [name for name, _, _ in declared] == [*OPTIONS, *node_options]
     for name, default, described in declared:
         assert default == ALL_OPTIONS[name].default
@@ -66,8 +67,8 @@ def test_a_parameter_is_read_only_unless_its_option_is_marked_per_request() -> N
 
 def test_the_limits_are_read_only_though_read_per_request() -> None:
     """Any participant of the domain may set a parameter that is not read-only: it must not raise a limit."""
-    limits = [o for o in ALL_OPTIONS.values() if o.key.startswith("limits.") or o.key == "max_response_seconds"]
-    assert len(limits) == 3 and all(o.per_request for o in limits)
+    limits = [o for o in ALL_OPTIONS.values() if o.key.startswith(("limits.", "max_response_", "text_stream_"))]
+    assert len(limits) == 6 and all(o.per_request for o in limits)
     assert all(descriptor(o).read_only for o in limits)
     assert all(descriptor(o).read_only for o in ALL_OPTIONS.values() if o.key.startswith("voices."))
 
@@ -110,6 +111,9 @@ def test_a_full_set_of_values_becomes_the_settings(demo_config: Path) -> None:
         queue_size=2,
         queue_policy="queue",
         output_encoding="pcm_s16le",
+        text_stream_max_open=4,
+        text_stream_max_chars=20000,
+        text_stream_idle_timeout=10.0,
         languages=("en", "zh"),
         max_response_seconds=120.0,
     )

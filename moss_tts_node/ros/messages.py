@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from diagnostic_msgs.msg import DiagnosticStatus, KeyValue
 from moss_tts_msgs.action import Speak
-from moss_tts_msgs.msg import Timing
+from moss_tts_msgs.msg import TextChunk, Timing
 from moss_tts_msgs.srv import Synthesize
 
 from moss_tts_node.config import NODE_NAME
@@ -20,9 +20,9 @@ from moss_tts_node.synthesis.request import SpeechRequest
 from moss_tts_node.timing import TimingReport
 
 
-def speech_request(msg: Speak.Goal | Synthesize.Request, voice: np.ndarray | None) -> SpeechRequest:
-    """A Speak goal or a Synthesize request as a SpeechRequest, with the codes of the voice it names (looked up
-    by ros/voices.py: a message never gives the synthesizer a path).
+def speech_request(msg: Speak.Goal | Synthesize.Request | TextChunk, voice: np.ndarray | None) -> SpeechRequest:
+    """A Speak goal, a Synthesize request or a TextChunk (the first of a stream) as a SpeechRequest, with the
+    codes of the voice it names (looked up by ros/voices.py: a message never gives the synthesizer a path).
 
     Empty fields take the node's defaults (None): ``generation.language`` and ``generation.instruction``,
     the default voice (``voice`` None); a seed of -1 takes ``sampling.seed``. The text and the seed are kept
@@ -91,6 +91,7 @@ class NodeStatus:
     completed: int  # requests spoken to their end
     refused: int  # bad requests, and those the line turned away
     last: TimingReport | None  # the last request's figures, None before the first one ends
+    text_streams_open: int = 0  # ~/text_stream streams receiving text
 
 
 def diagnostic_status(node_name: str, status: NodeStatus) -> DiagnosticStatus:
@@ -105,6 +106,7 @@ def diagnostic_status(node_name: str, status: NodeStatus) -> DiagnosticStatus:
         "queue_policy": status.queue_policy,
         "requests_completed": status.completed,
         "requests_refused": status.refused,
+        "text_streams_open": status.text_streams_open,
         "last_real_time_factor": _figure(last.real_time_factor if last else None),
         "last_time_to_first_audio_s": _figure(last.time_to_first_audio_s if last else None),
         "last_stop_reason": str(last.stop_reason) if last else "",

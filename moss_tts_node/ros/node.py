@@ -3,6 +3,8 @@
     ros2 run moss_tts_node moss_tts_node --ros-args --params-file config/default.yaml
 
 - ``~/text`` (std_msgs/String): speak it; the audio goes to ``~/audio``.
+- ``~/text_stream`` (moss_tts_msgs/TextChunk): text that arrives in pieces (an LLM's tokens), one request per
+  stream id, spoken sentence by sentence as it arrives (ros/text_stream.py).
 - ``~/speak`` (moss_tts_msgs/action/Speak): the same with feedback, a result and cancel.
 - ``~/synthesize`` (moss_tts_msgs/srv/Synthesize): the whole utterance back in the response.
 - ``~/list_voices`` (moss_tts_msgs/srv/ListVoices): the voices a request may name (ros/voices.py).
@@ -25,7 +27,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,7 @@ import numpy as np
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
 from moss_tts_msgs.action import Speak
+from moss_tts_msgs.msg import TextChunk
 from moss_tts_msgs.srv import Synthesize
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.action import ActionServer, CancelResponse
@@ -61,14 +64,19 @@ from moss_tts_node.ros.messages import (
 )
 from moss_tts_node.ros.parameters import ALL_OPTIONS, Settings, checked_settings, declarations
 from moss_tts_node.ros.process import start_node, wait_for_stop
-from moss_tts_node.ros.queue import Outcome, Rejected, RequestQueue, Ticket
+from moss_tts_node.ros.queue import Outcome, Rejected, RequestQueue, State, Ticket
+from moss_tts_node.ros.text_stream import ChunkDropped, StreamRefused, TextStreams
 from moss_tts_node.ros.voices import VoiceListing, requested_voice
+from moss_tts_node.synthesis.feed import TextFeed
 from moss_tts_node.synthesis.request import SpeechRequest
 from moss_tts_node.synthesis.results import AudioStream
 from moss_tts_node.synthesizer import Synthesizer
 from moss_tts_node.timing import TimingReport
 
 DIAGNOSTICS_PERIOD_S = 1.0
+TEXT_STREAM_CHECK_S = 0.1  # how often open text streams are checked for their idle timeout
+# Chunks of text streams: one per LLM token, so a burst must not overflow the subscription's queue.
+TEXT_STREAM_QOS = QoSProfile(depth=1000)
 # One feedback per chunk for every goal on one topic: deep enough that a burst (the model can run
 # many times faster than real time) does not push a waiting goal's queue position out.
 FEEDBACK_QOS = QoSProfile(depth=100)
@@ -141,6 +149,7 @@ class TtsNode(Node):
         self._intake = Intake(CHECKS_WAITING)  # every request's check, in the order they arrive
         # Speak goal id -> its check (then its place in line), or its refusal
         self._goals: dict[str, Future[Ticket[Job]] | Refused] = {}
+        self._text_streams = TextStreams(self._start_text_stream)
         self._pending = 0  # service and action callbacks waiting for an outcome
         self._pending_changed = threading.Condition()
 
@@ -150,6 +159,8 @@ class TtsNode(Node):
         self.add_post_set_parameters_callback(self._apply_parameters)
         self._audio = AudioOut(self, self._synth.spec.sampling_rate)
         self.create_subscription(String, "~/text", self._on_text, 10)
+        self.create_subscription(TextChunk, "~/text_stream", self._on_text_chunk, TEXT_STREAM_QOS)
+        self.create_timer(TEXT_STREAM_CHECK_S, self._expire_text_streams)
         # A service call waits for its request's turn, so calls must run side by side.
         self.create_service(Synthesize, "~/synthesize", self._on_synthesize, callback_group=ReentrantCallbackGroup())
         self._voice_listing = VoiceListing(self, self._synth.voices)
@@ -169,7 +180,8 @@ class TtsNode(Node):
         self.create_timer(DIAGNOSTICS_PERIOD_S, self._publish_diagnostics)
         self.get_logger().info(
             f"ready: model loaded in {self._load_s:.1f} s from {self._settings.config.model.weights_dir}; "
-            f"listening on {self.resolve_topic_name('~/text')}, {self.resolve_service_name('~/synthesize')} "
+            f"listening on {self.resolve_topic_name('~/text')}, {self.resolve_topic_name('~/text_stream')}, "
+            f"{self.resolve_service_name('~/synthesize')} "
             f"and the {self.resolve_service_name('~/speak')} action"
         )
 
@@ -230,6 +242,7 @@ class TtsNode(Node):
         *,
         collect: bool,
         on_update: Callable[[Ticket[Job]], None] | None = None,
+        feed: TextFeed | None = None,
     ) -> Ticket[Job]:
         """Validate a request and put it in line; raises RequestError or Rejected with the reason. Runs on the
         intake's thread: the check of a long text takes tens of milliseconds (README "Security").
@@ -237,32 +250,37 @@ class TtsNode(Node):
         ``stream()`` checks the request now (text, reference, room in the context) without
         generating, so a bad request never takes a turn, nor interrupts the one being spoken.
         The request is checked and runs with the parameters in force now (one Settings object). A
-        whole-utterance answer (``collect``) holds at most ``max_response_seconds`` of audio.
+        whole-utterance answer (``collect``) holds at most ``max_response_seconds`` of audio. With a ``feed``
+        the text arrives there, in pieces (``stream_text``; the request's text is empty).
         """
         settings = self._settings
         settings.check_language(request.language)
         cancel = threading.Event()
-        limit = settings.max_response_seconds if collect else None
-        stream = self._synth.stream(
-            request,
-            cancel=cancel,
-            streaming=not collect,  # a whole-utterance answer is the codec's offline decode
-            config=settings.config,
-            max_audio_s=limit,
-        )
-        if limit is not None and stream.estimated_seconds > limit:
-            raise RequestError(
-                f"the speech is expected to take {stream.estimated_seconds:.1f} s, more than a ~/synthesize "
-                f"response holds (parameter 'max_response_seconds' ({limit:g} s)): split the text, or use "
-                "~/speak or ~/text, which stream it"
+        if feed is None:
+            limit = settings.max_response_seconds if collect else None
+            stream = self._synth.stream(
+                request,
+                cancel=cancel,
+                streaming=not collect,  # a whole-utterance answer is the codec's offline decode
+                config=settings.config,
+                max_audio_s=limit,
             )
+            if limit is not None and stream.estimated_seconds is not None and stream.estimated_seconds > limit:
+                raise RequestError(
+                    f"the speech is expected to take {stream.estimated_seconds:.1f} s, more than a ~/synthesize "
+                    f"response holds (parameter 'max_response_seconds' ({limit:g} s)): split the text, or use "
+                    "~/speak or ~/text, which stream it"
+                )
+        else:
+            stream = self._synth.stream_text(feed, request, cancel=cancel, config=settings.config)
         job = Job(stream, request_id, settings.output_encoding, [] if collect else None)
         ticket = Ticket(job, cancel, on_update)
         self._queue.submit(ticket)
         return ticket
 
-    def _speech_request(self, msg: Speak.Goal | Synthesize.Request) -> SpeechRequest:
-        """A goal or a service request as the synthesizer takes it, its voice looked up among the node's."""
+    def _speech_request(self, msg: Speak.Goal | Synthesize.Request | TextChunk) -> SpeechRequest:
+        """A goal, a service request or a stream's first chunk as the synthesizer takes it, its voice looked up
+        among the node's."""
         return speech_request(msg, requested_voice(self._synth.voices, msg.voice, msg.reference_audio))
 
     def _generate(self, ticket: Ticket[Job]) -> Outcome:
@@ -332,6 +350,40 @@ class TtsNode(Node):
         except Exception as exc:
             self.get_logger().error(f"~/text request failed to be checked: {exc!r}")
             raise
+
+    def _on_text_chunk(self, msg: TextChunk) -> None:
+        try:
+            self._text_streams.receive(msg, self._settings.text_stream_limits, time.monotonic())
+        except StreamRefused as err:
+            self._refuse("~/text_stream", err)
+        except ChunkDropped as err:
+            self.get_logger().warning(f"~/text_stream chunk dropped: {err}")
+
+    def _start_text_stream(self, stream_id: str, first: TextChunk, feed: TextFeed) -> None:
+        """Hand a new text stream to the intake, which checks its first chunk's request and puts it in line."""
+        self._intake.submit(partial(self._check_text_stream, stream_id, first, feed))
+
+    def _check_text_stream(self, stream_id: str, first: TextChunk, feed: TextFeed) -> None:
+        """On the intake's thread: put a text stream in line; it leaves the open streams when its request ends,
+        or at once, logged and counted, when it is refused (its later chunks are dropped)."""
+
+        def on_update(ticket: Ticket[Job]) -> None:
+            if ticket.state is State.DONE:
+                self._text_streams.ended(stream_id)
+
+        try:
+            request = replace(self._speech_request(first), text="")  # the text arrives in the feed
+            self._submit(request, stream_id, collect=False, on_update=on_update, feed=feed)
+        except (MossTTSError, Rejected) as err:
+            self._text_streams.ended(stream_id)
+            self._refuse("~/text_stream", StreamRefused(f"text stream {stream_id!r} refused: {err}"))
+
+    def _expire_text_streams(self) -> None:
+        for stream_id in self._text_streams.expire(self._settings.text_stream_limits, time.monotonic()):
+            self.get_logger().warning(
+                f"text stream {stream_id!r} got no chunk for {self._settings.text_stream_idle_timeout:g} s "
+                "(text_stream_idle_timeout): speaking what it received, then ending it"
+            )
 
     def _on_synthesize(self, request: Synthesize.Request, response: Synthesize.Response) -> Synthesize.Response:
         response.sample_rate = self._synth.spec.sampling_rate
@@ -428,6 +480,7 @@ class TtsNode(Node):
             completed=completed,
             refused=refused,
             last=self._last,
+            text_streams_open=self._text_streams.open_count,
         )
         self._diagnostics.publish(
             DiagnosticArray(

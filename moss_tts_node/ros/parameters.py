@@ -27,6 +27,7 @@ from moss_tts_node.config import OPTIONS, Config, Option, check_value, from_flat
 from moss_tts_node.errors import ConfigError, RequestError
 from moss_tts_node.ros.audio import ENCODINGS
 from moss_tts_node.ros.queue import POLICIES
+from moss_tts_node.ros.text_stream import StreamLimits
 from moss_tts_node.text.languages import language_code
 
 
@@ -68,6 +69,32 @@ NODE_OPTIONS = (
         choices=ENCODINGS,
     ),
     _node_option(
+        "text_stream_max_open",
+        4,
+        "~/text_stream streams that may receive text at once; a new one beyond them is refused.",
+        per_request=True,
+        min=0,
+        max=64,
+    ),
+    _node_option(
+        "text_stream_max_chars",
+        20000,
+        "Characters one ~/text_stream stream may hold (a long LLM reply is 2,000 to 5,000); the chunk that would "
+        "pass them closes the stream with what it had.",
+        per_request=True,
+        min=1,
+        max=1_000_000,
+    ),
+    _node_option(
+        "text_stream_idle_timeout",
+        10.0,
+        "Seconds without a chunk after which a ~/text_stream stream is taken as abandoned: what it received is "
+        "spoken and it ends.",
+        per_request=True,
+        min=0.1,
+        max=3600.0,
+    ),
+    _node_option(
         "languages",
         [],
         "Languages a request may ask for, codes or English names, e.g. [en, zh]; empty accepts all 31. An empty "
@@ -85,8 +112,9 @@ NODE_OPTIONS = (
     ),
 )
 ALL_OPTIONS: dict[str, Option] = {**OPTIONS, **{o.key: o for o in NODE_OPTIONS}}
-# Read per request, yet read-only: the limits of what a request may ask (README "Security").
-LIMITS = ("limits.", "max_response_seconds")
+# Read per request, yet read-only: the limits of what a request may ask, and of the text streams a client may
+# hold open (README "Security").
+LIMITS = ("limits.", "max_response_seconds", "text_stream_")
 
 
 @dataclass(frozen=True)
@@ -101,8 +129,15 @@ class Settings:
     queue_size: int
     queue_policy: str
     output_encoding: str
+    text_stream_max_open: int
+    text_stream_max_chars: int
+    text_stream_idle_timeout: float
     languages: tuple[str, ...]  # codes (text/languages.py), whatever spelling the parameter used
     max_response_seconds: float
+
+    @property
+    def text_stream_limits(self) -> StreamLimits:
+        return StreamLimits(self.text_stream_max_open, self.text_stream_max_chars, self.text_stream_idle_timeout)
 
     def check_language(self, language: str | None) -> None:
         """Raise RequestError unless a request may ask for ``language`` (None: generation.language), in any of

@@ -6,11 +6,15 @@ request. A ``Pause`` between pieces (a pause marker rendered as silence, ``text/
 chunks of ``audio.chunk_frames`` frames, like speech; the segments around it are decoded on their own either way, so
 the stream and the whole utterance carry the same silence. Every generator here hands its end marker back as its
 return value: ``_frames`` returns what the piece generated (``Generated``), ``run`` the ``StreamResult``.
+
+The plan comes from a ``PlanSource``: a list planned from a whole text, or pieces cut while their text still
+arrives (``synthesis/text_stream.py``), which the pipeline takes one at a time, when it is ready for the next.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterable, Iterator
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from typing import TypeVar
@@ -39,8 +43,104 @@ from moss_tts_node.timing import StageClock, StopReason, TimingReport
 # A piece's frames as they complete: (n_vq,) codes, or None for a gap (an all-pad frame, which ends an
 # audio segment); the generator's return value is what the piece generated.
 Frames = Generator[np.ndarray | None, None, "Generated"]
+_NO_SAMPLES = np.empty(0, dtype=np.float32)
 _Item = TypeVar("_Item")
 _End = TypeVar("_End")
+
+
+class PlanSource(ABC):
+    """A request's plan in order (pieces to speak, pauses to render), handed out one item at a time."""
+
+    @abstractmethod
+    def next_item(self) -> Piece | Pause | None:
+        """The next item, waiting for it if need be; None after the last one (or once cancelled)."""
+
+    @abstractmethod
+    def more(self) -> bool | None:
+        """Whether another item follows, where that is known without waiting; None where it is not yet."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """The request has ended (finished, cancelled, failed or dropped): no item will be asked for."""
+
+
+class ListedPlan(PlanSource):
+    """A plan known in advance (a whole text's)."""
+
+    def __init__(self, plan: Sequence[Piece | Pause]) -> None:
+        self._plan = list(plan)
+        self._next = 0
+
+    def next_item(self) -> Piece | Pause | None:
+        if self._next == len(self._plan):
+            return None
+        self._next += 1
+        return self._plan[self._next - 1]
+
+    def more(self) -> bool:
+        return self._next < len(self._plan)
+
+    def close(self) -> None:
+        pass  # nothing waits on a list
+
+
+class _FrameBudget:
+    """The frames a request may still produce (None: no bound), spent as its pieces generate them and its pauses
+    take them, in the order of the request.
+
+    A piece of s steps completes at most s - (n_vq - 1) frames (the first after n_vq rows), so giving it
+    ``left + n_vq - 1`` steps keeps the request within the budget, however its pieces end; a pause is cut to the
+    frames left.
+    """
+
+    def __init__(self, frames: int | None, n_vq: int) -> None:
+        self.left = frames
+        self.n_vq = n_vq
+        self.cut = False  # the request was cut short: a pause, or the items after the last
+
+    @property
+    def spent(self) -> bool:
+        return self.left is not None and self.left <= 0
+
+    def steps(self, piece: Piece) -> int:
+        return piece.max_steps if self.left is None else min(piece.max_steps, self.left + self.n_vq - 1)
+
+    def spend(self) -> None:
+        """One frame completed."""
+        if self.left is not None:
+            self.left -= 1
+
+    def pause(self, pause: Pause) -> Pause:
+        """``pause``, cut to the frames left, which it takes."""
+        if self.left is None:
+            return pause
+        samples = min(pause.samples, self.left * SAMPLES_PER_FRAME)
+        self.left -= -(-samples // SAMPLES_PER_FRAME)
+        self.cut = self.cut or samples < pause.samples
+        return Pause(samples)
+
+
+class _BudgetedPlan(PlanSource):
+    """``source`` within ``budget``: its pauses cut to the frames left, and no item once they are spent."""
+
+    def __init__(self, source: PlanSource, budget: _FrameBudget) -> None:
+        self._source = source
+        self._budget = budget
+
+    def next_item(self) -> Piece | Pause | None:
+        if self.more() is False and self._budget.spent:
+            return None
+        item = self._source.next_item()
+        return self._budget.pause(item) if isinstance(item, Pause) else item
+
+    def more(self) -> bool | None:
+        if not self._budget.spent:
+            return self._source.more()
+        self._budget.cut = self._budget.cut or self._source.more() is not False  # what follows is left out
+        return False
+
+    def close(self) -> None:
+        self._source.close()
 
 
 @dataclass(frozen=True)
@@ -68,42 +168,6 @@ class _ChunkMaker:
         return out
 
 
-class _FrameBudget:
-    """The frames a request may still produce (None: no bound), spent as its pieces generate them and its pauses
-    take them, in the order of the request.
-
-    A piece of s steps completes at most s - (n_vq - 1) frames (the first after n_vq rows), so giving it
-    ``left + n_vq - 1`` steps keeps the request within the budget, however its pieces end; a pause is cut to the
-    frames left.
-    """
-
-    def __init__(self, frames: int | None, n_vq: int) -> None:
-        self.left = frames
-        self.n_vq = n_vq
-        self.cut = False  # a pause was cut short
-
-    @property
-    def spent(self) -> bool:
-        return self.left is not None and self.left <= 0
-
-    def steps(self, piece: Piece) -> int:
-        return piece.max_steps if self.left is None else min(piece.max_steps, self.left + self.n_vq - 1)
-
-    def spend(self) -> None:
-        """One frame completed."""
-        if self.left is not None:
-            self.left -= 1
-
-    def pause(self, pause: Pause) -> Pause:
-        """``pause``, cut to the frames left, which it takes."""
-        if self.left is None:
-            return pause
-        samples = min(pause.samples, self.left * SAMPLES_PER_FRAME)
-        self.left -= -(-samples // SAMPLES_PER_FRAME)
-        self.cut = self.cut or samples < pause.samples
-        return Pause(samples)
-
-
 class Pipeline:
     """Runs requests on ``stages``; streams decode with ``stream_decoding`` when given, else re-decode windows."""
 
@@ -114,7 +178,7 @@ class Pipeline:
 
     def run(
         self,
-        plan: list[Piece | Pause],
+        plan: Sequence[Piece | Pause] | PlanSource,
         sampling: SamplingParams,
         audio: AudioConfig,
         cancelled: Callable[[], bool],
@@ -124,73 +188,95 @@ class Pipeline:
         """Generate and decode every piece, and render every pause, as one stream: indices and offsets run on,
         one final chunk.
 
-        ``max_frames`` bounds the frames of the whole request: the piece or pause that reaches it stops there
-        (stop reason max_new_tokens) and is the last. With stages that cannot decode while generating
-        (low_memory), every piece is generated first and each decoded offline afterwards: nothing streams.
+        An item's last samples are the final chunk when no item is known to follow; where that is not known
+        yet (text still arriving), they leave at once and the final chunk is an empty one, sent once the source
+        has no more items. ``max_frames`` bounds the frames of the whole request: the piece or pause that
+        reaches it stops there (stop reason max_new_tokens) and is the last. With stages that cannot decode
+        while generating (low_memory), every piece is generated first and each decoded offline afterwards:
+        nothing streams.
         """
+        budget = _FrameBudget(max_frames, self.spec.n_vq)
+        source: PlanSource = _BudgetedPlan(plan if isinstance(plan, PlanSource) else ListedPlan(plan), budget)
         clock = StageClock()
         out = _ChunkMaker(self.spec.sampling_rate, clock)
-        budget = _FrameBudget(max_frames, self.spec.n_vq)
-        pieces = [item for item in plan if isinstance(item, Piece)]
-        done: list[Generated] = []
+        done: list[tuple[Piece | Pause, Generated]] = []
         codes: list[np.ndarray] = []
         with ExitStack() as stack:
-            if self.stages.streams:  # generated as the stream is read: the budget is spent in the stream's order
+            stack.callback(source.close)
+            if self.stages.streams:
                 stage = stack.enter_context(self.stages.generation())
-                frames: Iterable[Frames] = (
-                    self._frames(stage, piece, budget, _seeded(sampling, number), cancelled, clock)
-                    for number, piece in enumerate(pieces)
-                )
-                items, left = plan, budget
-            else:  # generated first, within the budget: what is left to decode is within it already
-                items, frames = self._generated_first(plan, budget, sampling, cancelled, clock)
-                left = _FrameBudget(None, self.spec.n_vq)
+
+                def frames_of(piece: Piece, number: int) -> Frames:
+                    return self._frames(stage, piece, budget, _seeded(sampling, number), cancelled, clock)
+
+            else:  # generated within the budget: what is left to decode is within it already
+                generated_first = self._generated_first(source, budget, sampling, cancelled, clock)
+                source = ListedPlan([item for item, _ in generated_first])
+                replays = [frames for _, frames in generated_first if frames is not None]
+
+                def frames_of(piece: Piece, number: int) -> Frames:
+                    return replays[number]
+
                 streaming = False
             codec = stack.enter_context(self.stages.decoder())
             decoding = stack.enter_context(self._decoding(codec, audio, streaming))
-            piece_frames = iter(frames)
-            for index, item in enumerate(items):
+            spoken = 0  # pieces so far: each one's seed is derived from its number
+            final_sent = False
+            while (item := source.next_item()) is not None:
                 if isinstance(item, Pause):
-                    pause = left.pause(item)
-                    final = index == len(items) - 1 or left.spent
-                    generated = yield from self._silence(pause, audio.chunk_frames, out, final, cancelled)
-                    done.append(generated)
-                    if generated.stop is StopReason.CANCELLED or final:
+                    final_sent = source.more() is False
+                    generated = yield from self._silence(item, audio.chunk_frames, out, final_sent, cancelled)
+                    done.append((item, generated))
+                    if generated.stop is StopReason.CANCELLED:
                         break
                     continue
                 decoder = SegmentDecoder(decoding, audio.chunk_frames, self.spec.n_vq)
-                generated = yield from self._decoded(next(piece_frames), decoder, out)
-                done.append(generated)
+                generated = yield from self._decoded(frames_of(item, spoken), decoder, out)
+                spoken += 1
+                done.append((item, generated))
                 codes.append(decoder.codes())
                 if generated.stop is StopReason.CANCELLED:
                     break
                 with clock.stage("codec"):
                     rest = decoder.end_segment()
-                if index == len(items) - 1 or left.spent:
-                    yield out.chunk(rest if rest is not None else np.empty(0, dtype=np.float32), final=True)
-                    break
-                if rest is not None:
+                final_sent = source.more() is False
+                if final_sent:
+                    yield out.chunk(rest if rest is not None else _NO_SAMPLES, final=True)
+                elif rest is not None:
                     yield out.chunk(rest, final=False)
-        rows = np.concatenate([piece.rows for piece in done])
+            stops = {generated.stop for _, generated in done}
+            # A source also ends when the request is cancelled while it waits for text.
+            stop_cancelled = StopReason.CANCELLED in stops or (not final_sent and cancelled())
+            if not stop_cancelled and not final_sent:
+                yield out.chunk(_NO_SAMPLES, final=True)  # the end became known after the last samples left
+        if stop_cancelled:
+            stop = StopReason.CANCELLED
+        elif StopReason.MAX_NEW_TOKENS in stops or budget.cut:
+            stop = StopReason.MAX_NEW_TOKENS
+        else:
+            stop = StopReason.END
+        pieces = [item for item, _ in done if isinstance(item, Piece)]
+        rows = [generated.rows for _, generated in done]
         all_codes = np.concatenate(codes) if codes else np.empty((0, self.spec.n_vq), dtype=np.int64)
-        stops = {piece.stop for piece in done}
-        if len(done) < len(plan) or budget.cut:  # cancelled, or the budget was spent before the request's end
-            stops.add(StopReason.MAX_NEW_TOKENS)
         report = TimingReport.from_clock(
             clock,
             seed=sampling.seed,
             prompt_rows=sum(piece.prompt.shape[0] for piece in pieces),
             max_new_tokens=sum(piece.max_steps for piece in pieces),
-            steps=rows.shape[0],
+            steps=sum(piece_rows.shape[0] for piece_rows in rows),
             frames=all_codes.shape[0],
             audio_seconds=out.samples / self.spec.sampling_rate,
             codec_decode=decoding.name,
             streamed=decoding.streams,
-            stop_reason=next(
-                stop for stop in (StopReason.CANCELLED, StopReason.MAX_NEW_TOKENS, StopReason.END) if stop in stops
-            ),
+            stop_reason=stop,
         )
-        return StreamResult(rows, all_codes, report, clock)
+        return StreamResult(
+            np.concatenate(rows) if rows else np.empty((0, self.spec.channels), dtype=np.int64),
+            all_codes,
+            report,
+            clock,
+            prompt=pieces[0].prompt if pieces else None,
+        )
 
     def _silence(
         self, pause: Pause, chunk_frames: int, out: _ChunkMaker, final: bool, cancelled: Callable[[], bool]
@@ -279,31 +365,29 @@ class Pipeline:
 
     def _generated_first(
         self,
-        plan: list[Piece | Pause],
+        source: PlanSource,
         budget: _FrameBudget,
         sampling: SamplingParams,
         cancelled: Callable[[], bool],
         clock: StageClock,
-    ) -> tuple[list[Piece | Pause], list[Frames]]:
-        """Generate the pieces with the generation stage loaded for that time only, in the plan's order, until one
-        is cancelled or the budget is spent: the items to decode (pauses cut to the budget), and replays of the
-        pieces' frames, for the decoder to load after."""
-        items: list[Piece | Pause] = []
-        replays = []
+    ) -> list[tuple[Piece | Pause, Frames | None]]:
+        """Generate the pieces with the generation stage loaded for that time only (until one is cancelled, or
+        ``budget``, which ``source`` keeps to, is spent): the plan's items, each piece with a replay of its
+        frames, for the decoder to load after."""
+        items: list[tuple[Piece | Pause, Frames | None]] = []
+        number = 0
         with self.stages.generation() as stage:
-            for item in plan:
+            while (item := source.next_item()) is not None:
                 if isinstance(item, Pause):
-                    items.append(budget.pause(item))
-                else:
-                    seeded = _seeded(sampling, len(replays))
-                    frames, generated = _run_to_end(self._frames(stage, item, budget, seeded, cancelled, clock))
-                    items.append(item)
-                    replays.append(_replay(frames, generated))
-                    if generated.stop is StopReason.CANCELLED:
-                        break
-                if budget.spent:
+                    items.append((item, None))
+                    continue
+                piece_frames = self._frames(stage, item, budget, _seeded(sampling, number), cancelled, clock)
+                frames, generated = _run_to_end(piece_frames)
+                number += 1
+                items.append((item, _replay(frames, generated)))
+                if generated.stop is StopReason.CANCELLED:
                     break
-        return items, replays
+        return items
 
 
 def _seeded(sampling: SamplingParams, piece_number: int) -> SamplingParams:

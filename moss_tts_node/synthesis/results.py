@@ -45,18 +45,24 @@ class StreamResult:
     codes: np.ndarray  # (T, n_vq)
     report: TimingReport
     clock: StageClock  # every stage call's timing, for per-step figures
+    prompt: np.ndarray | None = None  # the first piece's (S, 1 + n_vq) prompt; None if no piece ran
 
 
 class AudioStream:
     """Iterate for AudioChunks; ``report``, ``generated``, ``codes`` and ``clock`` are there once it ends.
 
     A text too long for one generation is spoken in pieces, still as one stream: ``prompt`` is
-    then the first piece's, ``generated`` and ``codes`` are the pieces' one after the other.
-    ``estimated_seconds`` is what the text is expected to take, known before anything is generated.
+    then the first piece's, ``generated`` and ``codes`` are the pieces' one after the other. Text that
+    arrives in pieces (``Synthesizer.stream_text``) has no prompt before its first piece is cut: ``prompt``
+    is None until the stream ends. ``estimated_seconds`` is what the text is expected to take, known before
+    anything is generated (None for text that arrives in pieces).
     """
 
     def __init__(
-        self, prompt: np.ndarray, chunks: Generator[AudioChunk, None, StreamResult], estimated_seconds: float
+        self,
+        prompt: np.ndarray | None,
+        chunks: Generator[AudioChunk, None, StreamResult],
+        estimated_seconds: float | None = None,
     ) -> None:
         self.prompt = prompt
         self.estimated_seconds = estimated_seconds
@@ -65,6 +71,8 @@ class AudioStream:
 
     def _run(self, chunks: Generator[AudioChunk, None, StreamResult]) -> Iterator[AudioChunk]:
         self.result = yield from chunks
+        if self.prompt is None:
+            self.prompt = self.result.prompt
 
     def __iter__(self) -> Iterator[AudioChunk]:
         return self._chunks

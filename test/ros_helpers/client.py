@@ -5,6 +5,7 @@ It plays one scenario against the node at ``/moss_tts_node`` and prints one JSON
 it saw. Commands:
 
 - ``text``        publish on ~/text, collect ~/audio chunks up to the final one (``save``: their audio to a .npy)
+- ``text_stream`` publish TextChunk messages on ~/text_stream (and texts on ~/text) step by step, collect ~/audio
 - ``synthesize``  call ~/synthesize
 - ``speak``       send Speak goals one after another; then optionally cancel them or signal the
                   node; collect feedback, results and chunks
@@ -35,7 +36,7 @@ import rclpy
 from action_msgs.msg import GoalStatus
 from diagnostic_msgs.msg import DiagnosticArray
 from moss_tts_msgs.action import Speak
-from moss_tts_msgs.msg import AudioChunk
+from moss_tts_msgs.msg import AudioChunk, TextChunk
 from moss_tts_msgs.srv import Synthesize
 from rclpy.action import ActionClient
 from rclpy.node import Node
@@ -182,7 +183,7 @@ class Client(Node):
 
 def _request_fields(args: dict[str, Any], message: Any) -> Any:
     for key in ("text", "language", "instruction", "reference_audio", "seed"):
-        if key in args:
+        if key in args and hasattr(message, key):
             setattr(message, key, args[key])
     return message
 
@@ -212,6 +213,73 @@ def run_text(client: Client, args: dict[str, Any]) -> dict[str, Any]:
     if "save" in args:  # the audio of every request, one after another, as float32 .npy
         np.save(args["save"], np.concatenate([np.concatenate(parts) for parts in client.samples.values()]))
     return {"chunks": client.chunks}
+
+
+def run_text_stream(client: Client, args: dict[str, Any]) -> dict[str, Any]:
+    """Play ``steps`` in order, then collect ~/audio until every request id in ``finals`` has its final chunk.
+
+    A step is ``{"chunk": {TextChunk fields}}`` (publish it on ~/text_stream), ``{"text": s}`` (publish on ~/text),
+    ``{"publish": [topic, s]}`` (a std_msgs/String on another topic, once it has a subscriber),
+    ``{"wait_publishers": [topic, n]}`` (until n publishers of that topic are known),
+    ``{"wait_chunks": [request_id, n]}`` (wait until that request has published n audio chunks) or
+    ``{"wait_open": n}`` (wait until /diagnostics counts n open text streams). ``final_count``: also wait for that
+    many final chunks in all. The answer also holds the last diagnostics values seen.
+    """
+    qos = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
+    chunks = client.create_publisher(TextChunk, f"{NODE}/text_stream", qos)
+    texts = client.create_publisher(String, f"{NODE}/text", 10)
+    diagnostics: list[dict[str, str]] = []
+
+    def on_diagnostics(msg: DiagnosticArray) -> None:
+        for status in msg.status:
+            if status.name.startswith("moss_tts_node"):
+                diagnostics.append({kv.key: kv.value for kv in status.values})
+
+    client.create_subscription(DiagnosticArray, "/diagnostics", on_diagnostics, 10)
+    for publisher, what in ((chunks, "~/text_stream"), (texts, "~/text")):
+        client.spin_until(lambda p=publisher: p.get_subscription_count() > 0, MATCH_TIMEOUT, f"the {what} subscriber")
+    client.wait_audio_matched()
+    timeout = args.get("timeout", 30)
+    others: dict[str, Any] = {}  # publishers of "publish" steps, by topic
+    for step in args["steps"]:
+        if "chunk" in step:
+            fields = step["chunk"]
+            message = TextChunk(
+                stream_id=fields["stream_id"], text=fields.get("text", ""), final=fields.get("final", False)
+            )
+            chunks.publish(_request_fields(fields, message))
+        elif "text" in step:
+            texts.publish(String(data=step["text"]))
+        elif "publish" in step:
+            topic, data = step["publish"]
+            if topic not in others:
+                others[topic] = client.create_publisher(String, topic, qos)
+                client.spin_until(lambda p=others[topic]: p.get_subscription_count() > 0, MATCH_TIMEOUT, topic)
+            others[topic].publish(String(data=data))
+        elif "wait_publishers" in step:
+            topic, count = step["wait_publishers"]
+            client.spin_until(lambda t=topic, n=count: client.count_publishers(t) >= n, MATCH_TIMEOUT, f"{topic}")
+        elif "wait_chunks" in step:
+            request_id, count = step["wait_chunks"]
+            client.wait_chunks(request_id, count, timeout)
+        else:
+            wanted = str(step["wait_open"])
+            client.spin_until(
+                lambda wanted=wanted: bool(diagnostics) and diagnostics[-1]["text_streams_open"] == wanted,
+                timeout,
+                "open streams",
+            )
+    finals = set(args.get("finals", []))
+    client.spin_until(
+        lambda: (
+            finals <= {c["request_id"] for c in client.chunks if c["is_final"]}
+            and sum(c["is_final"] for c in client.chunks) >= args.get("final_count", 0)
+        ),
+        timeout,
+        f"final chunks of {finals}",
+    )
+    client.drain()
+    return {"chunks": client.chunks, "diagnostics": diagnostics[-1] if diagnostics else {}}
 
 
 def run_synthesize(client: Client, args: dict[str, Any]) -> dict[str, Any]:
@@ -543,6 +611,7 @@ COMMANDS = {
     "text": run_text,
     "synthesize": run_synthesize,
     "speak": run_speak,
+    "text_stream": run_text_stream,
     "params": run_params,
     "diagnostics": run_diagnostics,
     "audio_common": run_audio_common,

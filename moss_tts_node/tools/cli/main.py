@@ -7,9 +7,11 @@ shows progress, and turns every ``MossTTSError`` into a one-line reason and exit
 from __future__ import annotations
 
 import argparse
+import codecs
 import importlib
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -41,7 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     synth = commands.add_parser("synth", help="text to a WAV file")
     synth.add_argument("--config", required=True, type=Path, help="params file (config/*.yaml)")
-    synth.add_argument("--text", required=True, help="what to say")
+    synth.add_argument(
+        "--text",
+        required=True,
+        help="what to say; - reads standard input as it arrives and speaks it sentence by sentence (an LLM's output)",
+    )
     synth.add_argument(
         "--output",
         type=Path,
@@ -96,6 +102,7 @@ EXTRA_COMMAND_MODULES: tuple[str, ...] = (
     "moss_tts_node.tools.prepare.convert",
     "moss_tts_node.tools.prepare.attach_heads",
     "moss_tts_node.tools.dev.bench",
+    "moss_tts_node.tools.dev.text_stream_bench",
     "moss_tts_node.tools.prepare.build_engines",
     "moss_tts_node.tools.prepare.stream_decoder_build",
     "moss_tts_node.tools.cli.doctor",
@@ -130,16 +137,13 @@ def run_synth(args: argparse.Namespace) -> int:
             overrides[key] = getattr(args, flag)
     config = load_config(args.config, overrides)
     with Synthesizer(config) as synth, ExitStack() as playing:
-        stream = synth.stream(
-            args.text,
-            language=args.language,
-            instruction=args.instruction,
-            voice=args.reference,
-            seed=args.seed,
-            # A file alone gets the codec's decode of the whole utterance; --play streams, and the file then
-            # holds what was played.
-            streaming=args.play,
-        )
+        fields = {"language": args.language, "instruction": args.instruction, "voice": args.reference}
+        # A file alone gets the codec's decode of the whole utterance (of each sentence, for standard input);
+        # --play streams, and the file then holds what was played.
+        if args.text == STDIN:
+            stream = synth.stream_text(standard_input(), seed=args.seed, streaming=args.play, **fields)
+        else:
+            stream = synth.stream(args.text, seed=args.seed, streaming=args.play, **fields)
         speaker = playing.enter_context(Speaker(open_output, args.prebuffer)) if open_output else None
         chunks = []
         progress = Progress()
@@ -153,6 +157,8 @@ def run_synth(args: argparse.Namespace) -> int:
             speaker.wait()
     report = stream.report
     assert report is not None and stream.generated is not None and stream.codes is not None
+    if args.text == STDIN and report.steps == 0:
+        raise RequestError("standard input held nothing to speak: pipe some text into it")
     audio = np.concatenate(chunks)
     if args.output:
         write_wav(args.output, audio, synth.spec.sampling_rate)
@@ -166,6 +172,22 @@ def run_synth(args: argparse.Namespace) -> int:
     if report.stop_reason is StopReason.MAX_NEW_TOKENS:
         print("note: stopped at max_new_tokens; raise it (--max-new-tokens) for longer text", file=sys.stderr)
     return 0
+
+
+STDIN = "-"  # --text's value that reads standard input
+
+
+def standard_input() -> Iterator[str]:
+    """Standard input as a writer flushes it (each read returns what has arrived), decoded as UTF-8 across reads."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    try:
+        while data := os.read(sys.stdin.fileno(), 65536):
+            if text := decoder.decode(data):
+                yield text
+        if text := decoder.decode(b"", final=True):
+            yield text
+    except UnicodeDecodeError as error:
+        raise RequestError(f"standard input is not UTF-8 text: {error}") from None
 
 
 def run_encode_voice(args: argparse.Namespace) -> int:
