@@ -377,6 +377,10 @@ class TtsNode(Node):
         except (MossTTSError, Rejected) as err:
             self._text_streams.ended(stream_id)
             self._refuse("~/text_stream", StreamRefused(f"text stream {stream_id!r} refused: {err}"))
+        except Exception as exc:  # no one waits for this check: a failure of it is logged here (see _check_text)
+            self._text_streams.ended(stream_id)
+            self.get_logger().error(f"text stream {stream_id!r} failed to be checked: {exc!r}")
+            raise
 
     def _expire_text_streams(self) -> None:
         for stream_id in self._text_streams.expire(self._settings.text_stream_limits, time.monotonic()):
