@@ -18,6 +18,8 @@ setup(
         (f"share/{PACKAGE}", ["package.xml"]),
         (f"share/{PACKAGE}/config", glob("config/*.yaml")),
         (f"share/{PACKAGE}/launch", glob("launch/*.launch.py")),
+        # SROS2 access control of the node, the player and its clients (README "Security").
+        (f"share/{PACKAGE}/policies", glob("policies/*.policy.xml")),
         # The C bridge, compiled on first use; moss_tts_node.llama.bridge.INSTALLED_SOURCES finds it here.
         (f"share/{PACKAGE}/bridge", glob("bridge/*.[ch]")),
     ],

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -221,12 +222,54 @@ class GenerationConfig:
 
 
 @dataclass(frozen=True)
+class LimitsConfig:
+    """What one request may ask for, checked before any heavy work (README "Security")."""
+
+    max_text_chars: int = _option(
+        2000,
+        "Most characters of a request's text, instruction, quality and language together; a longer request is "
+        "refused before its text is cleaned or tokenized.",
+        min=1,
+        max=10_000_000,
+        per_request=True,
+    )
+    max_reference_seconds: float = _option(
+        30.0,
+        "Longest voice a reference clip or .npy of codes may hold; a clip's duration is read from its header "
+        "and a longer one refused before it is decoded.",
+        min=0.08,
+        max=3600.0,
+        per_request=True,
+    )
+
+
+@dataclass(frozen=True)
+class VoicesConfig:
+    """The voices a request may name (synthesis/voices.py: VoiceLibrary), encoded when the model loads."""
+
+    files: tuple[str, ...] = _option(
+        (),
+        "Voices by name: WAV/FLAC/OGG clips or .npy codes from encode-voice, each named by its file name "
+        "without the extension.",
+        path=True,
+    )
+    directories: tuple[str, ...] = _option(
+        (),
+        "Folders of voices: every clip or .npy directly inside is a voice named by its file name without the "
+        "extension. A ROS request may also give the path of one of these files, and of no other file.",
+        path=True,
+    )
+
+
+@dataclass(frozen=True)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     llama: LlamaConfig = field(default_factory=LlamaConfig)
     audio: AudioConfig = field(default_factory=AudioConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    voices: VoicesConfig = field(default_factory=VoicesConfig)
 
 
 @dataclass(frozen=True)
@@ -248,6 +291,14 @@ class Option:
         """Whether ``value`` of this option is a path (to resolve against the params file's folder)."""
         return self.path and isinstance(value, str) and bool(value) and value not in self.keywords
 
+    def resolved(self, value: Any, base_dir: Path) -> Any:
+        """``value`` with the paths it names (itself, or each item of a list) taken from ``base_dir``."""
+        if self.path and isinstance(value, list | tuple):
+            return type(value)(self.resolved(item, base_dir) for item in value)
+        if self.names_a_path(value):
+            return str((base_dir / Path(value).expanduser()).resolve())
+        return value
+
 
 _GROUP_TYPES = {
     "model": ModelConfig,
@@ -255,9 +306,12 @@ _GROUP_TYPES = {
     "audio": AudioConfig,
     "sampling": SamplingConfig,
     "generation": GenerationConfig,
+    "limits": LimitsConfig,
+    "voices": VoicesConfig,
 }
-# Field annotations are strings here (postponed evaluation); these are the only types in use.
-_FIELD_TYPES = {"str": str, "int": int, "float": float, "bool": bool}
+# Field annotations are strings here (postponed evaluation); these are the only types in use. A tuple is a
+# list of strings in a file or a ROS parameter.
+_FIELD_TYPES = {"str": str, "int": int, "float": float, "bool": bool, "tuple[str, ...]": tuple}
 
 
 def options() -> Iterator[Option]:
@@ -317,11 +371,8 @@ def from_flat(values: Mapping[str, Any], base_dir: Path, source: str) -> Config:
     """Build a Config from dotted keys; relative paths are taken from base_dir."""
     groups: dict[str, dict[str, Any]] = {name: {} for name in _GROUP_TYPES}
     for key, value in values.items():
-        option = OPTIONS[key]
-        if option.names_a_path(value):
-            value = str((base_dir / Path(value).expanduser()).resolve())
         group, name = key.split(".", 1)
-        groups[group][name] = value
+        groups[group][name] = OPTIONS[key].resolved(value, base_dir)
     config = Config(**{name: _GROUP_TYPES[name](**kw) for name, kw in groups.items()})
     _check_llama(config, source)
     _check_language(config, source)
@@ -390,8 +441,12 @@ def check_value(option: Option, value: Any, source: str) -> Any:
         raise ConfigError(
             f"{where} must be a string, got {value!r}: YAML reads bare on/off/yes/no as booleans, so quote it"
         )
+    if option.type is tuple:
+        return _checked_strings(where, value)
     if type(value) is not option.type:
         raise ConfigError(f"{where} must be {option.type.__name__}, got {type(value).__name__} {value!r}")
+    if option.type is float and math.isnan(value):  # NaN passes every comparison below
+        raise ConfigError(f"{where} must be a number, got {value!r}")
     if option.choices is not None and value not in option.choices:
         raise ConfigError(f"{where} must be one of {', '.join(option.choices)}, got {value!r}")
     if option.min is not None and value < option.min:
@@ -399,6 +454,16 @@ def check_value(option: Option, value: Any, source: str) -> Any:
     if option.max is not None and value > option.max:
         raise ConfigError(f"{where} must be <= {option.max}, got {value!r}")
     return value
+
+
+def _checked_strings(where: str, value: Any) -> tuple[str, ...]:
+    """A list of non-empty strings as a tuple. ROS reads an empty list (``[]`` in a params file) as a parameter
+    without a value (None), or as an empty byte array: both are the empty list."""
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple) or not all(isinstance(item, str) and item for item in value):
+        raise ConfigError(f"{where} must be a list of non-empty strings, got {value!r}")
+    return tuple(value)
 
 
 def _suggestion(key: str) -> str:
@@ -443,6 +508,12 @@ def _check_files(config: Config, source: str) -> None:
     reference = config.generation.reference_audio
     if reference and not Path(reference).is_file():
         raise ConfigError(f"{source}: 'generation.reference_audio' file not found: {reference}")
+    for voice in config.voices.files:
+        if not Path(voice).is_file():
+            raise ConfigError(f"{source}: 'voices.files' file not found: {voice}")
+    for directory in config.voices.directories:
+        if not Path(directory).is_dir():
+            raise ConfigError(f"{source}: 'voices.directories' directory not found: {directory}")
 
 
 def _check_stream_decoder(config: Config, source: str) -> None:

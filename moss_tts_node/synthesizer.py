@@ -22,24 +22,26 @@ from typing import Any
 
 import numpy as np
 
+from moss_tts_node.choices import PAUSE_TEXT
 from moss_tts_node.config import Config, GenerationConfig, load_config
 from moss_tts_node.errors import Cancelled, RequestError
 from moss_tts_node.model.layout import TOKENIZER_DIR
+from moss_tts_node.model.rates import FRAMES_PER_SECOND, frames_for_seconds
 from moss_tts_node.model.sampling import SamplingParams
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.synthesis.feed import TextFeed
 from moss_tts_node.synthesis.pipeline import Pipeline
 from moss_tts_node.synthesis.release import read_release, trained_on_pause_markers
-from moss_tts_node.synthesis.request import SpeechRequest, Voice
+from moss_tts_node.synthesis.request import SpeechRequest, Voice, check_request
 from moss_tts_node.synthesis.results import AudioStream, Synthesis
 from moss_tts_node.synthesis.stages import Stages, open_stages
 from moss_tts_node.synthesis.text_stream import DEFAULT_INPUT_PAUSE_S, PACK_TOKENS, RUN_TOKENS, CutPieces
-from moss_tts_node.synthesis.voices import load_voice
+from moss_tts_node.synthesis.voices import VoiceLibrary, VoiceLimit, load_voice
 from moss_tts_node.text.cutter import TextCutter
 from moss_tts_node.text.languages import language_tag
-from moss_tts_node.text.normalize import normalize_text
-from moss_tts_node.text.pauses import resolve_pause_mode
-from moss_tts_node.text.pieces import Piece, PiecePlanner
+from moss_tts_node.text.normalize import has_something_to_say, normalize_text
+from moss_tts_node.text.pauses import find_markers, resolve_pause_mode
+from moss_tts_node.text.pieces import FRAMES_PER_TEXT_TOKEN, Piece, PiecePlanner
 from moss_tts_node.text.prompt import PromptBuilder, PromptFields
 
 CancelFlag = threading.Event | Callable[[], bool] | None
@@ -58,6 +60,9 @@ class Synthesizer:
     Streams decode with the stream decoder graph that ``audio.stream_decoder`` selects, which the stages
     load once (its state is one utterance's, reset between requests), or else with the windowed scheme.
 
+    ``voices`` holds the owner's named voices (``voices.*``) and the default one (``generation.reference_audio``),
+    all encoded here, once: a request may give one of them as its voice (``synth.voices["butler"].codes``).
+
     ``release`` is the MOSS-TTS release the weights are known to be (``synthesis/release.py``), or None; with
     ``generation.pause_markers: auto`` it decides what a ``[pause X.Ys]`` means (``text/pauses.py``).
     """
@@ -73,10 +78,10 @@ class Synthesizer:
             self.n_ctx = self.stages.n_ctx  # what llama.cpp made of llama.n_ctx (it rounds up)
             self.planner = PiecePlanner(self.prompts, self.spec, self.n_ctx, config.audio.max_codec_seconds)
             self.pipeline = Pipeline(self.spec, self.stages, self.stages.stream_decoding)
+            self.voices = VoiceLibrary.build(config, self.spec, self.stages.encoder, self._voice_limit(config))
         except BaseException:
             self.stages.close()
             raise
-        self._default_voice: np.ndarray | None = None
 
     @classmethod
     def from_config_file(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> Synthesizer:
@@ -94,21 +99,23 @@ class Synthesizer:
 
     # -- voices ---------------------------------------------------------------------------
 
-    def encode_reference(self, reference: str | Path | np.ndarray) -> np.ndarray:
-        """A voice as (T, n_vq) codes: from a WAV/FLAC clip (encoded), a .npy of codes, or an array."""
-        return load_voice(reference, self.spec, self.stages.encoder)
+    def encode_reference(self, reference: str | Path | np.ndarray, config: Config | None = None) -> np.ndarray:
+        """A voice as (T, n_vq) codes: from a WAV/FLAC clip (encoded), a .npy of codes, or an array; refused
+        (RequestError) before it is decoded when longer than ``limits.max_reference_seconds`` of ``config``
+        (default ``self.config``) or than the context leaves room for."""
+        limit = self._voice_limit(config if config is not None else self.config)
+        return load_voice(reference, self.spec, self.stages.encoder, limit)
 
-    def _voice(self, voice: Voice) -> list[np.ndarray]:
+    def _voice_limit(self, config: Config) -> VoiceLimit:
+        return VoiceLimit(config.limits.max_reference_seconds, self.n_ctx, self.spec.n_vq)
+
+    def _voice(self, voice: Voice, config: Config) -> list[np.ndarray]:
         if voice is None:
-            default = self.config.generation.reference_audio
-            if not default:
-                return []
-            if self._default_voice is None:
-                self._default_voice = self.encode_reference(default)
-            return [self._default_voice]
+            default = self.voices.default
+            return [] if default is None else [default.codes]
         if isinstance(voice, str | Path) and str(voice) == "":
             return []
-        return [self.encode_reference(voice)]
+        return [self.encode_reference(voice, config)]
 
     # -- synthesis ------------------------------------------------------------------------
 
@@ -119,6 +126,7 @@ class Synthesizer:
         cancel: CancelFlag = None,
         streaming: bool = True,
         config: Config | None = None,
+        max_audio_s: float | None = None,
         **fields: Any,
     ) -> AudioStream:
         """Validate the request now (errors raise here, not mid-stream), then stream its audio.
@@ -135,18 +143,36 @@ class Synthesizer:
         markers"); rendered as silence, it arrives in the stream in chunks like speech.
 
         ``config`` holds the settings the request runs with (the keys the schema marks per-request:
-        generation defaults, sampling, audio chunking), by default ``self.config`` now: they are read here
-        once, so replacing ``self.config`` later does not change a stream already made (the node queues
+        generation defaults, sampling, audio chunking, limits), by default ``self.config`` now: they are read
+        here once, so replacing ``self.config`` later does not change a stream already made (the node queues
         streams).
+
+        The checks come cheapest first: the fields and ``limits.max_text_chars`` (``check_request``), then a
+        text with nothing to say once cleaned, the voice (its length read before it is decoded), the prompt.
+        ``max_audio_s`` bounds the audio of the whole request: generation stops there (stop reason
+        max_new_tokens); ``AudioStream.estimated_seconds`` says beforehand what the text is expected to take.
         """
         request = _request(request, fields)
         config = config if config is not None else self.config
+        check_request(request, config.limits)
         gen = config.generation
         prompt_fields = _prompt_fields(gen, request, self._clean_text(request.text, gen.normalize_text))
         max_new_tokens = request.max_new_tokens or gen.max_new_tokens
-        pieces = self.planner.plan(prompt_fields, self._voice(request.voice), max_new_tokens, self._pause_mode(gen))
-        chunks = self.pipeline.run(pieces, _sampling_params(request, config), config.audio, _flag(cancel), streaming)
-        return AudioStream(next(piece.prompt for piece in pieces if isinstance(piece, Piece)), chunks)
+        pause_markers = self._pause_mode(gen)
+        plan = self.planner.plan(prompt_fields, self._voice(request.voice, config), max_new_tokens, pause_markers)
+        max_frames = None if max_audio_s is None else frames_for_seconds(max_audio_s)
+        chunks = self.pipeline.run(
+            plan, _sampling_params(request, config), config.audio, _flag(cancel), streaming, max_frames
+        )
+        prompt = next(item.prompt for item in plan if isinstance(item, Piece))
+        return AudioStream(prompt, chunks, self._estimated_seconds(prompt_fields, pause_markers))
+
+    def _estimated_seconds(self, fields: PromptFields, pause_markers: str) -> float:
+        """What the request is expected to take: its tokens field, or FRAMES_PER_TEXT_TOKEN frames per text
+        token (generous for speech at a normal pace), and its pause markers' seconds unless they are text."""
+        frames = fields.tokens or self.planner.count_tokens(fields.text) * FRAMES_PER_TEXT_TOKEN
+        pauses = 0.0 if pause_markers == PAUSE_TEXT else sum(marker.seconds for marker in find_markers(fields.text))
+        return frames / FRAMES_PER_SECOND + pauses
 
     def stream_text(
         self,
@@ -190,9 +216,10 @@ class Synthesizer:
         if not 0 <= pack_tokens <= RUN_TOKENS:
             raise RequestError(f"pack_tokens must be 0 to {RUN_TOKENS}, got {pack_tokens}")
         config = config if config is not None else self.config
+        check_request(request, config.limits)
         gen = config.generation
         prompt_fields = _prompt_fields(gen, request, "")
-        voice = self._voice(request.voice)
+        voice = self._voice(request.voice, config)
         self.planner.step_budget(self.prompts.build(prompt_fields, voice), 1)  # the voice and fields leave room
         max_new_tokens = request.max_new_tokens or gen.max_new_tokens
         flag = _flag(cancel)
@@ -210,10 +237,16 @@ class Synthesizer:
         return AudioStream(None, chunks)
 
     def synthesize(
-        self, request: SpeechRequest | str, *, cancel: CancelFlag = None, config: Config | None = None, **fields: Any
+        self,
+        request: SpeechRequest | str,
+        *,
+        cancel: CancelFlag = None,
+        config: Config | None = None,
+        max_audio_s: float | None = None,
+        **fields: Any,
     ) -> Synthesis:
         """The whole utterance at once, as the codec decodes it; raises ``Cancelled`` if the cancel flag was set."""
-        stream = self.stream(request, cancel=cancel, streaming=False, config=config, **fields)
+        stream = self.stream(request, cancel=cancel, streaming=False, config=config, max_audio_s=max_audio_s, **fields)
         chunks = [chunk.samples for chunk in stream]
         result = stream.result
         if result is None or stream.cancelled:  # None: never, the stream was read to its end
@@ -239,7 +272,7 @@ class Synthesizer:
         """
         request = _request(request if request is not None else "", fields)
         prefix = self.prompts.voice_prefix(
-            _prompt_fields(self.config.generation, request, ""), self._voice(request.voice)
+            _prompt_fields(self.config.generation, request, ""), self._voice(request.voice, self.config)
         )
         return self.stages.prepare_prefix(prefix)
 
@@ -249,12 +282,17 @@ class Synthesizer:
 
     @staticmethod
     def _clean_text(text: str, normalize: bool) -> str:
-        if not isinstance(text, str) or not text.strip():
+        """The text to speak (``check_request`` made sure it is a string of bounded length): cleaned when
+        ``normalize``, and refused when it is empty, or has nothing to say (``has_something_to_say``)."""
+        if not text.strip():
             raise RequestError("the text is empty: give at least one word to speak")
         if normalize:
             text = normalize_text(text)
-            if not text.strip():
-                raise RequestError("the text is empty after normalization (only markup or control characters)")
+        if not has_something_to_say(text):
+            raise RequestError(
+                "nothing to say: once cleaned, the text has no letter or digit (only emoji, symbols, punctuation "
+                "or control characters)"
+            )
         return text
 
 

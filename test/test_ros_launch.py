@@ -107,12 +107,15 @@ def test_launch_parameters_flatten_the_node_section_and_anchor_relative_paths(tm
         "    model: {weights_dir: ../models/gguf, codec_dir: /abs/codec}\n"
         "    llama: {n_gpu_layers: -1}\n"
         "    queue_policy: interrupt\n"
+        "    voices: {files: [voices/a.npy, /abs/b.wav], directories: []}\n"  # launch_ros refuses an empty list
+        "    languages: []\n"
     )
     assert launch_parameters(params) == {
         "model.weights_dir": str(tmp_path / "models" / "gguf"),
         "model.codec_dir": "/abs/codec",
         "llama.n_gpu_layers": -1,
         "queue_policy": "interrupt",
+        "voices.files": [str(tmp_path / "robot" / "voices" / "a.npy"), "/abs/b.wav"],
     }
     with pytest.raises(ConfigError, match="config file not found"):
         launch_parameters(tmp_path / "missing.yaml")

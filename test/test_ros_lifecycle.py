@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pytest
 from ros_helpers import node_params_file, played_span, require_ros
-from ros_helpers.netns import UNCONFIGURED_LINE, LoopbackNamespace, NodeProcess, loopback_namespace
+from ros_helpers.netns import (
+    SECURITY_CLIENT,
+    UNCONFIGURED_LINE,
+    LoopbackNamespace,
+    NodeProcess,
+    loopback_namespace,
+)
 
 from moss_tts_node.model.rates import SAMPLE_RATE
 
@@ -171,6 +177,16 @@ def test_requests_and_parameter_changes_in_each_state(netns: LoopbackNamespace, 
             netns.client("text_stream", steps=steps)
             wait_for_log(node, f"~/text_stream request refused: text stream {stream!r} refused: {refusal}")
             wait_for_log(node, f"text stream {stream!r} has ended: its later chunks are dropped")
+            voices = netns.client("voices", script=SECURITY_CLIENT)  # known from configure on
+            assert (voices["success"], voices["message"]) == (
+                (True, "")
+                if before
+                else (
+                    False,
+                    "the node is unconfigured: its voices are encoded when it is configured "
+                    "(ros2 lifecycle set /moss_tts_node configure)",
+                )
+            )
         changes = netns.client("params", set=[["llama.n_ctx", 4096], ["sampling.seed", 3], ["queue_size", 3]])["set"]
         assert [verdict["successful"] for verdict in changes] == [False, True, False]
         assert (

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pytest
 from ros_helpers import require_ros
 
@@ -20,7 +22,7 @@ require_ros()
 
 from diagnostic_msgs.msg import DiagnosticStatus  # noqa: E402
 from moss_tts_msgs.action import Speak  # noqa: E402
-from moss_tts_msgs.msg import Timing  # noqa: E402
+from moss_tts_msgs.msg import TextChunk, Timing  # noqa: E402
 from moss_tts_msgs.srv import Synthesize  # noqa: E402
 
 from moss_tts_node.ros.messages import (  # noqa: E402
@@ -45,22 +47,22 @@ def report(synth: Synthesizer) -> TimingReport:
     return synth.synthesize("Hello there.", seed=3).report
 
 
-@pytest.mark.parametrize("message", [Speak.Goal, Synthesize.Request])
+@pytest.mark.parametrize("message", [Speak.Goal, Synthesize.Request, TextChunk])
 def test_empty_fields_of_a_request_take_the_nodes_defaults(message: type) -> None:
-    request = speech_request(message(text="Hello."))  # every other field as the message's default
+    request = speech_request(message(text="Hello."), None)  # every other field as the message's default
     assert fields_of(request) == fields_of(SpeechRequest("Hello."))
-    assert fields_of(speech_request(message(text="Hi.", seed=-7))) == fields_of(SpeechRequest("Hi."))
 
 
-@pytest.mark.parametrize("message", [Speak.Goal, Synthesize.Request])
+@pytest.mark.parametrize("message", [Speak.Goal, Synthesize.Request, TextChunk])
 def test_the_fields_a_request_gives_reach_the_speech_request(message: type) -> None:
-    request = speech_request(
-        message(text=" Hi. ", language="zh", instruction="calm", reference_audio="/voices/a.wav", seed=0)
+    codes = np.zeros((3, 32), dtype=np.int64)  # what ros/voices.py found for its voice
+    request = speech_request(message(text=" Hi. ", language="zh", instruction="calm", voice="nurse", seed=0), codes)
+    assert request.voice is codes
+    assert fields_of(replace(request, voice=None)) == fields_of(
+        SpeechRequest(" Hi. ", language="zh", instruction="calm", seed=0)
     )
-    assert fields_of(request) == fields_of(
-        SpeechRequest(" Hi. ", language="zh", instruction="calm", voice="/voices/a.wav", seed=0)
-    )
-    assert speech_request(message(text="Hi.", seed=2**63 - 1)).seed == 2**63 - 1
+    assert speech_request(message(text="Hi.", seed=2**63 - 1), None).seed == 2**63 - 1
+    assert speech_request(message(text="Hi.", seed=-7), None).seed == -7  # kept, for the synthesizer to refuse
 
 
 def test_a_text_message_is_a_request_of_its_text_alone() -> None:

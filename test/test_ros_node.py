@@ -212,8 +212,8 @@ def test_bad_requests_are_answered_and_the_node_keeps_serving(netns: LoopbackNam
     bad = [
         ({"text": "   "}, "text is empty"),
         ({"text": "Hello.", "language": "fr"}, "unknown language 'fr': this node accepts en, zh"),
-        ({"text": "Hello.", "reference_audio": "/nonexistent/voice.wav"}, "not found"),
-        ({"text": "Hello.", "instruction": "calm " * 10000}, "raise llama.n_ctx"),  # too long for the context
+        ({"text": "Hello.", "reference_audio": "/nonexistent/voice.wav"}, "not a voice of this node"),
+        ({"text": "Hello.", "instruction": "calm " * 10000}, "'limits.max_text_chars'"),  # refused unread
     ]
     answer = netns.client(
         "synthesize", requests=[request for request, _ in bad] + [{"text": "Hello.", "language": "en"}]
@@ -429,7 +429,7 @@ def test_a_burst_from_several_clients_is_served_first_come_first_served(
         assert started == sorted(started), number  # spoken in the order accepted
 
 
-SOAK_CYCLES = 42  # of 12 requests each
+SOAK_CYCLES = 42  # of 18 requests each
 # The soak fails if the node's resident memory over the last quarter of the requests averages more
 # than this above the second quarter's (the first quarter warms caches up and is left out): a leak of
 # 32 KiB kept per request would fail it. README "Requests" has the measured curve.
@@ -437,9 +437,10 @@ SOAK_RSS_GROWTH_KIB = 8 * 1024
 
 
 def test_a_soak_of_mixed_requests_is_answered_in_full_with_bounded_memory(params_file: Path, tmp_path: Path) -> None:
-    """500+ requests one after another: two texts at once on the topic, service calls, goals,
-    goals cancelled while spoken and while waiting, bad input of each kind. Every one is answered
-    as it should be, the diagnostics count them, and the node's memory levels off."""
+    """750+ requests one after another: two texts at once on the topic, service calls, goals,
+    goals cancelled while spoken and while waiting, bad input of each kind, oversized and hostile
+    requests (a megabyte of text, probes of the machine's files). Every one is answered as it should
+    be, the diagnostics count them, and the node's memory levels off."""
     ns = loopback_namespace(tmp_path)
     short = ["-p", "generation.max_new_tokens:=33"]  # two frames of audio: the demo model is slow per step
     process = NodeProcess(
@@ -462,11 +463,12 @@ def test_a_soak_of_mixed_requests_is_answered_in_full_with_bounded_memory(params
     print("soak RSS (requests, KiB):", curve)
     counts = answer["counts"]
     assert answer["unexpected"] == []
-    assert counts["requests"] >= 500
+    assert counts["requests"] >= 750
     assert counts["succeeded"] + counts["cancelled"] + counts["refused"] == counts["requests"]
     assert int(values["requests_completed"]) == counts["succeeded"]
     assert int(values["requests_refused"]) == counts["refused"]
     assert process.output().count("~/text request refused: the text is empty") == SOAK_CYCLES
+    assert process.output().count("~/text request refused: the request has 5000 characters") == SOAK_CYCLES
     rss = [kib for _, kib in curve]
     quarter = len(rss) // 4
     second, last = rss[quarter : 2 * quarter], rss[-quarter:]

@@ -20,6 +20,7 @@ from moss_tts_node.ros.parameters import (  # noqa: E402
     ALL_OPTIONS,
     LOAD_TIME_CONSTRAINT,
     NODE_OPTIONS,
+    OWNER_KEYS,
     STARTUP_KEYS,
     Settings,
     Startup,
@@ -41,9 +42,6 @@ LIVE = {
     "audio.left_context_frames",
     "queue_policy",
     "output_encoding",
-    "text_stream_max_open",
-    "text_stream_max_chars",
-    "text_stream_idle_timeout",
     "languages",
 }
 STARTUP = {"queue_size", "autostart"}  # read when the process starts
@@ -60,7 +58,7 @@ def values_of(demo_config: Path, **changes: Any) -> dict[str, Any]:
 def test_every_config_key_and_node_option_is_declared_once_with_its_default() -> None:
     declared = declarations()
     node_options = ["queue_size", "autostart", "queue_policy", "output_encoding", "text_stream_max_open"]
-    node_options += ["text_stream_max_chars", "text_stream_idle_timeout", "languages"]
+    node_options += ["text_stream_max_chars", "text_stream_idle_timeout", "languages", "max_response_seconds"]
     assert [name for name, _, _ in declared] == [*OPTIONS, *node_options]
     for name, default, described in declared:
         assert default == ALL_OPTIONS[name].default
@@ -70,13 +68,23 @@ def test_every_config_key_and_node_option_is_declared_once_with_its_default() ->
 
 def test_a_parameter_changes_in_any_state_if_read_per_request_and_at_startup_never() -> None:
     assert set(STARTUP_KEYS) == STARTUP
-    assert {name for name, _, described in declarations() if described.read_only} == STARTUP
-    assert {name for name in ALL_OPTIONS if ALL_OPTIONS[name].per_request} == LIVE
+    owner = {name for name in ALL_OPTIONS if name.startswith(OWNER_KEYS)}
+    assert {name for name, _, described in declarations() if described.read_only} == STARTUP | owner
+    assert {name for name in ALL_OPTIONS if ALL_OPTIONS[name].per_request} - owner == LIVE
     held = {name for name in ALL_OPTIONS if load_time(ALL_OPTIONS[name])}
-    assert held == set(ALL_OPTIONS) - LIVE - STARTUP
+    assert held == set(ALL_OPTIONS) - LIVE - STARTUP - owner
     assert {"generation.reference_audio", "llama.n_ctx", "model.weights_dir", "audio.backend"} <= held
     for name, _, described in declarations():  # `ros2 param describe` says when a load-time one may change
         assert (LOAD_TIME_CONSTRAINT in described.additional_constraints) is (name in held), name
+
+
+def test_the_limits_and_the_voices_are_read_only_in_every_state() -> None:
+    """Any participant of the domain may set a parameter that is not read-only (and, without SROS2, take the node
+    through its lifecycle): it must not raise a limit, nor add a voice directory."""
+    limits = [o for o in ALL_OPTIONS.values() if o.key.startswith(("limits.", "max_response_", "text_stream_"))]
+    assert len(limits) == 6 and all(o.per_request for o in limits)
+    assert all(descriptor(o).read_only for o in limits)
+    assert all(descriptor(o).read_only for o in ALL_OPTIONS.values() if o.key.startswith("voices."))
 
 
 def test_ranges_and_choices_reach_the_descriptor() -> None:
@@ -123,6 +131,7 @@ def test_a_full_set_of_values_becomes_the_settings(demo_config: Path) -> None:
         text_stream_max_chars=20000,
         text_stream_idle_timeout=10.0,
         languages=("en", "zh"),
+        max_response_seconds=120.0,
     )
     assert type(settings.config.sampling.text_temperature) is float  # an int is a float's value, as in a file
 

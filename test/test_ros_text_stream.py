@@ -10,7 +10,6 @@ from ros_helpers import require_ros
 
 from moss_tts_node.ros.queue import Rejected
 from moss_tts_node.synthesis.feed import TextFeed
-from moss_tts_node.synthesis.request import SpeechRequest
 
 require_ros()
 
@@ -28,16 +27,17 @@ LIMITS = StreamLimits(max_open=2, max_chars=40, idle_timeout_s=5.0)
 
 
 class Line:
-    """What the node would do with a new stream: remember its request and feed (or refuse it)."""
+    """What the node would do with a new stream: remember its first chunk, which makes its request, and its
+    feed (or refuse it)."""
 
     def __init__(self) -> None:
-        self.started: dict[str, tuple[SpeechRequest, TextFeed]] = {}
+        self.started: dict[str, tuple[TextChunk, TextFeed]] = {}
         self.refuse: str | None = None
 
-    def start(self, stream_id: str, request: SpeechRequest, feed: TextFeed) -> None:
+    def start(self, stream_id: str, first: TextChunk, feed: TextFeed) -> None:
         if self.refuse is not None:
             raise Rejected(self.refuse)
-        self.started[stream_id] = (request, feed)
+        self.started[stream_id] = (first, feed)
 
     def text(self, stream_id: str) -> tuple[str, bool]:
         """What the stream's feed holds, and whether it was closed."""
@@ -55,9 +55,9 @@ def test_a_stream_is_one_request_whose_fields_come_with_its_first_chunk() -> Non
     streams.receive(chunk("b", "你好", reference_audio="/voices/b.npy"), LIMITS, now=0.1)
     streams.receive(chunk("a", " there.", language="zh", seed=9), LIMITS, now=0.2)  # later fields are ignored
     streams.receive(chunk("b", "。", final=True), LIMITS, now=0.3)
-    request, _ = line.started["a"]
-    assert (request.text, request.language, request.instruction, request.seed) == ("", "en", "calm", 4)
-    assert line.started["b"][0].voice == "/voices/b.npy" and line.started["b"][0].seed is None
+    first, _ = line.started["a"]
+    assert (first.text, first.language, first.instruction, first.seed) == ("Hello", "en", "calm", 4)
+    assert line.started["b"][0].reference_audio == "/voices/b.npy" and line.started["b"][0].seed == -1
     assert line.text("a") == ("Hello there.", False) and line.text("b") == ("你好。", True)
     assert streams.open_count == 1
     with pytest.raises(ChunkDropped, match="'b' has ended"):
@@ -120,7 +120,7 @@ def test_streams_are_bounded_in_number_and_size() -> None:
 def test_a_request_that_ends_while_it_is_being_put_in_line_never_opens() -> None:
     streams: TextStreams
 
-    def start(stream_id: str, request: SpeechRequest, feed: TextFeed) -> None:
+    def start(stream_id: str, first: TextChunk, feed: TextFeed) -> None:
         streams.ended(stream_id)  # interrupted by a request that came in between, on another thread
 
     streams = TextStreams(start)

@@ -237,7 +237,7 @@ def test_empty_text_is_refused(synth: Synthesizer, text: str) -> None:
 
 
 def test_text_that_normalizes_to_nothing_is_refused(synth: Synthesizer) -> None:
-    with pytest.raises(RequestError, match="empty"):
+    with pytest.raises(RequestError, match="nothing to say"):
         synth.stream("\u200b\u200b")
 
 

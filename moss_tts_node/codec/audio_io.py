@@ -8,6 +8,8 @@ written in NumPy so the package needs neither SciPy nor torch on a robot.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from math import gcd
 from pathlib import Path
 
@@ -31,16 +33,18 @@ _ROLLOFF = 0.94
 _CHUNK = 16384  # output samples per gather, bounds the working memory to a few MB
 
 
-def load_reference_audio(path: str | Path) -> np.ndarray:
+def load_reference_audio(path: str | Path, max_seconds: float | None = None) -> np.ndarray:
     """Read a voice reference clip and return it ready for ``AudioCodec.encode``.
 
     WAV, FLAC and OGG (anything libsndfile reads) are accepted. The result is float32 mono
     24 kHz, RMS-normalized toward -20 dBFS (gain limited to +-3 dB so a quiet room is not
     pumped up into noise) and zero-padded at the end to a multiple of 1920 samples.
-    Raises RequestError for a missing, unreadable, empty or silent file.
+    Raises RequestError for a missing, unreadable, empty or silent file, and for one that holds
+    more than ``max_seconds`` (at most that much is decoded, whatever its header says: check
+    ``clip_seconds`` first for a refusal that decodes nothing).
     """
     path = Path(path)
-    samples, rate = _read_audio(path)
+    samples, rate = _read_audio(path, max_seconds)
     mono = samples.mean(axis=1, dtype=np.float64).astype(np.float32)
     mono = resample(mono, rate, SAMPLE_RATE)
     return _pad_to_frames(_normalize_loudness(mono, path))
@@ -100,20 +104,49 @@ def write_wav(path: str | Path, samples: np.ndarray, sample_rate: int) -> None:
     sf.write(str(path), pcm, sample_rate, subtype="PCM_16", format="WAV")
 
 
-def _read_audio(path: Path) -> tuple[np.ndarray, int]:
-    """Read (frames, channels) float32 samples and the rate, with errors a user can act on."""
-    if not path.is_file():
+def clip_seconds(path: str | Path) -> float:
+    """How long an audio file lasts, from its header: nothing is decoded. RequestError when it is missing
+    or not an audio file libsndfile reads."""
+    path = Path(path)
+    with _readable(path):
+        info = sf.info(str(path))
+    return info.frames / info.samplerate if info.samplerate > 0 else 0.0
+
+
+def _read_audio(path: Path, max_seconds: float | None) -> tuple[np.ndarray, int]:
+    """Read (frames, channels) float32 samples and the rate, with errors a user can act on; at most
+    ``max_seconds`` of them (RequestError when the file holds more)."""
+    with _readable(path), sf.SoundFile(str(path)) as file:
+        rate = file.samplerate
+        limit = -1 if max_seconds is None else int(max_seconds * rate) + 1
+        samples = file.read(limit, dtype="float32", always_2d=True)
+    if max_seconds is not None and samples.shape[0] > max_seconds * rate:
+        raise RequestError(f"reference audio {path} holds more than {max_seconds:g} s of audio")
+    if samples.shape[0] == 0:
+        raise RequestError(f"reference audio {path} is empty; record 3 to 20 s of clear speech")
+    return samples, int(rate)
+
+
+def is_file(path: Path) -> bool:
+    """Whether ``path`` is a file; False, not an error, for a name the file system cannot take (too long)."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
+
+
+@contextmanager
+def _readable(path: Path) -> Iterator[None]:
+    """Turn libsndfile's failures to open or read ``path`` into a RequestError a user can act on."""
+    if not is_file(path):
         raise RequestError(f"reference audio {path} not found; give the path of a WAV, FLAC or OGG file")
     try:
-        samples, rate = sf.read(str(path), dtype="float32", always_2d=True)
+        yield
     except (sf.LibsndfileError, RuntimeError) as error:
         raise RequestError(
             f"reference audio {path} is not a readable audio file ({error}); convert it to WAV, "
             f"e.g. ffmpeg -i {path} -ac 1 -ar {SAMPLE_RATE} voice.wav"
         ) from error
-    if samples.shape[0] == 0:
-        raise RequestError(f"reference audio {path} is empty; record 3 to 20 s of clear speech")
-    return samples, int(rate)
 
 
 def _normalize_loudness(samples: np.ndarray, path: Path) -> np.ndarray:

@@ -39,15 +39,17 @@ def launch_parameters(params_file: str | Path) -> dict[str, Any]:
     Given a dict, launch_ros hands the values to the node under its full name, so the file's
     ``moss_tts_node:`` section applies in any namespace (as a ``--params-file`` it only matches a
     node in the root namespace). Relative paths are resolved against the file's folder, as the
-    CLI does; ``ros2 run ... --params-file`` resolves them against the working directory.
+    CLI does; ``ros2 run ... --params-file`` resolves them against the working directory. An empty list is
+    left out: the node's list parameters are empty by default.
     """
     path = Path(params_file)
     values = read_params_file(path)
     for key, value in values.items():
         option = OPTIONS.get(key)  # the node's own options are never paths
-        if option is not None and option.names_a_path(value):
-            values[key] = str((path.parent / Path(value).expanduser()).resolve())
-    return values
+        if option is not None:
+            values[key] = option.resolved(value, path.parent)
+    # launch_ros cannot type an empty list (it refuses the launch), and an empty list is what the node has anyway.
+    return {key: value for key, value in values.items() if value != []}
 
 
 def start_failure(output: str) -> str | None:

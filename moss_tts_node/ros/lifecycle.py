@@ -64,6 +64,15 @@ def request_refusal(phase: Phase, node: str) -> str | None:
     )
 
 
+def voices_refusal(phase: Phase, node: str) -> str:
+    """Why ``~/list_voices`` has no voices in ``phase``, a state without a model: they are encoded on configure."""
+    if phase in (Phase.SHUTTING_DOWN, Phase.FINALIZED):
+        return SHUTTING_DOWN
+    return (
+        f"the node is {phase.value}: its voices are encoded when it is configured (ros2 lifecycle set {node} configure)"
+    )
+
+
 def parameter_refusal(names: Iterable[str], phase: Phase, node: str) -> str | None:
     """Why changing these parameters is refused in ``phase`` (None: it may change): a load-time one may change
     only while no model is loaded, and the reason gives the transitions that lead there and back."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 from diagnostic_msgs.msg import DiagnosticStatus, KeyValue
 from moss_tts_msgs.action import Speak
 from moss_tts_msgs.msg import TextChunk, Timing
@@ -19,19 +20,20 @@ from moss_tts_node.synthesis.request import SpeechRequest
 from moss_tts_node.timing import TimingReport
 
 
-def speech_request(msg: Speak.Goal | Synthesize.Request | TextChunk) -> SpeechRequest:
-    """A Speak goal, a Synthesize request or a TextChunk (the first of a stream) as a SpeechRequest.
+def speech_request(msg: Speak.Goal | Synthesize.Request | TextChunk, voice: np.ndarray | None) -> SpeechRequest:
+    """A Speak goal, a Synthesize request or a TextChunk (the first of a stream) as a SpeechRequest, with the
+    codes of the voice it names (looked up by ros/voices.py: a message never gives the synthesizer a path).
 
     Empty fields take the node's defaults (None): ``generation.language`` and ``generation.instruction``,
-    the configured voice (``generation.reference_audio``); a negative seed takes ``sampling.seed``. The text
-    is kept as it came, for the synthesizer to check.
+    the default voice (``voice`` None); a seed of -1 takes ``sampling.seed``. The text and the seed are kept
+    as they came, for the synthesizer to check (a seed below -1 is refused there).
     """
     return SpeechRequest(
         text=msg.text,
         language=msg.language or None,
         instruction=msg.instruction or None,
-        voice=msg.reference_audio or None,
-        seed=msg.seed if msg.seed >= 0 else None,
+        voice=voice,
+        seed=None if msg.seed == -1 else msg.seed,
     )
 
 

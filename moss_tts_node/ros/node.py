@@ -7,15 +7,18 @@
   stream id, spoken sentence by sentence as it arrives (ros/text_stream.py).
 - ``~/speak`` (moss_tts_msgs/action/Speak): the same with feedback, a result and cancel.
 - ``~/synthesize`` (moss_tts_msgs/srv/Synthesize): the whole utterance back in the response.
+- ``~/list_voices`` (moss_tts_msgs/srv/ListVoices): the voices a request may name (ros/voices.py).
 - ``~/audio`` (moss_tts_msgs/AudioChunk): chunks as they are decoded (see ros/audio.py).
 - ``/diagnostics``: lifecycle state, readiness, queue depth, last real-time factor and time to first audio.
 
-A lifecycle node (README "Lifecycle"): configure loads the model, activate serves, deactivate ends the requests
-in line, cleanup frees the model; ``autostart`` (default true) configures and activates at start-up. Every
-interface exists in every state, and what it refuses, and why, is ros/lifecycle.py's. This module is the
-wiring: parameters are declared and checked in ros/parameters.py (the config keys, with the same files and
-checks as the CLI, plus the few only a node has), messages converted in ros/messages.py, audio published by
-ros/audio.py. Requests wait in a RequestQueue (ros/queue.py), one per activation, and run one at a time on it.
+A lifecycle node (README "Lifecycle"): configure loads the model and encodes its voices, activate serves,
+deactivate ends the requests in line, cleanup frees the model; ``autostart`` (default true) configures and
+activates at start-up. Every interface exists in every state, and what it refuses, and why, is
+ros/lifecycle.py's. This module is the wiring: parameters are declared and checked in ros/parameters.py (the
+config keys, with the same files and checks as the CLI, plus the few only a node has), messages converted in
+ros/messages.py, a request's voice looked up by name in ros/voices.py, audio published by ros/audio.py.
+Requests are checked one at a time on the intake's thread (ros/intake.py), then wait in a RequestQueue
+(ros/queue.py), one per activation, and run one at a time on it.
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial, wraps
 from pathlib import Path
 from typing import Any
@@ -41,7 +45,7 @@ import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
 from moss_tts_msgs.action import Speak
 from moss_tts_msgs.msg import TextChunk
-from moss_tts_msgs.srv import Synthesize
+from moss_tts_msgs.srv import ListVoices, Synthesize
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.action import ActionServer, CancelResponse
 from rclpy.action.server import ServerGoalHandle
@@ -54,9 +58,10 @@ from rclpy.qos import QoSProfile
 from std_msgs.msg import Header, String
 
 from moss_tts_node.config import NODE_NAME
-from moss_tts_node.errors import ConfigError, MossTTSError
+from moss_tts_node.errors import ConfigError, MossTTSError, RequestError
 from moss_tts_node.ros.audio import AudioOut, encode
 from moss_tts_node.ros.heap import release_freed_memory, resident_mib
+from moss_tts_node.ros.intake import Intake
 from moss_tts_node.ros.launch_params import START_FAILURE
 from moss_tts_node.ros.lifecycle import (
     DEACTIVATING,
@@ -66,6 +71,7 @@ from moss_tts_node.ros.lifecycle import (
     Phase,
     parameter_refusal,
     request_refusal,
+    voices_refusal,
 )
 from moss_tts_node.ros.messages import (
     NodeStatus,
@@ -87,6 +93,7 @@ from moss_tts_node.ros.parameters import (
 from moss_tts_node.ros.process import start_node, wait_for_stop
 from moss_tts_node.ros.queue import Outcome, Rejected, RequestQueue, State, Ticket
 from moss_tts_node.ros.text_stream import ChunkDropped, StreamLimits, StreamRefused, TextStreams
+from moss_tts_node.ros.voices import requested_voice, voice_infos
 from moss_tts_node.synthesis.feed import TextFeed
 from moss_tts_node.synthesis.request import SpeechRequest
 from moss_tts_node.synthesis.results import AudioStream
@@ -110,6 +117,8 @@ CLIENT_CANCEL = "canceled by the client"
 # execute callback waits for the mark, up to this bound (rclpy sets it a few statements after the return).
 CANCELING_MARK_WAIT_S = 1.0
 CANCELING_MARK_POLL_S = 0.001
+# Requests that may wait for their check (README "Security"): more than a burst of clients sends at once.
+CHECKS_WAITING = 32
 
 
 @dataclass
@@ -180,7 +189,9 @@ class TtsNode(LifecycleNode):
         self._counts = threading.Lock()  # callbacks on several executor threads refuse requests at once
         self._completed = 0  # requests spoken to their end
         self._refused = 0  # bad requests, those a full queue turned away, and those the node's state refused
-        self._goals: dict[str, Ticket[Job] | Refused] = {}  # Speak goal id -> its place in line, or its refusal
+        self._intake = Intake(CHECKS_WAITING)  # every request's check, in the order they arrive
+        # Speak goal id -> its check (then its place in line), or its refusal
+        self._goals: dict[str, Future[Ticket[Job]] | Refused] = {}
         self._text_streams = TextStreams(self._start_text_stream)
         self._pending = 0  # service and action callbacks waiting for an outcome
         self._pending_changed = threading.Condition()
@@ -197,6 +208,7 @@ class TtsNode(LifecycleNode):
         self.create_timer(TEXT_STREAM_CHECK_S, self._expire_text_streams)
         # A service call waits for its request's turn, so calls must run side by side.
         self.create_service(Synthesize, "~/synthesize", self._on_synthesize, callback_group=ReentrantCallbackGroup())
+        self.create_service(ListVoices, "~/list_voices", self._on_list_voices)
         # Goal requests one at a time: rclpy answers a goal before _accept_goal queues it, so a
         # client's next goal could otherwise overtake it. Execute callbacks run as tasks of their own.
         self._speak = ActionServer(
@@ -328,6 +340,7 @@ class TtsNode(LifecycleNode):
         if previous is Phase.ACTIVE:
             self.get_logger().info(f"{SHUTTING_DOWN}: stopping the current request, aborting the queued ones")
             self._end_requests(SHUTTING_DOWN)
+        self._intake.close(SHUTTING_DOWN)  # the checks still queued refuse their requests with that reason
         if previous.loaded:
             self._free_model()
         self._phase = Phase.FINALIZED
@@ -346,7 +359,7 @@ class TtsNode(LifecycleNode):
 
     def _end_requests(self, reason: str) -> None:
         """End the request being spoken (within one step) and those waiting with ``reason``, refuse new ones,
-        and wait until each has been answered."""
+        and wait until each has been answered (those still being checked are refused by the node's state)."""
         assert self._queue is not None  # the node was activated
         self._queue.close(reason)
         with self._pending_changed:
@@ -423,20 +436,23 @@ class TtsNode(LifecycleNode):
 
     def _submit(
         self,
-        request: SpeechRequest,
+        request: Callable[[Synthesizer], SpeechRequest],
         request_id: str,
         *,
         collect: bool,
         on_update: Callable[[Ticket[Job]], None] | None = None,
         feed: TextFeed | None = None,
     ) -> Ticket[Job]:
-        """Validate a request and put it in line; raises RequestError or Rejected with the reason.
+        """Validate a request and put it in line; raises RequestError or Rejected with the reason. Runs on the
+        intake's thread: the check of a long text takes tens of milliseconds (README "Security").
 
         A node that is not active refuses it (ros/lifecycle.py). ``stream()`` checks the request now
         (text, reference, room in the context) without generating, so a bad request never takes a turn,
         nor interrupts the one being spoken. The request is checked and runs with the parameters in force
-        now (one Settings object). With a ``feed`` the text arrives there, in pieces (``stream_text``; the
-        request's text is empty).
+        now (one Settings object). A whole-utterance answer (``collect``) holds at most
+        ``max_response_seconds`` of audio. With a ``feed`` the text arrives there, in pieces (``stream_text``;
+        the request's text is empty). ``request`` is what a message asks for, made with the loaded model (its
+        voices).
         """
         refusal = request_refusal(self._phase, self._full_name)
         if refusal is not None:
@@ -446,17 +462,26 @@ class TtsNode(LifecycleNode):
                 raise Rejected(request_refusal(Phase.UNCONFIGURED, self._full_name) or "")
             settings, queue = self._settings, self._queue
             assert settings is not None and queue is not None  # set before the model was lent and the node served
-            settings.check_language(request.language)
+            speech = request(synth)
+            settings.check_language(speech.language)
             cancel = threading.Event()
             if feed is None:
+                limit = settings.max_response_seconds if collect else None
                 stream = synth.stream(
-                    request,
+                    speech,
                     cancel=cancel,
                     streaming=not collect,  # a whole-utterance answer is the codec's offline decode
                     config=settings.config,
+                    max_audio_s=limit,
                 )
+                if limit is not None and stream.estimated_seconds is not None and stream.estimated_seconds > limit:
+                    raise RequestError(
+                        f"the speech is expected to take {stream.estimated_seconds:.1f} s, more than a "
+                        f"~/synthesize response holds (parameter 'max_response_seconds' ({limit:g} s)): split "
+                        "the text, or use ~/speak or ~/text, which stream it"
+                    )
             else:
-                stream = synth.stream_text(feed, request, cancel=cancel, config=settings.config)
+                stream = synth.stream_text(feed, speech, cancel=cancel, config=settings.config)
         job = Job(stream, request_id, settings.output_encoding, [] if collect else None)
         ticket = Ticket(job, cancel, on_update)
         queue.submit(ticket)  # a line closed since the state was read refuses it with the reason it closed
@@ -515,9 +540,20 @@ class TtsNode(LifecycleNode):
 
     def _on_text(self, msg: String) -> None:
         try:
-            self._submit(text_request(msg.data), uuid.uuid4().hex, collect=False)
+            self._intake.submit(partial(self._check_text, msg.data))
+        except Rejected as err:
+            self._refuse("~/text", err)
+
+    def _check_text(self, text: str) -> None:
+        """On the intake's thread: put a ~/text message in line, or log and count why not. No one waits for this
+        check, so a failure of the check itself is logged here too (a service call or a goal gets it back)."""
+        try:
+            self._submit(lambda synth: text_request(text), uuid.uuid4().hex, collect=False)
         except (MossTTSError, Rejected) as err:
             self._refuse("~/text", err)
+        except Exception as exc:
+            self.get_logger().error(f"~/text request failed to be checked: {exc!r}")
+            raise
 
     def _text_stream_limits(self) -> StreamLimits:
         """The bounds on text streams of the settings in force; before the first configure, the parameters' as
@@ -539,14 +575,33 @@ class TtsNode(LifecycleNode):
         except ChunkDropped as err:
             self.get_logger().warning(f"~/text_stream chunk dropped: {err}")
 
-    def _start_text_stream(self, stream_id: str, request: SpeechRequest, feed: TextFeed) -> None:
-        """Put a new text stream in line; it leaves the open streams when its request ends."""
+    def _start_text_stream(self, stream_id: str, first: TextChunk, feed: TextFeed) -> None:
+        """Hand a new text stream to the intake, which checks its first chunk's request and puts it in line."""
+        self._intake.submit(partial(self._check_text_stream, stream_id, first, feed))
+
+    def _check_text_stream(self, stream_id: str, first: TextChunk, feed: TextFeed) -> None:
+        """On the intake's thread: put a text stream in line; it leaves the open streams when its request ends,
+        or at once, logged and counted, when it is refused (its later chunks are dropped)."""
 
         def on_update(ticket: Ticket[Job]) -> None:
             if ticket.state is State.DONE:
                 self._text_streams.ended(stream_id)
 
-        self._submit(request, stream_id, collect=False, on_update=on_update, feed=feed)
+        try:
+            self._submit(
+                lambda synth: replace(_speech_request(first, synth), text=""),  # the text arrives in the feed
+                stream_id,
+                collect=False,
+                on_update=on_update,
+                feed=feed,
+            )
+        except (MossTTSError, Rejected) as err:
+            self._text_streams.ended(stream_id)
+            self._refuse("~/text_stream", StreamRefused(f"text stream {stream_id!r} refused: {err}"))
+        except Exception as exc:  # no one waits for this check: a failure of it is logged here (see _check_text)
+            self._text_streams.ended(stream_id)
+            self.get_logger().error(f"text stream {stream_id!r} failed to be checked: {exc!r}")
+            raise
 
     def _expire_text_streams(self) -> None:
         limits = self._text_stream_limits()
@@ -556,6 +611,15 @@ class TtsNode(LifecycleNode):
                 "(text_stream_idle_timeout): speaking what it received, then ending it"
             )
 
+    def _on_list_voices(self, request: ListVoices.Request, response: ListVoices.Response) -> ListVoices.Response:
+        with self._model.borrow() as synth:
+            if synth is None:
+                response.message = voices_refusal(self._phase, self._full_name)
+            else:
+                response.success = True
+                response.voices = voice_infos(synth.voices)
+        return response
+
     def _on_synthesize(self, request: Synthesize.Request, response: Synthesize.Response) -> Synthesize.Response:
         response.sample_rate = self._sample_rate
         response.channels = 1
@@ -563,7 +627,10 @@ class TtsNode(LifecycleNode):
         response.timing = timing_message(None, None)
         with self._waiting_reply():
             try:
-                ticket = self._submit(speech_request(request), uuid.uuid4().hex, collect=True)
+                check = self._intake.submit(
+                    lambda: self._submit(partial(_speech_request, request), uuid.uuid4().hex, collect=True)
+                )
+                ticket = check.result()
             except (MossTTSError, Rejected) as err:
                 response.message = self._refuse("~/synthesize", err).reason
                 return response
@@ -580,39 +647,53 @@ class TtsNode(LifecycleNode):
             return response
 
     def _accept_goal(self, goal_handle: ServerGoalHandle) -> None:
-        """Put an accepted Speak goal in line (before the next goal or a cancel is looked at)."""
+        """Hand an accepted Speak goal to the intake (before the next goal or a cancel is looked at), which
+        checks it and puts it in line in the order the goals came."""
         goal_id = _goal_id(goal_handle)
+        feedback = partial(_publish_feedback, goal_handle)
         try:
-            self._goals[goal_id] = self._submit(
-                speech_request(goal_handle.request),
-                goal_id,
-                collect=False,
-                on_update=partial(_publish_feedback, goal_handle),
+            self._goals[goal_id] = self._intake.submit(
+                lambda: self._submit(
+                    partial(_speech_request, goal_handle.request), goal_id, collect=False, on_update=feedback
+                )
             )
-        except (MossTTSError, Rejected) as err:
+        except Rejected as err:
             # Accepted all the same and aborted by _execute_goal: a rejected goal cannot say why.
             self._goals[goal_id] = self._refuse("~/speak", err)
         goal_handle.execute()
 
     def _cancel_goal(self, goal_handle: ServerGoalHandle) -> CancelResponse:
-        """Accept every cancel: the goal leaves the queue now, or stops within one generation step."""
-        ticket = self._goals.get(_goal_id(goal_handle))
-        if isinstance(ticket, Ticket):
-            ticket.job.client_canceled = True  # before the request can end by it
-            self._queue.cancel(ticket, CLIENT_CANCEL)
+        """Accept every cancel: the goal leaves the queue now, or stops within one generation step; one still
+        being checked does so as soon as it is in line."""
+        check = self._goals.get(_goal_id(goal_handle))
+        if isinstance(check, Future):
+            check.add_done_callback(self._cancel_checked_goal)
         return CancelResponse.ACCEPT
+
+    def _cancel_checked_goal(self, check: Future[Ticket[Job]]) -> None:
+        """What a client's cancel does to its goal once the goal's check is done: nothing to a refused one."""
+        queue = self._queue
+        if check.exception() is None and queue is not None:
+            ticket = check.result()
+            ticket.job.client_canceled = True  # before the request can end by it
+            queue.cancel(ticket, CLIENT_CANCEL)
 
     def _execute_goal(self, goal_handle: ServerGoalHandle) -> Speak.Result:
         goal_id = _goal_id(goal_handle)
         with self._waiting_reply():
-            ticket = self._goals[goal_id]
-            if isinstance(ticket, Refused):
-                result = Speak.Result(success=False, message=ticket.reason, timing=timing_message(None, None))
+            entry = self._goals[goal_id]
+            if isinstance(entry, Future):
+                try:
+                    entry = entry.result()
+                except (MossTTSError, Rejected) as err:
+                    entry = self._refuse("~/speak", err)
+            if isinstance(entry, Refused):
+                result = Speak.Result(success=False, message=entry.reason, timing=timing_message(None, None))
                 goal_handle.abort()
             else:
-                outcome = ticket.wait()
+                outcome = entry.wait()
                 assert outcome is not None
-                job = ticket.job
+                job = entry.job
                 result = Speak.Result(
                     success=outcome.success,
                     message=outcome.message,
@@ -655,6 +736,12 @@ class TtsNode(LifecycleNode):
                 status=[diagnostic_status(self.get_name(), status)],
             )
         )
+
+
+def _speech_request(msg: Speak.Goal | Synthesize.Request | TextChunk, synth: Synthesizer) -> SpeechRequest:
+    """A goal, a service request or a stream's first chunk as the synthesizer takes it, its voice looked up among
+    the loaded model's."""
+    return speech_request(msg, requested_voice(synth.voices, msg.voice, msg.reference_audio))
 
 
 def _goal_id(goal_handle: ServerGoalHandle) -> str:

@@ -4,12 +4,16 @@ Pure (no node), so every rule here is tested without a middleware (``test/test_r
 parameters are the config keys (``config.OPTIONS``: the same names, ranges and messages as a config file
 for the CLI) and the few in ``NODE_OPTIONS`` that only a node has.
 
-When a parameter may change (README "Lifecycle"):
+When a parameter may change (README "Lifecycle", "Security"):
 
 - a key marked ``per_request`` is read for each request (from the ``Settings`` it was accepted under), so
   it may change in any state;
 - the ``STARTUP_KEYS`` are read once, when the process starts (``queue_size`` sizes the executor's threads,
   ``autostart`` is what the process does first): read-only parameters;
+- the ``OWNER_KEYS`` are read-only too, whenever they are read: the limits of what a request may ask and of
+  the text streams a client may hold open, and the voices, whose directories bound the files a remote path
+  may name. Any participant of the domain may set a parameter that is not read-only, and a bound it could
+  move would bound nothing: these come from the owner's parameter file;
 - every other key is read when the model loads, on configure (model files, llama.cpp context, codec and
   heads backends, the encoded default voice): ``load_time``, changeable only while the node is
   unconfigured (``ros/lifecycle.py`` refuses it otherwise, with the way there). A key added to the config
@@ -110,9 +114,19 @@ NODE_OPTIONS = (
         "request language takes generation.language.",
         per_request=True,
     ),
+    _node_option(
+        "max_response_seconds",
+        120.0,
+        "Most seconds of audio in one ~/synthesize response: a text expected to take longer is refused, and "
+        "the response stops there (it is held whole until it is sent).",
+        per_request=True,
+        min=0.08,
+        max=3600.0,
+    ),
 )
 ALL_OPTIONS: dict[str, Option] = {**OPTIONS, **{o.key: o for o in NODE_OPTIONS}}
 STARTUP_KEYS = ("queue_size", "autostart")
+OWNER_KEYS = ("limits.", "max_response_seconds", "text_stream_", "voices.")  # prefixes, or whole keys
 LOAD_TIME_CONSTRAINT = "changeable only while the node is unconfigured (read when the model loads, on configure)"
 
 
@@ -139,6 +153,7 @@ class Settings:
     text_stream_max_chars: int
     text_stream_idle_timeout: float
     languages: tuple[str, ...]  # codes (text/languages.py), whatever spelling the parameter used
+    max_response_seconds: float
 
     @property
     def text_stream_limits(self) -> StreamLimits:
@@ -160,8 +175,9 @@ class Settings:
 
 
 def read_only(option: Option) -> bool:
-    """Whether the node refuses to change this parameter in any state: it is read when the process starts."""
-    return option.key in STARTUP_KEYS
+    """Whether the node refuses to change this parameter in any state: it is read when the process starts,
+    or it bounds what a remote participant may do."""
+    return option.key in STARTUP_KEYS or option.key.startswith(OWNER_KEYS)
 
 
 def load_time(option: Option) -> bool:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import rclpy
+from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 from rclpy.node import Node
 from rclpy.signals import SignalHandlerOptions
 
@@ -30,7 +31,8 @@ def start_node(
     failures: tuple[type[BaseException], ...],
 ) -> tuple[_Node, threading.Event] | int:
     """``rclpy.init`` with signals that set the returned event, then the node ``make`` builds; when that
-    raises one of ``failures``, the reason is logged after ``failure_prefix`` and the exit code is returned."""
+    raises one of ``failures``, or rcl cannot create the node, the reason is logged after ``failure_prefix``
+    and the exit code is returned."""
     rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -38,9 +40,12 @@ def start_node(
     try:
         return make(), stop
     except failures as err:
-        rclpy.logging.get_logger(logger_name).error(f"{failure_prefix}{err}")
-        rclpy.try_shutdown()
-        return EXIT_BAD_INPUT
+        reason = str(err)
+    except _rclpy.RCLError as err:  # e.g. ROS_SECURITY_ENABLE with a DDS built without security (README "Security")
+        reason = f"rcl could not create the node: {err}"
+    rclpy.logging.get_logger(logger_name).error(f"{failure_prefix}{reason}")
+    rclpy.try_shutdown()
+    return EXIT_BAD_INPUT
 
 
 def wait_for_stop(*events: threading.Event) -> None:

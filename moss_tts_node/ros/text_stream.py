@@ -3,7 +3,8 @@
 
 Pure (no node): ``test/test_ros_text_stream.py`` checks every rule without a middleware. The node hands each
 message here from its subscription, and gives a ``start`` function that puts a new stream in its line of
-requests (``Synthesizer.stream_text`` on the stream's ``TextFeed``, then the queue); the rest is here:
+requests (its first chunk made a request, its voice looked up, ``Synthesizer.stream_text`` on the stream's
+``TextFeed``, then the queue); the rest is here:
 
 - a stream's first chunk starts it, with the request fields it carries (later chunks' fields are ignored);
   its later chunks go into its feed, ``final`` closes it, and a stream that gets no chunk for
@@ -24,13 +25,11 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from moss_tts_msgs.msg import TextChunk
 
-from moss_tts_node.ros.messages import speech_request
 from moss_tts_node.synthesis.feed import TextFeed
-from moss_tts_node.synthesis.request import SpeechRequest
 
 MAX_ID_CHARS = 64
 REMEMBERED_ENDED = 1024
@@ -61,10 +60,11 @@ class _Open:
 
 
 class TextStreams:
-    """The text streams being received. ``start(stream_id, request, feed)`` puts a new one in line; it raises
-    (any exception, with the reason for the sender) where the request is refused."""
+    """The text streams being received. ``start(stream_id, first_chunk, feed)`` puts a new one in line, with the
+    request fields of its first chunk; it raises (any exception, with the reason for the sender) where the
+    request is refused, or calls ``ended`` later where it is refused after a check of its own."""
 
-    def __init__(self, start: Callable[[str, SpeechRequest, TextFeed], None]) -> None:
+    def __init__(self, start: Callable[[str, TextChunk, TextFeed], None]) -> None:
         self._start = start
         self._lock = threading.Lock()
         self._open: dict[str, _Open] = {}
@@ -136,7 +136,7 @@ class TextStreams:
         feed = TextFeed()
         stream = _Open(feed, 0, now)
         try:
-            self._start(stream_id, replace(speech_request(chunk), text=""), feed)
+            self._start(stream_id, chunk, feed)
         except Exception as error:
             with self._lock:
                 self._starting.discard(stream_id)

@@ -84,6 +84,65 @@ class ListedPlan(PlanSource):
         pass  # nothing waits on a list
 
 
+class _FrameBudget:
+    """The frames a request may still produce (None: no bound), spent as its pieces generate them and its pauses
+    take them, in the order of the request.
+
+    A piece of s steps completes at most s - (n_vq - 1) frames (the first after n_vq rows), so giving it
+    ``left + n_vq - 1`` steps keeps the request within the budget, however its pieces end; a pause is cut to the
+    frames left.
+    """
+
+    def __init__(self, frames: int | None, n_vq: int) -> None:
+        self.left = frames
+        self.n_vq = n_vq
+        self.cut = False  # the request was cut short: a pause, or the items after the last
+
+    @property
+    def spent(self) -> bool:
+        return self.left is not None and self.left <= 0
+
+    def steps(self, piece: Piece) -> int:
+        return piece.max_steps if self.left is None else min(piece.max_steps, self.left + self.n_vq - 1)
+
+    def spend(self) -> None:
+        """One frame completed."""
+        if self.left is not None:
+            self.left -= 1
+
+    def pause(self, pause: Pause) -> Pause:
+        """``pause``, cut to the frames left, which it takes."""
+        if self.left is None:
+            return pause
+        samples = min(pause.samples, self.left * SAMPLES_PER_FRAME)
+        self.left -= -(-samples // SAMPLES_PER_FRAME)
+        self.cut = self.cut or samples < pause.samples
+        return Pause(samples)
+
+
+class _BudgetedPlan(PlanSource):
+    """``source`` within ``budget``: its pauses cut to the frames left, and no item once they are spent."""
+
+    def __init__(self, source: PlanSource, budget: _FrameBudget) -> None:
+        self._source = source
+        self._budget = budget
+
+    def next_item(self) -> Piece | Pause | None:
+        if self.more() is False and self._budget.spent:
+            return None
+        item = self._source.next_item()
+        return self._budget.pause(item) if isinstance(item, Pause) else item
+
+    def more(self) -> bool | None:
+        if not self._budget.spent:
+            return self._source.more()
+        self._budget.cut = self._budget.cut or self._source.more() is not False  # what follows is left out
+        return False
+
+    def close(self) -> None:
+        self._source.close()
+
+
 @dataclass(frozen=True)
 class Generated:
     """What generating one piece produced."""
@@ -124,16 +183,20 @@ class Pipeline:
         audio: AudioConfig,
         cancelled: Callable[[], bool],
         streaming: bool,
+        max_frames: int | None = None,
     ) -> Generator[AudioChunk, None, StreamResult]:
         """Generate and decode every piece, and render every pause, as one stream: indices and offsets run on,
         one final chunk.
 
         An item's last samples are the final chunk when no item is known to follow; where that is not known
         yet (text still arriving), they leave at once and the final chunk is an empty one, sent once the source
-        has no more items. With stages that cannot decode while generating (low_memory), every piece is
-        generated first and each decoded offline afterwards: nothing streams.
+        has no more items. ``max_frames`` bounds the frames of the whole request: the piece or pause that
+        reaches it stops there (stop reason max_new_tokens) and is the last. With stages that cannot decode
+        while generating (low_memory), every piece is generated first and each decoded offline afterwards:
+        nothing streams.
         """
-        source = plan if isinstance(plan, PlanSource) else ListedPlan(plan)
+        budget = _FrameBudget(max_frames, self.spec.n_vq)
+        source: PlanSource = _BudgetedPlan(plan if isinstance(plan, PlanSource) else ListedPlan(plan), budget)
         clock = StageClock()
         out = _ChunkMaker(self.spec.sampling_rate, clock)
         done: list[tuple[Piece | Pause, Generated]] = []
@@ -144,10 +207,10 @@ class Pipeline:
                 stage = stack.enter_context(self.stages.generation())
 
                 def frames_of(piece: Piece, number: int) -> Frames:
-                    return self._frames(stage, piece, _seeded(sampling, number), cancelled, clock)
+                    return self._frames(stage, piece, budget, _seeded(sampling, number), cancelled, clock)
 
-            else:
-                generated_first = self._generated_first(source, sampling, cancelled, clock)
+            else:  # generated within the budget: what is left to decode is within it already
+                generated_first = self._generated_first(source, budget, sampling, cancelled, clock)
                 source = ListedPlan([item for item, _ in generated_first])
                 replays = [frames for _, frames in generated_first if frames is not None]
 
@@ -188,7 +251,7 @@ class Pipeline:
                 yield out.chunk(_NO_SAMPLES, final=True)  # the end became known after the last samples left
         if stop_cancelled:
             stop = StopReason.CANCELLED
-        elif StopReason.MAX_NEW_TOKENS in stops:
+        elif StopReason.MAX_NEW_TOKENS in stops or budget.cut:
             stop = StopReason.MAX_NEW_TOKENS
         else:
             stop = StopReason.END
@@ -263,15 +326,18 @@ class Pipeline:
         self,
         stage: GenerationStage,
         piece: Piece,
+        budget: _FrameBudget,
         sampling: SamplingParams,
         cancelled: Callable[[], bool],
         clock: StageClock,
     ) -> Frames:
-        """Generate ``piece``: each frame as it completes, None for a gap; returns what it generated."""
+        """Generate ``piece`` within what ``budget`` leaves: each frame as it completes, None for a gap; returns
+        what it generated."""
         spec = self.spec
+        steps = budget.steps(piece)
         state = DelayState(spec, piece.prompt)
         sampler = Sampler(sampling, spec, piece.prompt)
-        assembler = FrameAssembler(spec.n_vq, spec.audio_pad_code, capacity=piece.max_steps)
+        assembler = FrameAssembler(spec.n_vq, spec.audio_pad_code, capacity=steps)
         rows: list[np.ndarray] = []
         generation = generate_rows(
             stage.backbone,
@@ -280,7 +346,7 @@ class Pipeline:
             piece.prompt,
             state,
             sampler,
-            piece.max_steps,
+            steps,
             cancelled,
             clock,
         )
@@ -293,14 +359,21 @@ class Pipeline:
             rows.append(row)
             frame = assembler.push(row[1:])
             if frame is not None:
+                budget.spend()
                 yield None if assembler.is_gap(frame) else frame
         return Generated(np.stack(rows) if rows else np.empty((0, spec.channels), dtype=np.int64), stop)
 
     def _generated_first(
-        self, source: PlanSource, sampling: SamplingParams, cancelled: Callable[[], bool], clock: StageClock
+        self,
+        source: PlanSource,
+        budget: _FrameBudget,
+        sampling: SamplingParams,
+        cancelled: Callable[[], bool],
+        clock: StageClock,
     ) -> list[tuple[Piece | Pause, Frames | None]]:
-        """Generate the pieces with the generation stage loaded for that time only (until one is cancelled):
-        the plan's items, each piece with a replay of its frames, for the decoder to load after."""
+        """Generate the pieces with the generation stage loaded for that time only (until one is cancelled, or
+        ``budget``, which ``source`` keeps to, is spent): the plan's items, each piece with a replay of its
+        frames, for the decoder to load after."""
         items: list[tuple[Piece | Pause, Frames | None]] = []
         number = 0
         with self.stages.generation() as stage:
@@ -308,7 +381,8 @@ class Pipeline:
                 if isinstance(item, Pause):
                     items.append((item, None))
                     continue
-                frames, generated = _run_to_end(self._frames(stage, item, _seeded(sampling, number), cancelled, clock))
+                piece_frames = self._frames(stage, item, budget, _seeded(sampling, number), cancelled, clock)
+                frames, generated = _run_to_end(piece_frames)
                 number += 1
                 items.append((item, _replay(frames, generated)))
                 if generated.stop is StopReason.CANCELLED:

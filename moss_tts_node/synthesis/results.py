@@ -54,11 +54,18 @@ class AudioStream:
     A text too long for one generation is spoken in pieces, still as one stream: ``prompt`` is
     then the first piece's, ``generated`` and ``codes`` are the pieces' one after the other. Text that
     arrives in pieces (``Synthesizer.stream_text``) has no prompt before its first piece is cut: ``prompt``
-    is None until the stream ends.
+    is None until the stream ends. ``estimated_seconds`` is what the text is expected to take, known before
+    anything is generated (None for text that arrives in pieces).
     """
 
-    def __init__(self, prompt: np.ndarray | None, chunks: Generator[AudioChunk, None, StreamResult]) -> None:
+    def __init__(
+        self,
+        prompt: np.ndarray | None,
+        chunks: Generator[AudioChunk, None, StreamResult],
+        estimated_seconds: float | None = None,
+    ) -> None:
         self.prompt = prompt
+        self.estimated_seconds = estimated_seconds
         self.result: StreamResult | None = None
         self._chunks = self._run(chunks)
 

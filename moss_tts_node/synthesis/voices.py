@@ -1,38 +1,99 @@
-"""Voices: a reference clip or its codes, as the (T, n_vq) codes a prompt takes (docs/model.md, "Prompt format")."""
+"""Voices: a reference clip or its codes, as the (T, n_vq) codes a prompt takes (docs/model.md, "Prompt format"),
+and the library of named voices that the owner configures (``voices.*``), encoded once when the model loads.
+
+A voice is bounded before it is decoded: a clip's duration is read from its header, a .npy's shape from its
+header, and either is refused when longer than ``limits.max_reference_seconds`` or than the context leaves room
+for (``VoiceLimit``). What comes from an untrusted client (the ROS node) is looked up in the library, never
+opened: ``VoiceLibrary.find`` (README "Security").
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+import math
+import os
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from moss_tts_node.codec.audio_io import load_reference_audio
+from moss_tts_node.codec.audio_io import clip_seconds, is_file, load_reference_audio
 from moss_tts_node.codec.base import AudioCodec
-from moss_tts_node.errors import RequestError
+from moss_tts_node.config import Config
+from moss_tts_node.errors import ConfigError, RequestError
+from moss_tts_node.model.rates import FRAMES_PER_SECOND
 from moss_tts_node.model.spec import ModelSpec
+
+CODES_SUFFIX = ".npy"
+CLIP_SUFFIXES = (".wav", ".flac", ".ogg")
+# Longer than any path the file system takes (PATH_MAX): such a value names no voice, and is not resolved.
+_MAX_PATH_CHARS = 4096
+_NAMES_SHOWN = 12  # voice names an unknown-voice reason lists
+
+
+@dataclass(frozen=True)
+class VoiceLimit:
+    """How long a voice may be: ``limits.max_reference_seconds``, and what an ``n_ctx``-row context leaves.
+
+    The context check is a lower bound of what the prompt needs (the voice's slot rows, then one frame's
+    steps), so a voice it passes may still leave too little room for a text: the prompt's own check says so.
+    """
+
+    max_seconds: float
+    n_ctx: int
+    n_vq: int
+
+    def check(self, frames: int, what: str) -> None:
+        """RequestError naming ``what`` when a voice of ``frames`` codec frames is too long."""
+        seconds = frames / FRAMES_PER_SECOND
+        if seconds > self.max_seconds:
+            raise RequestError(
+                f"{what} lasts {seconds:.1f} s, longer than the {self.max_seconds:g} s of "
+                "'limits.max_reference_seconds': use 3 to 20 s of clear speech, or raise the limit"
+            )
+        rows = frames + 2 * self.n_vq  # its slot rows (frames + n_vq - 1), then n_vq + 1 steps for one frame
+        if rows > self.n_ctx:
+            raise RequestError(
+                f"{what} lasts {seconds:.1f} s ({frames} frames): its prompt needs more than the {self.n_ctx} rows "
+                "of the context ('llama.n_ctx'); use a shorter clip, or raise llama.n_ctx"
+            )
 
 
 def load_voice(
-    reference: str | Path | np.ndarray, spec: ModelSpec, encoder: Callable[[], AbstractContextManager[AudioCodec]]
+    reference: str | Path | np.ndarray,
+    spec: ModelSpec,
+    encoder: Callable[[], AbstractContextManager[AudioCodec]],
+    limit: VoiceLimit,
 ) -> np.ndarray:
     """A voice as (T, n_vq) codes: from a WAV/FLAC clip (encoded with the codec ``encoder()`` gives), a .npy
-    of codes, or an array of codes."""
+    of codes, or an array of codes; refused (RequestError) before it is decoded when ``limit`` says it is
+    too long."""
     if isinstance(reference, np.ndarray):
-        return checked_codes(reference, spec, "reference codes")
+        codes = checked_codes(reference, spec, "reference codes")
+        limit.check(codes.shape[0], "the reference codes")
+        return codes
     path = Path(reference)
-    if not path.is_file():
-        raise RequestError(f"reference audio not found: {path}")
-    if path.suffix.lower() == ".npy":
-        try:
-            codes = np.load(path, allow_pickle=False)
-        except (ValueError, OSError) as exc:
-            raise RequestError(f"{path}: not a readable .npy of voice codes ({exc})") from exc
-        return checked_codes(codes, spec, str(path))
-    samples = load_reference_audio(path)
+    if path.suffix.lower() == CODES_SUFFIX:
+        return _load_codes(path, spec, limit)
+    seconds = clip_seconds(path)
+    limit.check(math.ceil(seconds * FRAMES_PER_SECOND), f"reference audio {path}")
+    samples = load_reference_audio(path, max_seconds=seconds + 1.0)  # what the header said, give or take
     with encoder() as codec:
         return codec.encode(samples)
+
+
+def _load_codes(path: Path, spec: ModelSpec, limit: VoiceLimit) -> np.ndarray:
+    """A .npy of codes; its shape is read from the header (a memory map) and checked before it is read."""
+    if not is_file(path):
+        raise RequestError(f"reference audio not found: {path}")
+    try:
+        mapped = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError) as exc:
+        raise RequestError(f"{path}: not a readable .npy of voice codes ({exc})") from exc
+    if mapped.ndim == 2 and mapped.shape[1] == spec.n_vq:
+        limit.check(mapped.shape[0], f"voice codes {path}")
+    return checked_codes(np.asarray(mapped), spec, str(path))
 
 
 def checked_codes(codes: np.ndarray, spec: ModelSpec, what: str) -> np.ndarray:
@@ -42,3 +103,154 @@ def checked_codes(codes: np.ndarray, spec: ModelSpec, what: str) -> np.ndarray:
     if not np.issubdtype(codes.dtype, np.integer) or codes.min() < 0 or codes.max() >= spec.audio_vocab_size:
         raise RequestError(f"{what}: codes must be integers in 0..{spec.audio_vocab_size - 1}")
     return codes.astype(np.int64)
+
+
+@dataclass(frozen=True)
+class LibraryVoice:
+    """One voice of the library: its name, its codes and the file they came from."""
+
+    name: str
+    codes: np.ndarray  # (T, n_vq) int64
+    source: Path  # the file as configured; ``resolved`` is where it really is (links followed)
+    resolved: Path
+    in_directory: bool  # a file of one of voices.directories, so a client may also give its path
+
+    @property
+    def kind(self) -> str:
+        """``codes`` for a .npy of codes, ``clip`` for an audio file (encoded when the library was built)."""
+        return "codes" if self.source.suffix.lower() == CODES_SUFFIX else "clip"
+
+    @property
+    def seconds(self) -> float:
+        return self.codes.shape[0] / FRAMES_PER_SECOND
+
+
+class VoiceLibrary:
+    """The voices a request may name, every one encoded when the model loads.
+
+    Built from ``voices.files`` and the files directly inside ``voices.directories`` (clips and .npy codes,
+    each named by its file name without the extension), and ``generation.reference_audio``, the default
+    voice, which is one of them too. Two files of one name are refused when it is built, as is a file of a
+    voice directory that links outside it.
+    """
+
+    def __init__(self, voices: dict[str, LibraryVoice], default: str | None) -> None:
+        self._voices = voices
+        self._by_path = {voice.resolved: voice for voice in voices.values() if voice.in_directory}
+        self.default_name = default
+
+    @classmethod
+    def build(
+        cls,
+        config: Config,
+        spec: ModelSpec,
+        encoder: Callable[[], AbstractContextManager[AudioCodec]],
+        limit: VoiceLimit,
+    ) -> VoiceLibrary:
+        """Encode every configured voice now; ConfigError naming the key of any that cannot be used."""
+        voices: dict[str, LibraryVoice] = {}
+        default = None
+        with ExitStack() as stack:  # one encoder for every clip, loaded at the first (low_memory loads it once)
+            loaded: list[AudioCodec] = []
+
+            def shared_encoder() -> AbstractContextManager[AudioCodec]:
+                if not loaded:
+                    loaded.append(stack.enter_context(encoder()))
+                return nullcontext(loaded[0])
+
+            for key, path, in_directory in _configured(config):
+                resolved = path.resolve()
+                name = path.stem
+                known = voices.get(name)
+                if known is not None and known.resolved == resolved:
+                    voices[name] = LibraryVoice(name, known.codes, path, resolved, known.in_directory or in_directory)
+                elif known is not None:
+                    raise ConfigError(
+                        f"'{key}': two voices are named {name!r}: {known.source} and {path}; rename one of the files"
+                    )
+                else:
+                    try:
+                        codes = load_voice(path, spec, shared_encoder, limit)
+                    except RequestError as error:
+                        raise ConfigError(f"'{key}': voice {name!r} cannot be used: {error}") from error
+                    voices[name] = LibraryVoice(name, codes, path, resolved, in_directory)
+                if key == "generation.reference_audio":
+                    default = name
+        return cls(voices, default)
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self._voices)
+
+    def __iter__(self) -> Iterator[LibraryVoice]:
+        return iter(self._voices[name] for name in self.names)
+
+    def __len__(self) -> int:
+        return len(self._voices)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._voices
+
+    def __getitem__(self, name: str) -> LibraryVoice:
+        voice = self._voices.get(name)
+        if voice is None:
+            raise KeyError(name)
+        return voice
+
+    @property
+    def default(self) -> LibraryVoice | None:
+        """The default voice (``generation.reference_audio``), or None when there is none."""
+        return None if self.default_name is None else self._voices[self.default_name]
+
+    def find(self, value: str) -> LibraryVoice:
+        """The voice an untrusted client asks for: a name is that voice, and a path (it has a "/") is the voice
+        whose file it resolves to, links followed, when that file is one of the voice directories'. Nothing is
+        opened, and every other value gets the same RequestError, so a client learns nothing about the files of
+        the machine.
+        """
+        voice = self._voices.get(value)
+        if voice is None and "/" in value and len(value) <= _MAX_PATH_CHARS:
+            try:
+                voice = self._by_path.get(Path(os.path.realpath(value)))
+            except (OSError, ValueError):  # a NUL byte, a loop of links
+                voice = None
+        if voice is None:
+            raise RequestError(self._unknown())
+        return voice
+
+    def _unknown(self) -> str:
+        if not self._voices:
+            return "not a voice of this node: it has no voices (its owner lists them in voices.files or .directories)"
+        names = self.names
+        shown = ", ".join(names[:_NAMES_SHOWN])
+        if len(names) > _NAMES_SHOWN:
+            shown += f" and {len(names) - _NAMES_SHOWN} more"
+        paths = " or the path of a file in one of its voice directories" if self._by_path else ""
+        return f"not a voice of this node: give one of its voice names ({shown}){paths}"
+
+
+def _configured(config: Config) -> Iterator[tuple[str, Path, bool]]:
+    """(key, path, whether it is a voice directory's file) of every voice file the config names, the default
+    voice last."""
+    for path in config.voices.files:
+        yield "voices.files", Path(path), False
+    for directory in config.voices.directories:
+        yield from (("voices.directories", path, True) for path in _directory_voices(Path(directory)))
+    if config.generation.reference_audio:
+        yield "generation.reference_audio", Path(config.generation.reference_audio), False
+
+
+def _directory_voices(directory: Path) -> list[Path]:
+    """The clips and .npy codes directly inside ``directory``; ConfigError for one that links outside it."""
+    inside = directory.resolve()
+    found = []
+    for path in sorted(directory.iterdir()):
+        if path.suffix.lower() not in (CODES_SUFFIX, *CLIP_SUFFIXES) or not path.is_file():
+            continue
+        if path.resolve().parent != inside:
+            raise ConfigError(
+                f"'voices.directories': {path} links to {path.resolve()}, outside its directory (a client may give "
+                "the path of a directory's voice): copy the file in, or list it in voices.files"
+            )
+        found.append(path)
+    return found

@@ -82,7 +82,7 @@ import re
 import unicodedata
 from collections.abc import Callable
 
-__all__ = ["normalize_text"]
+__all__ = ["has_something_to_say", "normalize_text"]
 
 # --- character classes --------------------------------------------------------------------------
 
@@ -222,6 +222,13 @@ def normalize_text(text: str) -> str:
             break
         result = again
     return result
+
+
+def has_something_to_say(text: str) -> bool:
+    """Whether ``text`` (as ``normalize_text`` left it) holds a letter or a digit of any script: Unicode
+    categories L and N. Emoji, symbols, punctuation, marks and spaces alone are nothing to say; a bracket
+    tag (``[laugh]``), kept verbatim, has letters."""
+    return any(unicodedata.category(char)[0] in "LN" for char in text)
 
 
 def _normalize_once(text: str) -> str:

@@ -1,4 +1,5 @@
-"""A ROS client of moss_tts_node for the tests, run in its own process: ``client.py COMMAND JSON``.
+"""A ROS client of moss_tts_node for the tests, run in its own process: ``client.py COMMAND ARGUMENTS_FILE``
+(a JSON object).
 
 It plays one scenario against the node at ``/moss_tts_node`` and prints one JSON line with what
 it saw. Commands:
@@ -617,6 +618,9 @@ class Soak:
         return {f["state"] for f in self.client.feedback[bytes(handle.goal_id.uuid).hex()]}
 
 
+NOT_A_VOICE = "not a voice of this node"
+
+
 def run_soak(client: Client, args: dict[str, Any]) -> dict[str, Any]:
     """``cycles`` rounds of every request kind, each answered before the next starts.
 
@@ -645,11 +649,22 @@ def run_soak(client: Client, args: dict[str, Any]) -> dict[str, Any]:
         soak.cancel_when(speaking, GENERATING)
         soak.result(soak.send(Speak.Goal(text="A goal that is spoken.")))
         soak.call(Synthesize.Request(text=" "), refusal="text is empty")
-        soak.call(Synthesize.Request(text="Hello.", reference_audio="/nonexistent/voice.wav"), refusal="not found")
+        soak.call(Synthesize.Request(text="Hello.", reference_audio="/nonexistent/voice.wav"), refusal=NOT_A_VOICE)
         soak.result(soak.send(Speak.Goal(text="Bonjour.", language="fr")), refusal="unknown language 'fr'")
         soak.result(soak.send(Speak.Goal(text="")), refusal="text is empty")
+        # Hostile and oversized (README "Security"): a megabyte of text, a probe of the machine's files,
+        # nothing to say, a seed out of range, an escape through the voice field.
+        soak.bad_text("🤖" * 5000)
+        soak.call(Synthesize.Request(text="word " * 200_000), refusal="'limits.max_text_chars'")
+        soak.result(soak.send(Speak.Goal(text="Hello.", reference_audio="/etc/shadow")), refusal=NOT_A_VOICE)
+        soak.call(Synthesize.Request(text="🤖🤖🤖 ... !!!"), refusal="nothing to say")
+        soak.result(soak.send(Speak.Goal(text="Hello.", seed=-5)), refusal="the seed must be -1")
+        soak.call(Synthesize.Request(text="Hello.", voice="../" * 20 + "proc/self/environ"), refusal=NOT_A_VOICE)
         soak.bad_text("  ")
         print(json.dumps({"progress": soak.counts["requests"]}), flush=True)
+    # The node checks requests in the order they come: once this one is answered, so is every text before it
+    # (whose refusals only the diagnostics count).
+    soak.call(Synthesize.Request(text="The end."))
     return {"counts": soak.counts, "unexpected": soak.unexpected}
 
 
@@ -787,8 +802,14 @@ COMMANDS = {
 }
 
 
-def main() -> int:
-    command, args = sys.argv[1], json.loads(sys.argv[2])
+def command_line() -> tuple[str, dict[str, Any]]:
+    """The command and its arguments: ``client.py COMMAND ARGUMENTS_FILE``, the file holding a JSON object."""
+    return sys.argv[1], json.loads(Path(sys.argv[2]).read_text(encoding="utf-8"))
+
+
+def main(commands: dict[str, Any] = COMMANDS) -> int:
+    """Run one of ``commands`` as the command line says; ``params`` it is given are set first, restored after."""
+    command, args = command_line()
     rclpy.init()
     client = Client()
     try:
@@ -797,7 +818,7 @@ def main() -> int:
         saved = client.get_params(sorted(names)) if names else {}
         client.set_params_or_fail(changed)
         try:
-            answer = COMMANDS[command](client, args)
+            answer = commands[command](client, args)
         finally:
             if saved:
                 client.set_params(list(saved.items()))

@@ -25,6 +25,7 @@ import pytest
 
 HELPERS = Path(__file__).resolve().parent
 CLIENT = HELPERS / "client.py"
+SECURITY_CLIENT = HELPERS / "security_client.py"
 READY_LINE = "ready: model loaded"
 UNCONFIGURED_LINE = "unconfigured, every interface up"  # what a node started with autostart false logs
 DAEMON_COMMAND = b"ros2cli.daemon"  # in the command line of the daemon that `ros2` commands start
@@ -90,16 +91,28 @@ class LoopbackNamespace:
         )
 
     def client(
-        self, command: str, timeout: float = 60.0, on_line: Callable[[Any], None] | None = None, **args: Any
+        self,
+        command: str,
+        timeout: float = 60.0,
+        on_line: Callable[[Any], None] | None = None,
+        script: Path = CLIENT,
+        **args: Any,
     ) -> Any:
-        """Run one client.py command in the namespace and return its JSON answer (its last line).
+        """Run one client.py command (or one of ``script``'s) in the namespace and return its JSON answer (its
+        last line).
 
         ``on_line`` is given each JSON line as it is printed (progress; the answer last).
         """
-        # Errors to a file: a full pipe would block the client while stdout is read.
-        with tempfile.TemporaryFile("w+", dir=self.log_dir) as errors:
+        # Errors to a file: a full pipe would block the client while stdout is read. The arguments in a file
+        # too: a request may be longer than a command line may be.
+        with (
+            tempfile.TemporaryFile("w+", dir=self.log_dir) as errors,
+            tempfile.NamedTemporaryFile("w", dir=self.log_dir, suffix=".json") as arguments,
+        ):
+            json.dump(args, arguments)
+            arguments.flush()
             process = self.popen(
-                [sys.executable, str(CLIENT), command, json.dumps(args)], stdout=subprocess.PIPE, stderr=errors
+                [sys.executable, str(script), command, arguments.name], stdout=subprocess.PIPE, stderr=errors
             )
             assert process.stdout is not None
             watchdog = threading.Timer(timeout, process.kill)
