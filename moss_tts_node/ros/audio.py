@@ -60,9 +60,10 @@ def _audio_common() -> ModuleType | None:
 
 
 class AudioOut:
-    """Publishes each chunk the moment the synthesizer yields it."""
+    """Publishes each chunk the moment the synthesizer yields it. The publishers exist in every lifecycle state;
+    ``announce`` latches the AudioInfo of the model each configure loads."""
 
-    def __init__(self, node: Node, sample_rate: int) -> None:
+    def __init__(self, node: Node) -> None:
         self._node = node
         self._chunks = node.create_publisher(AudioChunkMsg, "~/audio", AUDIO_QOS)
         self._common = _audio_common()
@@ -72,6 +73,11 @@ class AudioOut:
         self._raw = node.create_publisher(self._common.AudioData, "~/audio_common/audio", AUDIO_QOS)
         self._stamped = node.create_publisher(self._common.AudioDataStamped, "~/audio_common/audio_stamped", AUDIO_QOS)
         self._info = node.create_publisher(self._common.AudioInfo, "~/audio_common/audio_info", LATCHED_QOS)
+
+    def announce(self, sample_rate: int) -> None:
+        """Latch the audio_common AudioInfo of the loaded model (nothing without audio_common_msgs)."""
+        if self._common is None:
+            return
         self._info.publish(
             self._common.AudioInfo(
                 channels=1,

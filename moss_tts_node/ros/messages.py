@@ -81,23 +81,32 @@ def speak_feedback(state: State, queue_position: int, audio_s: float, chunks: in
 class NodeStatus:
     """What the node reports on ``/diagnostics``, read at one moment."""
 
-    model_load_s: float
+    lifecycle_state: str  # the label ``ros2 lifecycle get`` prints
+    model_loaded: bool
+    model_load_s: float | None  # how long the loaded model took to configure; None when none is loaded
+    configure_failure: str | None  # why the last configure failed, until one succeeds
     queue_depth: int  # requests waiting, the one being spoken not included
     queue_size: int
     busy: bool  # a request is being spoken
     queue_policy: str
     completed: int  # requests spoken to their end
-    refused: int  # bad requests, and those the line turned away
+    refused: int  # bad requests, and those the line or the node's state turned away
     last: TimingReport | None  # the last request's figures, None before the first one ends
     text_streams_open: int = 0  # ~/text_stream streams receiving text
 
 
 def diagnostic_status(node_name: str, status: NodeStatus) -> DiagnosticStatus:
-    """The node's DiagnosticStatus: WARN while the line is full, with the figures as key-values."""
-    full = status.busy and status.queue_depth >= status.queue_size
+    """The node's DiagnosticStatus, with the figures as key-values.
+
+    Active, it says ready, speaking or (WARN) queue full; in another state, the state's label; after a failed
+    configure (ERROR), why it failed, until a configure succeeds.
+    """
+    active = status.lifecycle_state == "active"
+    full = active and status.busy and status.queue_depth >= status.queue_size
     last = status.last
     values = {
-        "model_loaded": "true",  # the node serves only once the model is loaded
+        "lifecycle_state": status.lifecycle_state,
+        "model_loaded": str(status.model_loaded).lower(),
         "model_load_s": _figure(status.model_load_s),
         "queue_depth": status.queue_depth,
         "queue_size": status.queue_size,
@@ -109,11 +118,18 @@ def diagnostic_status(node_name: str, status: NodeStatus) -> DiagnosticStatus:
         "last_time_to_first_audio_s": _figure(last.time_to_first_audio_s if last else None),
         "last_stop_reason": str(last.stop_reason) if last else "",
     }
+    if status.configure_failure is not None:
+        level, message = DiagnosticStatus.ERROR, f"configure failed: {status.configure_failure}"
+    elif full:
+        level, message = DiagnosticStatus.WARN, "queue full"
+    else:
+        level = DiagnosticStatus.OK
+        message = ("speaking" if status.busy else "ready") if active else status.lifecycle_state
     return DiagnosticStatus(
         name=f"{node_name}: synthesizer",
         hardware_id=NODE_NAME,
-        level=DiagnosticStatus.WARN if full else DiagnosticStatus.OK,
-        message="queue full" if full else "speaking" if status.busy else "ready",
+        level=level,
+        message=message,
         values=[KeyValue(key=key, value=str(value)) for key, value in values.items()],
     )
 

@@ -1,4 +1,4 @@
-"""The ROS 2 node: text in, streamed speech out. A thin adapter over ``Synthesizer``.
+"""The ROS 2 node: text in, streamed speech out. A thin adapter over ``Synthesizer``, managed by the lifecycle.
 
     ros2 run moss_tts_node moss_tts_node --ros-args --params-file config/default.yaml
 
@@ -8,24 +8,31 @@
 - ``~/speak`` (moss_tts_msgs/action/Speak): the same with feedback, a result and cancel.
 - ``~/synthesize`` (moss_tts_msgs/srv/Synthesize): the whole utterance back in the response.
 - ``~/audio`` (moss_tts_msgs/AudioChunk): chunks as they are decoded (see ros/audio.py).
-- ``/diagnostics``: readiness, queue depth, last real-time factor and time to first audio.
+- ``/diagnostics``: lifecycle state, readiness, queue depth, last real-time factor and time to first audio.
 
-This module is the wiring: parameters are declared and checked in ros/parameters.py (the config
-keys, with the same files and checks as the CLI, plus the few only a node has), messages converted in
-ros/messages.py, audio published by ros/audio.py. The model loads once, at startup; requests wait in a
-RequestQueue (ros/queue.py) and run one at a time on it.
+A lifecycle node (README "Lifecycle"): configure loads the model, activate serves, deactivate ends the requests
+in line, cleanup frees the model; ``autostart`` (default true) configures and activates at start-up. Every
+interface exists in every state, and what it refuses, and why, is ros/lifecycle.py's. This module is the
+wiring: parameters are declared and checked in ros/parameters.py (the config keys, with the same files and
+checks as the CLI, plus the few only a node has), messages converted in ros/messages.py, audio published by
+ros/audio.py. Requests wait in a RequestQueue (ros/queue.py), one per activation, and run one at a time on it.
 """
 
 from __future__ import annotations
 
+# First: one malloc heap for the process, set before rclpy (imported below) starts its threads (see heap.py).
+import moss_tts_node.ros.heap  # noqa: F401
+
+# isort: split
 import sys
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import partial
+from functools import partial, wraps
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +48,7 @@ from rclpy.action.server import ServerGoalHandle
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.exceptions import ParameterException
 from rclpy.executors import MultiThreadedExecutor
-from rclpy.node import Node
+from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile
 from std_msgs.msg import Header, String
@@ -49,7 +56,17 @@ from std_msgs.msg import Header, String
 from moss_tts_node.config import NODE_NAME
 from moss_tts_node.errors import ConfigError, MossTTSError
 from moss_tts_node.ros.audio import AudioOut, encode
+from moss_tts_node.ros.heap import release_freed_memory, resident_mib
 from moss_tts_node.ros.launch_params import START_FAILURE
+from moss_tts_node.ros.lifecycle import (
+    DEACTIVATING,
+    SHUTTING_DOWN,
+    ConfigureFailed,
+    Loan,
+    Phase,
+    parameter_refusal,
+    request_refusal,
+)
 from moss_tts_node.ros.messages import (
     NodeStatus,
     diagnostic_status,
@@ -58,10 +75,18 @@ from moss_tts_node.ros.messages import (
     text_request,
     timing_message,
 )
-from moss_tts_node.ros.parameters import ALL_OPTIONS, Settings, checked_settings, declarations
+from moss_tts_node.ros.parameters import (
+    ALL_OPTIONS,
+    STARTUP_KEYS,
+    Settings,
+    checked_settings,
+    checked_startup,
+    checked_values,
+    declarations,
+)
 from moss_tts_node.ros.process import start_node, wait_for_stop
 from moss_tts_node.ros.queue import Outcome, Rejected, RequestQueue, State, Ticket
-from moss_tts_node.ros.text_stream import ChunkDropped, StreamRefused, TextStreams
+from moss_tts_node.ros.text_stream import ChunkDropped, StreamLimits, StreamRefused, TextStreams
 from moss_tts_node.synthesis.feed import TextFeed
 from moss_tts_node.synthesis.request import SpeechRequest
 from moss_tts_node.synthesis.results import AudioStream
@@ -75,9 +100,11 @@ TEXT_STREAM_QOS = QoSProfile(depth=1000)
 # One feedback per chunk for every goal on one topic: deep enough that a burst (the model can run
 # many times faster than real time) does not push a waiting goal's queue position out.
 FEEDBACK_QOS = QoSProfile(depth=100)
-# After the last request is answered on shutdown: time for the executor and DDS to deliver it.
+# After the shutdown transition: time for the executor and DDS to deliver the last answers (and the
+# transition's own response, when it was asked for over ROS).
 SHUTDOWN_FLUSH_S = 0.5
-SHUTDOWN_REASON = "the node is shutting down"
+# How long a transition that ends the requests in line waits for the last of them to be answered.
+ANSWERS_WAIT_S = 5.0
 CLIENT_CANCEL = "canceled by the client"
 # rclpy marks a goal canceling just after _cancel_goal returns, and the request may end before that; its
 # execute callback waits for the mark, up to this bound (rclpy sets it a few statements after the return).
@@ -112,43 +139,59 @@ class Refused:
     reason: str
 
 
-class TtsNode(Node):
-    """The node: declares and checks the parameters, loads the model, then serves.
+def _transition(callback: Callable[[TtsNode, LifecycleState], TransitionCallbackReturn]) -> Any:
+    """A transition callback that logs what it raised: rclpy turns an exception into ERROR without a word
+    (and then calls ``on_error``)."""
 
-    Constructing it loads the model, so it is ready when it returns (or raises with the reason).
-    Callbacks only validate and queue; the queue's worker thread generates and publishes.
+    @wraps(callback)
+    def logged(node: TtsNode, state: LifecycleState) -> TransitionCallbackReturn:
+        try:
+            return callback(node, state)
+        except Exception:
+            node.get_logger().error(f"{callback.__name__} failed:\n{traceback.format_exc()}")
+            raise
+
+    return logged
+
+
+class TtsNode(LifecycleNode):
+    """The node: declares the parameters and opens every interface; the lifecycle loads the model and serves.
+
+    The transitions run in the default callback group, as do the parameter services and ~/text, so no
+    transition ever runs beside a parameter change; the service, the action and diagnostics have groups of
+    their own and are answered in every state. Callbacks only validate and queue; the queue's worker thread
+    generates and publishes.
     """
 
     def __init__(self) -> None:
         super().__init__(NODE_NAME)
         self.declare_parameters("", declarations())
-        self._settings = self._checked(self._parameter_values())
-        self._load()
-        self._serve()
-
-    def _load(self) -> None:
-        """Load the model and prefill the configured voice, then start the line of requests."""
-        started = time.monotonic()
-        self._synth = Synthesizer(self._settings.config)
-        self._synth.prepare_voice()  # the first request prefills only its text
-        self._load_s = time.monotonic() - started
+        self._startup = checked_startup(self._parameter_values(STARTUP_KEYS), self._source)
+        self._phase = Phase.UNCONFIGURED
+        self._full_name = self.get_fully_qualified_name()  # as ros2 lifecycle set takes it, in refusals
+        self._model: Loan[Synthesizer] = Loan()  # lent to callbacks that check a request with it
+        self._settings: Settings | None = None  # the parameters in force, checked, from the first configure on
+        self._sample_rate = 0  # the loaded model's
+        self._load_s: float | None = None  # how long the last configure took
+        self._failure: str | None = None  # why the last configure failed, until one succeeds
+        self._autostarting = False
+        self._queue: RequestQueue[Job] | None = None  # the line of requests, one per activation
         self._last: TimingReport | None = None  # the last request's figures, for diagnostics
         self._counts = threading.Lock()  # callbacks on several executor threads refuse requests at once
         self._completed = 0  # requests spoken to their end
-        self._refused = 0  # bad requests, and those a full queue turned away
-        self._queue: RequestQueue[Job] = RequestQueue(
-            self._generate, self._settings.queue_size, self._settings.queue_policy
-        )
+        self._refused = 0  # bad requests, those a full queue turned away, and those the node's state refused
         self._goals: dict[str, Ticket[Job] | Refused] = {}  # Speak goal id -> its place in line, or its refusal
         self._text_streams = TextStreams(self._start_text_stream)
         self._pending = 0  # service and action callbacks waiting for an outcome
         self._pending_changed = threading.Condition()
+        self.finalized = threading.Event()  # set once the shutdown transition has run
+        self._serve()
 
     def _serve(self) -> None:
         """Open the interfaces: parameter changes, audio out, the topic, the service, the action, diagnostics."""
         self.add_on_set_parameters_callback(self._check_new_parameters)
         self.add_post_set_parameters_callback(self._apply_parameters)
-        self._audio = AudioOut(self, self._synth.spec.sampling_rate)
+        self._audio = AudioOut(self)
         self.create_subscription(String, "~/text", self._on_text, 10)
         self.create_subscription(TextChunk, "~/text_stream", self._on_text_chunk, TEXT_STREAM_QOS)
         self.create_timer(TEXT_STREAM_CHECK_S, self._expire_text_streams)
@@ -167,58 +210,212 @@ class TtsNode(Node):
             feedback_pub_qos_profile=FEEDBACK_QOS,
         )
         self._diagnostics = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
-        self.create_timer(DIAGNOSTICS_PERIOD_S, self._publish_diagnostics)
+        # Its own group: diagnostics go on while a transition (a model loading) holds the default one.
+        self.create_timer(
+            DIAGNOSTICS_PERIOD_S, self._publish_diagnostics, callback_group=MutuallyExclusiveCallbackGroup()
+        )
+        # Shutdown on a signal runs in the default group too, in turn with the transitions asked for over ROS.
+        self._shutdown_asked = self.create_guard_condition(self._shut_down_in_turn)
+
+    @property
+    def autostarts(self) -> bool:
+        return self._startup.autostart
+
+    @property
+    def executor_threads(self) -> int:
+        """Threads the executor needs: each waiting request and the one being spoken may hold one until it
+        ends; four more keep the default group (topic, parameters, transitions), diagnostics, goals and
+        cancels, and the answers to refused calls moving."""
+        return self._startup.queue_size + 1 + 4
+
+    def autostart(self) -> None:
+        """Configure and activate (``autostart``), before the executor spins; raises ConfigureFailed with the
+        reason when configuring fails."""
+        self._autostarting = True  # the caller reports a failure: on_configure does not log it as well
+        try:
+            if self.trigger_configure() != TransitionCallbackReturn.SUCCESS:
+                raise ConfigureFailed(self._failure or "configure failed")
+        finally:
+            self._autostarting = False
+        self.trigger_activate()
+
+    def shut_down(self) -> None:
+        """The shutdown transition from whatever state the node is in, once any transition under way has ended;
+        returns once it has run (at once if it already has)."""
+        self._shutdown_asked.trigger()
+        self.finalized.wait()
+
+    def _shut_down_in_turn(self) -> None:
+        if not self.finalized.is_set():
+            self.trigger_shutdown()
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    @_transition
+    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Check the parameters, load the model, prepare the configured voice; on any failure, log the reason
+        and stay unconfigured (the process stays up for another try)."""
+        self._phase = Phase.CONFIGURING
+        started = time.monotonic()
+        try:
+            settings = self._checked(self._parameter_values())
+            synth = Synthesizer(settings.config)
+            try:
+                synth.prepare_voice()  # the first request prefills only its text
+            except BaseException:
+                synth.close()
+                raise
+        except Exception as err:  # whatever fails, the node stays up and unconfigured, saying why
+            expected = isinstance(err, MossTTSError)
+            self._failure = str(err) if expected else f"{type(err).__name__}: {err}"
+            self._phase = Phase.UNCONFIGURED
+            release_freed_memory()  # what a half-made model held
+            if not expected:
+                self.get_logger().error(traceback.format_exc())
+            if not self._autostarting:
+                self.get_logger().error(
+                    f"configure failed: {self._failure}; the node stays unconfigured: fix the parameters "
+                    "(ros2 param set) and configure again"
+                )
+            return TransitionCallbackReturn.FAILURE
+        self._failure = None
+        self._settings = settings
+        self._sample_rate = synth.spec.sampling_rate
+        self._load_s = time.monotonic() - started
+        self._model.give(synth)
+        self._audio.announce(self._sample_rate)
+        self._phase = Phase.INACTIVE
+        self.get_logger().info(
+            f"configured: model loaded in {self._load_s:.1f} s from {settings.config.model.weights_dir}"
+        )
+        return TransitionCallbackReturn.SUCCESS
+
+    @_transition
+    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Open a new line of requests and serve."""
+        assert self._settings is not None and self._load_s is not None  # set by the configure before
+        self._queue = RequestQueue(self._generate, self._startup.queue_size, self._settings.queue_policy)
+        self._phase = Phase.ACTIVE
         self.get_logger().info(
             f"ready: model loaded in {self._load_s:.1f} s from {self._settings.config.model.weights_dir}; "
             f"listening on {self.resolve_topic_name('~/text')}, {self.resolve_topic_name('~/text_stream')}, "
             f"{self.resolve_service_name('~/synthesize')} "
             f"and the {self.resolve_service_name('~/speak')} action"
         )
+        return TransitionCallbackReturn.SUCCESS
 
-    @property
-    def executor_threads(self) -> int:
-        """Threads the executor needs: each waiting request and the one being spoken may hold one
-        until it ends; three more keep the topic, timer, goals, cancels and parameters moving."""
-        return self._settings.queue_size + 1 + 3
+    @_transition
+    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """End the request being spoken and those waiting; the model stays loaded."""
+        self._phase = Phase.DEACTIVATING
+        self._end_requests(DEACTIVATING)
+        self._phase = Phase.INACTIVE
+        self.get_logger().info("inactive: the requests in line ended; the model stays loaded (activate to serve)")
+        return TransitionCallbackReturn.SUCCESS
 
-    def close(self) -> None:
-        """Cancel the current request, answer the waiting ones as aborted, free the model."""
-        self._queue.close(SHUTDOWN_REASON)
+    @_transition
+    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Free the model and every stage."""
+        self._phase = Phase.CLEANING_UP
+        self._free_model()
+        self._phase = Phase.UNCONFIGURED
+        return TransitionCallbackReturn.SUCCESS
+
+    @_transition
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """From any state: end the requests in line, free the model, and let the process end."""
+        previous, self._phase = self._phase, Phase.SHUTTING_DOWN
+        if previous is Phase.ACTIVE:
+            self.get_logger().info(f"{SHUTTING_DOWN}: stopping the current request, aborting the queued ones")
+            self._end_requests(SHUTTING_DOWN)
+        if previous.loaded:
+            self._free_model()
+        self._phase = Phase.FINALIZED
+        self.finalized.set()
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """A transition raised (logged by ``_transition``): end what it left serving and free what it left
+        loaded, so that the node is truly unconfigured, where rclpy puts it."""
+        if self._queue is not None:
+            self._end_requests(f"the node failed to {state.label}")
+        if self._phase.loaded or self._phase is Phase.CLEANING_UP:
+            self._free_model()
+        self._phase = Phase.UNCONFIGURED
+        return TransitionCallbackReturn.SUCCESS
+
+    def _end_requests(self, reason: str) -> None:
+        """End the request being spoken (within one step) and those waiting with ``reason``, refuse new ones,
+        and wait until each has been answered."""
+        assert self._queue is not None  # the node was activated
+        self._queue.close(reason)
         with self._pending_changed:
-            self._pending_changed.wait_for(lambda: self._pending == 0, timeout=5.0)
-        time.sleep(SHUTDOWN_FLUSH_S)
-        self._synth.close()
+            self._pending_changed.wait_for(lambda: self._pending == 0, timeout=ANSWERS_WAIT_S)
+
+    def _free_model(self) -> None:
+        """Free the model once no callback holds it, and give its memory back to the system."""
+        started, before = time.monotonic(), resident_mib()
+        synth = self._model.take_back()
+        if synth is not None:
+            synth.close()
+        del synth
+        release_freed_memory()
+        after = resident_mib()
+        memory = "" if before is None or after is None else f": resident memory {before:.0f} -> {after:.0f} MiB"
+        self.get_logger().info(f"unconfigured: model freed in {time.monotonic() - started:.2f} s{memory}")
 
     # -- parameters ---------------------------------------------------------------------------
 
-    def _parameter_values(self) -> dict[str, Any]:
-        return {key: self.get_parameter(key).value for key in ALL_OPTIONS}
+    @property
+    def _source(self) -> str:
+        return f"{self.get_name()} parameters"
+
+    def _parameter_values(self, names: Sequence[str] = tuple(ALL_OPTIONS)) -> dict[str, Any]:
+        return {key: self.get_parameter(key).value for key in names}
 
     def _checked(self, values: dict[str, Any]) -> Settings:
-        return checked_settings(values, f"{self.get_name()} parameters", Path.cwd())
+        return checked_settings(values, self._source, Path.cwd())
 
     def _check_new_parameters(self, parameters: list[Parameter]) -> SetParametersResult:
+        """A load-time parameter only while no model is loaded; then each value alone (the whole set is checked
+        at configure, so parameters that are wrong together can be fixed one at a time); with a model
+        loaded, the whole set as it would be."""
+        changed = {p.name: p.value for p in parameters}
+        refusal = parameter_refusal(changed, self._phase, self._full_name)
+        if refusal is not None:
+            return SetParametersResult(successful=False, reason=refusal)
         try:
-            self._checked(self._parameter_values() | {p.name: p.value for p in parameters})
+            if self._phase.loaded:
+                self._checked(self._parameter_values() | changed)
+            else:
+                checked_values(changed, self._source)
         except ConfigError as err:
             return SetParametersResult(successful=False, reason=str(err))
         return SetParametersResult(successful=True)
 
     def _apply_parameters(self, parameters: list[Parameter]) -> None:
-        self._settings = self._checked(self._parameter_values())  # for requests accepted from now on
-        self._synth.config = self._settings.config  # what the synthesizer reads on its own (the default voice)
-        self._queue.policy = self._settings.queue_policy
+        if not self._phase.loaded:
+            return  # read by the next configure
+        self._settings = settings = self._checked(self._parameter_values())  # for requests accepted from now on
+        with self._model.borrow() as synth:
+            if synth is not None:
+                synth.config = settings.config  # what the synthesizer reads on its own (the default voice)
+        if self._queue is not None:
+            self._queue.policy = settings.queue_policy
         if any(p.name.startswith("generation.") for p in parameters):
             # Off this callback's thread: preparing waits for the request being spoken to end.
             threading.Thread(target=self._prepare_voice, name="prepare-voice", daemon=True).start()
 
     def _prepare_voice(self) -> None:
         """Prefill the prompt prefix the new generation defaults give (nothing when it is already there)."""
-        try:
-            rows = self._synth.prepare_voice()
-        except MossTTSError as err:
-            self.get_logger().warning(f"could not prepare the voice for the new generation defaults: {err}")
-            return
+        with self._model.borrow() as synth:
+            if synth is None:
+                return  # freed meanwhile: the next configure prepares it
+            try:
+                rows = synth.prepare_voice()
+            except MossTTSError as err:
+                self.get_logger().warning(f"could not prepare the voice for the new generation defaults: {err}")
+                return
         if rows:
             self.get_logger().info(f"voice prepared: {rows} prompt rows prefilled for the new generation defaults")
 
@@ -235,26 +432,34 @@ class TtsNode(Node):
     ) -> Ticket[Job]:
         """Validate a request and put it in line; raises RequestError or Rejected with the reason.
 
-        ``stream()`` checks the request now (text, reference, room in the context) without
-        generating, so a bad request never takes a turn, nor interrupts the one being spoken.
-        The request is checked and runs with the parameters in force now (one Settings object).
-        With a ``feed`` the text arrives there, in pieces (``stream_text``; the request's text is empty).
+        A node that is not active refuses it (ros/lifecycle.py). ``stream()`` checks the request now
+        (text, reference, room in the context) without generating, so a bad request never takes a turn,
+        nor interrupts the one being spoken. The request is checked and runs with the parameters in force
+        now (one Settings object). With a ``feed`` the text arrives there, in pieces (``stream_text``; the
+        request's text is empty).
         """
-        settings = self._settings
-        settings.check_language(request.language)
-        cancel = threading.Event()
-        if feed is None:
-            stream = self._synth.stream(
-                request,
-                cancel=cancel,
-                streaming=not collect,  # a whole-utterance answer is the codec's offline decode
-                config=settings.config,
-            )
-        else:
-            stream = self._synth.stream_text(feed, request, cancel=cancel, config=settings.config)
+        refusal = request_refusal(self._phase, self._full_name)
+        if refusal is not None:
+            raise Rejected(refusal)
+        with self._model.borrow() as synth:
+            if synth is None:  # deactivated and cleaned up since the state was read
+                raise Rejected(request_refusal(Phase.UNCONFIGURED, self._full_name) or "")
+            settings, queue = self._settings, self._queue
+            assert settings is not None and queue is not None  # set before the model was lent and the node served
+            settings.check_language(request.language)
+            cancel = threading.Event()
+            if feed is None:
+                stream = synth.stream(
+                    request,
+                    cancel=cancel,
+                    streaming=not collect,  # a whole-utterance answer is the codec's offline decode
+                    config=settings.config,
+                )
+            else:
+                stream = synth.stream_text(feed, request, cancel=cancel, config=settings.config)
         job = Job(stream, request_id, settings.output_encoding, [] if collect else None)
         ticket = Ticket(job, cancel, on_update)
-        self._queue.submit(ticket)
+        queue.submit(ticket)  # a line closed since the state was read refuses it with the reason it closed
         return ticket
 
     def _generate(self, ticket: Ticket[Job]) -> Outcome:
@@ -314,9 +519,21 @@ class TtsNode(Node):
         except (MossTTSError, Rejected) as err:
             self._refuse("~/text", err)
 
+    def _text_stream_limits(self) -> StreamLimits:
+        """The bounds on text streams of the settings in force; before the first configure, the parameters' as
+        they are (no stream can start then: each is refused as a request, once, with the node's state)."""
+        if self._settings is not None:
+            return self._settings.text_stream_limits
+        value = self.get_parameter
+        return StreamLimits(
+            value("text_stream_max_open").value,
+            value("text_stream_max_chars").value,
+            value("text_stream_idle_timeout").value,
+        )
+
     def _on_text_chunk(self, msg: TextChunk) -> None:
         try:
-            self._text_streams.receive(msg, self._settings.text_stream_limits, time.monotonic())
+            self._text_streams.receive(msg, self._text_stream_limits(), time.monotonic())
         except StreamRefused as err:
             self._refuse("~/text_stream", err)
         except ChunkDropped as err:
@@ -332,16 +549,17 @@ class TtsNode(Node):
         self._submit(request, stream_id, collect=False, on_update=on_update, feed=feed)
 
     def _expire_text_streams(self) -> None:
-        for stream_id in self._text_streams.expire(self._settings.text_stream_limits, time.monotonic()):
+        limits = self._text_stream_limits()
+        for stream_id in self._text_streams.expire(limits, time.monotonic()):
             self.get_logger().warning(
-                f"text stream {stream_id!r} got no chunk for {self._settings.text_stream_idle_timeout:g} s "
+                f"text stream {stream_id!r} got no chunk for {limits.idle_timeout_s:g} s "
                 "(text_stream_idle_timeout): speaking what it received, then ending it"
             )
 
     def _on_synthesize(self, request: Synthesize.Request, response: Synthesize.Response) -> Synthesize.Response:
-        response.sample_rate = self._synth.spec.sampling_rate
+        response.sample_rate = self._sample_rate
         response.channels = 1
-        response.encoding = self._settings.output_encoding
+        response.encoding = self.get_parameter("output_encoding").value
         response.timing = timing_message(None, None)
         with self._waiting_reply():
             try:
@@ -415,12 +633,17 @@ class TtsNode(Node):
     def _publish_diagnostics(self) -> None:
         with self._counts:
             completed, refused = self._completed, self._refused
+        phase, queue = self._phase, self._queue
+        serving = queue is not None and phase is Phase.ACTIVE
         status = NodeStatus(
-            model_load_s=self._load_s,
-            queue_depth=self._queue.depth,
-            queue_size=self._settings.queue_size,
-            busy=self._queue.busy,
-            queue_policy=self._settings.queue_policy,
+            lifecycle_state=phase.value,
+            model_loaded=phase.loaded,
+            model_load_s=self._load_s if phase.loaded else None,
+            configure_failure=self._failure,
+            queue_depth=queue.depth if serving else 0,
+            queue_size=self._startup.queue_size,
+            busy=queue.busy if serving else False,
+            queue_policy=self.get_parameter("queue_policy").value,
             completed=completed,
             refused=refused,
             last=self._last,
@@ -453,11 +676,24 @@ def _publish_feedback(goal_handle: ServerGoalHandle, ticket: Ticket[Job]) -> Non
     goal_handle.publish_feedback(speak_feedback(ticket.state, ticket.ahead, ticket.job.audio_s, ticket.job.chunks))
 
 
+def _started() -> TtsNode:
+    """The node, configured and activated unless ``autostart`` is false; raises with the reason it cannot start."""
+    node = TtsNode()
+    if node.autostarts:
+        node.autostart()
+    else:
+        node.get_logger().info(
+            "unconfigured, every interface up (autostart false): configure and activate it with a lifecycle manager or "
+            f"`ros2 lifecycle set {node.get_fully_qualified_name()} configure`, then activate"
+        )
+    return node
+
+
 def main(args: Sequence[str] | None = None) -> int:
-    """Run the node until SIGINT or SIGTERM; exit 0 after a clean shutdown, 2 on bad parameters,
-    1 if a callback crashed.
+    """Run the node until SIGINT, SIGTERM or the shutdown transition; exit 0 after a clean shutdown, 2 when
+    autostart cannot configure it (bad parameters, missing weights), 1 if a callback crashed.
     """
-    started = start_node(args, TtsNode, NODE_NAME, START_FAILURE, (MossTTSError, ParameterException))
+    started = start_node(args, _started, NODE_NAME, START_FAILURE, (MossTTSError, ParameterException))
     if isinstance(started, int):
         return started
     node, stop = started
@@ -476,9 +712,13 @@ def main(args: Sequence[str] | None = None) -> int:
 
     spinner = threading.Thread(target=spin, name="executor")
     spinner.start()
-    wait_for_stop(stop)
-    node.get_logger().info(f"{SHUTDOWN_REASON}: stopping the current request, aborting the queued ones")
-    node.close()
+    wait_for_stop(stop, node.finalized)
+    if crashed.is_set():
+        if not node.finalized.is_set():
+            node.trigger_shutdown()  # no executor runs transitions any more: this thread alone does
+    else:
+        node.shut_down()
+    time.sleep(SHUTDOWN_FLUSH_S)
     executor.shutdown()
     spinner.join()  # a thread still inside rcl_wait when the context goes aborts the process
     node.destroy_node()

@@ -4,11 +4,16 @@ Pure (no node), so every rule here is tested without a middleware (``test/test_r
 parameters are the config keys (``config.OPTIONS``: the same names, ranges and messages as a config file
 for the CLI) and the few in ``NODE_OPTIONS`` that only a node has.
 
-What a running node may change follows each option's ``per_request`` mark: a key read for each request
-(from the ``Settings`` the request was accepted under) may change; every other key is read when the model
-loads (model files, llama.cpp context, codec and heads backends, the encoded default voice) or, for
-``queue_size``, when the executor is made, so it is a read-only parameter. A key added to the config later
-is read-only until it is marked.
+When a parameter may change (README "Lifecycle"):
+
+- a key marked ``per_request`` is read for each request (from the ``Settings`` it was accepted under), so
+  it may change in any state;
+- the ``STARTUP_KEYS`` are read once, when the process starts (``queue_size`` sizes the executor's threads,
+  ``autostart`` is what the process does first): read-only parameters;
+- every other key is read when the model loads, on configure (model files, llama.cpp context, codec and
+  heads backends, the encoded default voice): ``load_time``, changeable only while the node is
+  unconfigured (``ros/lifecycle.py`` refuses it otherwise, with the way there). A key added to the config
+  later is load-time until it is marked.
 """
 
 from __future__ import annotations
@@ -48,9 +53,15 @@ NODE_OPTIONS = (
         "queue_size",
         8,
         "Requests that may wait behind the one being spoken; more are refused.",
-        per_request=False,  # it sizes the executor's threads
+        per_request=False,
         min=0,
         max=64,
+    ),
+    _node_option(
+        "autostart",
+        True,
+        "Configure and activate at start-up; false leaves the node unconfigured for a lifecycle manager.",
+        per_request=False,
     ),
     _node_option(
         "queue_policy",
@@ -101,6 +112,16 @@ NODE_OPTIONS = (
     ),
 )
 ALL_OPTIONS: dict[str, Option] = {**OPTIONS, **{o.key: o for o in NODE_OPTIONS}}
+STARTUP_KEYS = ("queue_size", "autostart")
+LOAD_TIME_CONSTRAINT = "changeable only while the node is unconfigured (read when the model loads, on configure)"
+
+
+@dataclass(frozen=True)
+class Startup:
+    """The parameters read once, when the process starts."""
+
+    queue_size: int
+    autostart: bool
 
 
 @dataclass(frozen=True)
@@ -112,7 +133,6 @@ class Settings:
     """
 
     config: Config
-    queue_size: int
     queue_policy: str
     output_encoding: str
     text_stream_max_open: int
@@ -140,12 +160,17 @@ class Settings:
 
 
 def read_only(option: Option) -> bool:
-    """Whether a running node refuses to change this parameter: it is not read per request."""
-    return not option.per_request
+    """Whether the node refuses to change this parameter in any state: it is read when the process starts."""
+    return option.key in STARTUP_KEYS
+
+
+def load_time(option: Option) -> bool:
+    """Whether this parameter is read when the model loads, so that it may change only while none is loaded."""
+    return not option.per_request and not read_only(option)
 
 
 def descriptor(option: Option) -> ParameterDescriptor:
-    """A parameter's description, range, choices and read-only flag, from its Option.
+    """A parameter's description, range, choices, read-only flag and when it may change, from its Option.
 
     Typing is dynamic so that values are checked by ``check_value`` exactly as in a config file
     (``1`` is a valid float there, and a wrong type gets the same message as from the CLI).
@@ -153,8 +178,10 @@ def descriptor(option: Option) -> ParameterDescriptor:
     described = ParameterDescriptor(
         name=option.key, description=option.doc, dynamic_typing=True, read_only=read_only(option)
     )
-    if option.choices:
-        described.additional_constraints = f"one of: {', '.join(option.choices)}"
+    constraints = [f"one of: {', '.join(option.choices)}"] if option.choices else []
+    if load_time(option):
+        constraints.append(LOAD_TIME_CONSTRAINT)
+    described.additional_constraints = "; ".join(constraints)
     if option.type is int and (option.min is not None or option.max is not None):
         low = -(2**63) if option.min is None else int(option.min)
         high = 2**63 - 1 if option.max is None else int(option.max)
@@ -171,20 +198,36 @@ def declarations() -> list[tuple[str, Any, ParameterDescriptor]]:
     return [(o.key, o.default, descriptor(o)) for o in ALL_OPTIONS.values()]
 
 
-def checked_settings(values: Mapping[str, Any], source: str, base_dir: Path) -> Settings:
-    """Validate a value for every parameter as the CLI validates a config file; raises ConfigError.
-
-    ``source`` begins each message (the node's "<name> parameters"); relative paths are taken from
-    ``base_dir`` (the node's working directory, as ``ros2 run --params-file`` leaves them).
-    """
+def checked_values(values: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """Validate each value on its own as the CLI validates a config file's (type, range, choices; ``languages``
+    becomes codes); raises ConfigError. ``source`` begins each message (the node's "<name> parameters")."""
     checked = {key: check_value(ALL_OPTIONS[key], value, source) for key, value in values.items()}
-    languages = checked["languages"]
+    if "languages" in checked:
+        checked["languages"] = _language_codes(checked["languages"], source)
+    return checked
+
+
+def checked_settings(values: Mapping[str, Any], source: str, base_dir: Path) -> Settings:
+    """Validate a value for every parameter, each and together, as the CLI validates a config file; raises
+    ConfigError.
+
+    Relative paths are taken from ``base_dir`` (the node's working directory, as ``ros2 run --params-file``
+    leaves them).
+    """
+    checked = checked_values(values, source)
+    config = from_flat({key: checked[key] for key in OPTIONS}, base_dir, source)
+    return Settings(config=config, **{o.key: checked[o.key] for o in NODE_OPTIONS if o.key not in STARTUP_KEYS})
+
+
+def checked_startup(values: Mapping[str, Any], source: str) -> Startup:
+    """The ``STARTUP_KEYS`` of ``values``, validated; raises ConfigError."""
+    return Startup(**checked_values({key: values[key] for key in STARTUP_KEYS}, source))
+
+
+def _language_codes(languages: list[Any], source: str) -> tuple[str, ...]:
     if not all(isinstance(language, str) and language for language in languages):
         raise ConfigError(f"{source}: 'languages' must be a list of language codes or names, got {languages!r}")
     try:
-        codes = tuple(dict.fromkeys(language_code(language) for language in languages))
+        return tuple(dict.fromkeys(language_code(language) for language in languages))
     except ValueError as error:
         raise ConfigError(f"{source}: 'languages': {error}") from None
-    config = from_flat({key: checked[key] for key in OPTIONS}, base_dir, source)
-    node_values = {o.key: checked[o.key] for o in NODE_OPTIONS} | {"languages": codes}
-    return Settings(config=config, **node_values)

@@ -8,28 +8,34 @@ and feeds a ``Speaker`` (playback.py): a jitter buffer, one utterance per ``requ
 The node publishes nothing more for a cancelled request (no final chunk), so the player also
 follows the Speak action's goal statuses: a goal canceling, canceled or aborted stops its audio at
 once. A ``~/text`` request has no goal; if it is interrupted, the next request's first chunk stops it.
+And it follows the node's lifecycle (``<tts_node>/transition_event``): when the node leaves the active
+state (deactivate, shutdown) every utterance it had fed stops, so nothing plays while the node is inactive.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
+from collections import deque
 from collections.abc import Sequence
 
 import rclpy
 from action_msgs.msg import GoalStatus, GoalStatusArray
+from lifecycle_msgs.msg import State, TransitionEvent
 from moss_tts_msgs.msg import AudioChunk as AudioChunkMsg
 from rclpy.node import Node
-from rclpy.qos import qos_profile_action_status_default
+from rclpy.qos import QoSProfile, qos_profile_action_status_default
 
 from moss_tts_node.config import NODE_NAME
 from moss_tts_node.errors import MossTTSError, PlaybackError
-from moss_tts_node.playback import DEFAULT_PREBUFFER_S, Speaker, sound_output
+from moss_tts_node.playback import DEFAULT_PREBUFFER_S, ENDED_MEMORY, Speaker, sound_output
 from moss_tts_node.ros.audio import AUDIO_QOS, decode
 from moss_tts_node.ros.process import start_node, wait_for_stop
 
 PLAYER_NAME = "moss_tts_player"
 STOPPED = (GoalStatus.STATUS_CANCELING, GoalStatus.STATUS_CANCELED, GoalStatus.STATUS_ABORTED)
+# rcl_lifecycle publishes transition events with the default QoS (reliable, volatile, depth 10).
+TRANSITION_EVENT_QOS = QoSProfile(depth=10)
 
 
 class PlayerNode(Node):
@@ -42,9 +48,13 @@ class PlayerNode(Node):
         prebuffer_s = float(self.declare_parameter("prebuffer_s", DEFAULT_PREBUFFER_S).value)
         self.speaker = Speaker(sound_output(device or None), prebuffer_s, self.get_logger().error)
         self._next_index: dict[str, int] = {}
+        self._fed: deque[str] = deque(maxlen=ENDED_MEMORY)  # the utterances fed, newest last, to stop them all
         self.create_subscription(AudioChunkMsg, f"{tts_node}/audio", self._on_chunk, AUDIO_QOS)
         self.create_subscription(
             GoalStatusArray, f"{tts_node}/speak/_action/status", self._on_status, qos_profile_action_status_default
+        )
+        self.create_subscription(
+            TransitionEvent, f"{tts_node}/transition_event", self._on_transition, TRANSITION_EVENT_QOS
         )
         self.get_logger().info(f"playing {self.resolve_topic_name(f'{tts_node}/audio')} (prebuffer {prebuffer_s} s)")
 
@@ -54,6 +64,8 @@ class PlayerNode(Node):
         if msg.chunk_index != expected:
             self.get_logger().warning(f"request {key[:8]}: chunk {msg.chunk_index} after {expected - 1}: a gap")
         self._next_index = {key: msg.chunk_index + 1}  # only the current request's count is needed
+        if not self._fed or self._fed[-1] != key:
+            self._fed.append(key)
         try:
             samples = decode(bytes(msg.data), msg.encoding)
             if msg.channels > 1:
@@ -68,6 +80,15 @@ class PlayerNode(Node):
                 key = bytes(status.goal_info.goal_id.uuid).hex()
                 if self.speaker.cancel(key):
                     self.get_logger().info(f"request {key[:8]} stopped (goal status {status.status})")
+
+    def _on_transition(self, msg: TransitionEvent) -> None:
+        if msg.start_state.id == State.PRIMARY_STATE_ACTIVE:  # deactivating or shutting down
+            stopped = [key for key in self._fed if self.speaker.cancel(key)]
+            self._fed.clear()
+            self.get_logger().info(
+                f"the node left the active state ({msg.goal_state.label}): its audio stopped "
+                f"({len(stopped)} utterances playing or waiting)"
+            )
 
 
 def main(args: Sequence[str] | None = None) -> int:

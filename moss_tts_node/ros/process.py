@@ -1,5 +1,5 @@
 """What every executable of this package does around its node: start it, or say why it cannot, then wait
-for SIGINT or SIGTERM and let the caller shut down in order.
+for SIGINT or SIGTERM (or another reason to stop) and let the caller shut down in order.
 
 rclpy's own signal handlers would shut the context down at once, before a node could finish what it holds
 (the requests in line, the audio queued for the speaker); these only set an event the main thread waits on.
@@ -43,8 +43,9 @@ def start_node(
         return EXIT_BAD_INPUT
 
 
-def wait_for_stop(stop: threading.Event) -> None:
-    """Block until ``stop`` is set. The kernel may hand a signal to any thread, and Python runs its handler in
-    the main thread only when that thread next runs bytecode, so wait in short slices rather than block."""
-    while not stop.wait(SIGNAL_POLL_S):
+def wait_for_stop(*events: threading.Event) -> None:
+    """Block until one of ``events`` is set. The kernel may hand a signal to any thread, and Python runs its
+    handler in the main thread only when that thread next runs bytecode, so wait in short slices rather than
+    block."""
+    while not any(event.wait(SIGNAL_POLL_S / len(events)) for event in events):
         pass

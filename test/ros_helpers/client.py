@@ -13,6 +13,10 @@ it saw. Commands:
 - ``audio_common`` like ``text``, also collecting the audio_common topics (needs audio_common_msgs)
 - ``burst``       rounds of Speak goals sent all at once, in step with other burst clients
 - ``soak``        hundreds of mixed requests (topic, service, action, cancels, bad input), one after another
+- ``transitions`` lifecycle transitions by label, in order, each with its success and the state after it
+- ``cycles``      rounds of configure, activate, a service call, deactivate, cleanup (progress after each step)
+- ``deactivate``  deactivate while a goal speaks with a service call and a goal waiting; then requests while
+                  inactive, and activate again
 
 Every command waits for the node's interfaces to match first (never a fixed sleep). ``params``
 given to speak/text/synthesize are set before the scenario and restored after it.
@@ -20,6 +24,7 @@ given to speak/text/synthesize are set before the scenario and restored after it
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -32,8 +37,10 @@ from typing import Any
 
 import numpy as np
 import rclpy
+import rclpy.duration
 from action_msgs.msg import GoalStatus
 from diagnostic_msgs.msg import DiagnosticArray
+from lifecycle_msgs.srv import ChangeState, GetState
 from moss_tts_msgs.action import Speak
 from moss_tts_msgs.msg import AudioChunk, TextChunk
 from moss_tts_msgs.srv import Synthesize
@@ -62,6 +69,8 @@ class Client(Node):
         self.feedback: dict[str, list[dict[str, Any]]] = defaultdict(list)  # by goal id
         self.received = 0  # messages of either kind, to tell when the node has gone quiet
         self._params: AsyncParameterClient | None = None
+        self._change_state = self.create_client(ChangeState, f"{NODE}/change_state")
+        self._get_state = self.create_client(GetState, f"{NODE}/get_state")
         # Deep queues: the demo model makes a chunk and a feedback every few milliseconds.
         qos = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
         self.audio = self.create_subscription(AudioChunk, f"{NODE}/audio", self._on_chunk, qos)
@@ -179,6 +188,19 @@ class Client(Node):
                 raise TimeoutError("the node's parameter services did not appear")
         return self._params
 
+    def transition(self, label: str, timeout: float = 60.0) -> bool:
+        """Ask the node for the lifecycle transition ``label`` (configure, activate, ...); whether it succeeded."""
+        if not self._change_state.wait_for_service(MATCH_TIMEOUT):
+            raise TimeoutError("the node's change_state service did not appear")
+        request = ChangeState.Request()
+        request.transition.label = label
+        return self.result(self._change_state.call_async(request), timeout, f"the {label} transition").success
+
+    def state(self) -> str:
+        if not self._get_state.wait_for_service(MATCH_TIMEOUT):
+            raise TimeoutError("the node's get_state service did not appear")
+        return self.result(self._get_state.call_async(GetState.Request()), 10, "the state").current_state.label
+
 
 def _request_fields(args: dict[str, Any], message: Any) -> Any:
     for key in ("text", "language", "instruction", "reference_audio", "seed"):
@@ -205,6 +227,8 @@ def run_text(client: Client, args: dict[str, Any]) -> dict[str, Any]:
     client.wait_audio_matched()
     for text in args["texts"]:
         publisher.publish(String(data=text))
+    if not publisher.wait_for_all_acked(rclpy.duration.Duration(seconds=10)):  # in the node's hands before we go
+        raise TimeoutError("the node did not acknowledge the ~/text messages")
     expected = args.get("finals", len(args["texts"]))
     client.spin_until(
         lambda: sum(c["is_final"] for c in client.chunks) >= expected, args.get("timeout", 30), "final chunks"
@@ -268,6 +292,9 @@ def run_text_stream(client: Client, args: dict[str, Any]) -> dict[str, Any]:
                 timeout,
                 "open streams",
             )
+    for publisher in (chunks, texts):  # in the node's hands before this client may go
+        if not publisher.wait_for_all_acked(rclpy.duration.Duration(seconds=10)):
+            raise TimeoutError("the node did not acknowledge the messages published")
     finals = set(args.get("finals", []))
     client.spin_until(
         lambda: (
@@ -298,6 +325,7 @@ def run_synthesize(client: Client, args: dict[str, Any]) -> dict[str, Any]:
                 "channels": response.channels,
                 "encoding": response.encoding,
                 "bytes": len(response.audio),
+                "sha256": hashlib.sha256(bytes(response.audio)).hexdigest(),
                 "duration": response.duration,
                 "timing": _timing(response.timing),
             }
@@ -366,31 +394,52 @@ def run_params(client: Client, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_diagnostics(client: Client, args: dict[str, Any]) -> dict[str, Any]:
+    """The first /diagnostics status of the node whose values include ``where`` (default: the model loaded)."""
+    where = args.get("where", {"model_loaded": "true"})
     statuses: list[dict[str, Any]] = []
 
     def on_diagnostics(msg: DiagnosticArray) -> None:
         for status in msg.status:
             values = {kv.key: kv.value for kv in status.values}
-            if status.name.startswith("moss_tts_node") and values.get("model_loaded") == "true":
+            if status.name.startswith("moss_tts_node") and where.items() <= values.items():
                 statuses.append({"level": int.from_bytes(status.level), "message": status.message, "values": values})
 
     client.create_subscription(DiagnosticArray, "/diagnostics", on_diagnostics, 10)
-    client.spin_until(lambda: statuses, args.get("timeout", 10), "diagnostics")
+    client.spin_until(lambda: statuses, args.get("timeout", 10), f"diagnostics with {where}")
     return statuses[-1]
 
 
 def run_audio_common(client: Client, args: dict[str, Any]) -> dict[str, Any]:
-    """Publish on ~/text and collect what the audio_common topics carry (what audio_play plays)."""
+    """Publish on ~/text and collect what the audio_common topics carry, subscribed to as ros-drivers' nodes do:
+    ``audio`` with audio_play's QoS (reliable, volatile, depth 10), ``audio_stamped`` likewise, ``audio_info``
+    latched (depth 1, transient local) and subscribed to only now, after the node published it. Returns each
+    topic's messages (bytes and digest, header stamps) beside the ~/audio chunks' data and stamps."""
     from audio_common_msgs.msg import AudioData, AudioDataStamped, AudioInfo
 
-    qos = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
+    audio_play = QoSProfile(depth=10)
     latched = QoSProfile(depth=1, durability=DurabilityPolicy.TRANSIENT_LOCAL)
-    raw: list[int] = []
-    stamped: list[int] = []
+    seen: dict[str, list[tuple[bytes, int | None]]] = {"raw": [], "stamped": [], "chunks": []}
     info: list[dict[str, Any]] = []
-    client.create_subscription(AudioData, f"{NODE}/audio_common/audio", lambda m: raw.append(len(m.data)), qos)
+
+    def stamp(header: Any) -> int:
+        return header.stamp.sec * 10**9 + header.stamp.nanosec
+
+    subscriptions = [
+        client.create_subscription(
+            AudioData, f"{NODE}/audio_common/audio", lambda m: seen["raw"].append((bytes(m.data), None)), audio_play
+        ),
+        client.create_subscription(
+            AudioDataStamped,
+            f"{NODE}/audio_common/audio_stamped",
+            lambda m: seen["stamped"].append((bytes(m.audio.data), stamp(m.header))),
+            audio_play,
+        ),
+    ]
     client.create_subscription(
-        AudioDataStamped, f"{NODE}/audio_common/audio_stamped", lambda m: stamped.append(len(m.audio.data)), qos
+        AudioChunk,
+        f"{NODE}/audio",
+        lambda m: seen["chunks"].append((bytes(m.data), stamp(m.header))),
+        QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE),
     )
     client.create_subscription(
         AudioInfo,
@@ -406,10 +455,22 @@ def run_audio_common(client: Client, args: dict[str, Any]) -> dict[str, Any]:
         ),
         latched,
     )
+    client.spin_until(
+        lambda: all(s.get_publisher_count() > 0 for s in subscriptions), MATCH_TIMEOUT, "the audio_common publishers"
+    )
     answer = run_text(client, args)
     client.spin_until(lambda: info, 10, "the latched AudioInfo")
     client.drain()
-    return answer | {"raw": raw, "stamped": stamped, "info": info[-1]}
+
+    def summary(messages: list[tuple[bytes, int | None]]) -> dict[str, Any]:
+        data = b"".join(chunk for chunk, _ in messages)
+        return {
+            "sizes": [len(chunk) for chunk, _ in messages],
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "stamps": [stamped for _, stamped in messages],
+        }
+
+    return answer | {name: summary(messages) for name, messages in seen.items()} | {"info": info[-1]}
 
 
 def run_burst(client: Client, args: dict[str, Any]) -> dict[str, Any]:
@@ -592,6 +653,124 @@ def run_soak(client: Client, args: dict[str, Any]) -> dict[str, Any]:
     return {"counts": soak.counts, "unexpected": soak.unexpected}
 
 
+def run_transitions(client: Client, args: dict[str, Any]) -> dict[str, Any]:
+    """``transitions`` (labels) in order, each answered before the next is asked for."""
+    steps = []
+    for label in args["transitions"]:
+        success = client.transition(label, args.get("timeout", 60))
+        steps.append({"transition": label, "success": success, "state": client.state()})
+    return {"steps": steps}
+
+
+def run_cycles(client: Client, args: dict[str, Any]) -> dict[str, Any]:
+    """``cycles`` rounds of configure, activate, the synthesize ``request``, deactivate, cleanup.
+
+    Prints ``{"cycle": n, "step": ..., "seconds": ...}`` once each step is answered (the test samples the
+    node's memory then); returns each round's audio digest.
+    """
+    service = client.create_client(Synthesize, f"{NODE}/synthesize")
+    if not service.wait_for_service(MATCH_TIMEOUT):
+        raise TimeoutError("~/synthesize did not appear")
+    timeout = args.get("timeout", 60)
+    hashes = []
+
+    def step(number: int, name: str, started: float) -> None:
+        print(json.dumps({"cycle": number, "step": name, "seconds": time.monotonic() - started}), flush=True)
+
+    for number in range(1, args["cycles"] + 1):
+        for label in ("configure", "activate", "speak", "deactivate", "cleanup"):
+            started = time.monotonic()
+            if label == "speak":
+                request = _request_fields(args["request"], Synthesize.Request())
+                response = client.result(service.call_async(request), timeout, "a response")
+                if not response.success:
+                    raise RuntimeError(f"cycle {number}: {response.message}")
+                hashes.append(hashlib.sha256(bytes(response.audio)).hexdigest())
+            elif not client.transition(label, timeout):
+                raise RuntimeError(f"cycle {number}: {label} failed")
+            step(number, label, started)
+    return {"sha256": hashes}
+
+
+def run_deactivate(client: Client, args: dict[str, Any]) -> dict[str, Any]:
+    """Deactivate while a goal speaks, with a service call and a goal waiting behind it; then one request of
+    each kind while inactive; then activate again and speak (a goal, cancelled once it has audio).
+
+    The node must run with queue_size 2 or more and parameters that make every request long (``params``), so
+    that the line is as described when the deactivate is asked for, whatever the speed of the machine.
+    """
+    action = ActionClient(client, Speak, f"{NODE}/speak")
+    service = client.create_client(Synthesize, f"{NODE}/synthesize")
+    if not action.wait_for_server(MATCH_TIMEOUT) or not service.wait_for_service(MATCH_TIMEOUT):
+        raise TimeoutError("~/speak or ~/synthesize did not appear")
+    client.wait_audio_matched()
+    depths: list[str] = []  # the node's queue depth, as /diagnostics reports it
+
+    def on_diagnostics(msg: DiagnosticArray) -> None:
+        depths.extend(kv.value for status in msg.status for kv in status.values if kv.key == "queue_depth")
+
+    client.create_subscription(DiagnosticArray, "/diagnostics", on_diagnostics, 10)
+    timeout = args.get("timeout", 30)
+    speaking = client.send_goal(action, {"text": "one"})
+    client.wait_chunks(speaking["id"], 1, timeout)
+    call = service.call_async(Synthesize.Request(text="two"))
+    # The call and the goal travel apart: send the goal once the call waits in line, so it comes second.
+    client.spin_until(lambda: bool(depths) and depths[-1] == "1", timeout, "the service call to wait in line")
+    waiting = client.send_goal(action, {"text": "three"})
+    # Third in line (the service call is second): both are waiting when the deactivate is asked for.
+    client.spin_until(
+        lambda: any((f["state"], f["ahead"]) == (QUEUED, 2) for f in client.feedback[waiting["id"]]),
+        timeout,
+        "the goal to wait behind the service call",
+    )
+    asked = time.monotonic()
+    deactivated = client.transition("deactivate")
+    deactivate_s = time.monotonic() - asked
+    state = client.state()
+    goals = []
+    for record in (speaking, waiting):
+        response = client.result(record["result_future"], timeout, "a result")
+        goals.append(
+            {
+                "id": record["id"],
+                "status": response.status,
+                "message": response.result.message,
+                "timing": _timing(response.result.timing),
+            }
+        )
+    response = client.result(call, timeout, "the synthesize response")
+    called = {"success": response.success, "message": response.message, "timing": _timing(response.timing)}
+    inactive_goal = client.send_goal(action, {"text": "four"})
+    inactive_result = client.result(inactive_goal["result_future"], timeout, "a result")
+    inactive_call = client.result(service.call_async(Synthesize.Request(text="five")), timeout, "a response")
+    activated = client.transition("activate")
+    again = client.send_goal(action, {"text": "six"})
+    client.wait_chunks(again["id"], 1, timeout)
+    client.result(again["handle"].cancel_goal_async(), 10, "the cancel response")
+    again_result = client.result(again["result_future"], timeout, "a result")
+    client.drain()
+    for goal in goals:
+        goal["feedback"] = client.feedback[goal["id"]]
+    return {
+        "deactivated": deactivated,
+        "deactivate_s": deactivate_s,  # from asking to the answer, with three requests to end
+        "state": state,
+        "goals": goals,
+        "call": called,
+        "inactive": {
+            "goal": {"status": inactive_result.status, "message": inactive_result.result.message},
+            "call": {"success": inactive_call.success, "message": inactive_call.message},
+        },
+        "activated": activated,
+        "again": {"status": again_result.status, "chunks": len(chunks_of(client, again["id"]))},
+        "chunks": client.chunks,
+    }
+
+
+def chunks_of(client: Client, request_id: str) -> list[dict[str, Any]]:
+    return [c for c in client.chunks if c["request_id"] == request_id]
+
+
 COMMANDS = {
     "text": run_text,
     "synthesize": run_synthesize,
@@ -602,6 +781,9 @@ COMMANDS = {
     "audio_common": run_audio_common,
     "burst": run_burst,
     "soak": run_soak,
+    "transitions": run_transitions,
+    "cycles": run_cycles,
+    "deactivate": run_deactivate,
 }
 
 

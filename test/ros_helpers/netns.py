@@ -21,9 +21,42 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 HELPERS = Path(__file__).resolve().parent
 CLIENT = HELPERS / "client.py"
 READY_LINE = "ready: model loaded"
+UNCONFIGURED_LINE = "unconfigured, every interface up"  # what a node started with autostart false logs
+DAEMON_COMMAND = b"ros2cli.daemon"  # in the command line of the daemon that `ros2` commands start
+DAEMON_STOP_S = 5.0
+
+
+def _namespace(pid: int) -> tuple[int, int]:
+    """Which network namespace a process is in."""
+    info = os.stat(f"/proc/{pid}/ns/net")
+    return info.st_dev, info.st_ino
+
+
+def _end(pid: int) -> None:
+    """SIGTERM a process that is not our child and wait for it to end; SIGKILL it if it lingers."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + DAEMON_STOP_S
+        while _running(pid):
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                return
+            time.sleep(0.05)
+    except ProcessLookupError:
+        return
+
+
+def _running(pid: int) -> bool:
+    """Whether the process is still there and not a zombie (its parent, not us, reaps it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 class LoopbackNamespace:
@@ -89,9 +122,34 @@ class LoopbackNamespace:
         return answer
 
     def close(self) -> None:
+        """End the ros2 daemon a ``ros2`` command started here (it outlives the command), then the namespace."""
         if self._holder.poll() is None:
+            for pid in self._ros2_daemons():
+                _end(pid)
             os.killpg(self._holder.pid, signal.SIGKILL)
         self._holder.wait()
+
+    def _ros2_daemons(self) -> list[int]:
+        """The pids of the ros2 daemons in this namespace: processes that joined it and run ros2cli's daemon."""
+        mine = _namespace(self._holder.pid)
+        daemons = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if _namespace(int(entry.name)) == mine and DAEMON_COMMAND in (entry / "cmdline").read_bytes():
+                    daemons.append(int(entry.name))
+            except OSError:  # it ended meanwhile, or is not ours to read
+                continue
+        return daemons
+
+
+def loopback_namespace(log_dir: Path) -> LoopbackNamespace:
+    """A LoopbackNamespace, or skip the test where none can be made (``unshare -n`` needs root)."""
+    try:
+        return LoopbackNamespace(log_dir)
+    except (RuntimeError, OSError) as err:
+        pytest.skip(f"no loopback-only network namespace here: {err}")
 
 
 class NodeProcess:
@@ -111,9 +169,17 @@ class NodeProcess:
     def output(self) -> str:
         return self.log.read_text()
 
-    def wait_ready(self, timeout: float = 60.0) -> None:
+    def rss_kib(self) -> int:
+        """The node's resident memory, from /proc/PID/status."""
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        raise AssertionError(f"no VmRSS for process {self.process.pid}")
+
+    def wait_ready(self, timeout: float = 60.0, line: str = READY_LINE) -> None:
+        """Wait until the node has logged ``line``: it serves (by default), or is up unconfigured."""
         deadline = time.monotonic() + timeout
-        while READY_LINE not in self.output():
+        while line not in self.output():
             if self.process.poll() is not None:
                 raise AssertionError(f"the node exited with {self.process.returncode}:\n{self.output()}")
             if time.monotonic() > deadline:
