@@ -76,14 +76,16 @@ def _node(context: LaunchContext) -> list[LifecycleNode | Node | RegisterEventHa
         if reason is not None:
             reasons.append(reason)
 
-    def end_launch(event: ProcessExited, _: LaunchContext) -> list[LogInfo | EmitEvent]:
-        if event.returncode == 0:
-            return [EmitEvent(event=Shutdown(reason="moss_tts_node stopped"))]
+    def end_launch(event: ProcessExited, launch: LaunchContext) -> list[LogInfo | EmitEvent]:
         reason = f"{event.action.node_name} exited with code {event.returncode}"
         if reasons:
             reason += f": {reasons[-1]}"
-        # The event first, the line last: nothing launch logs while shutting down comes after it.
-        return [EmitEvent(event=Shutdown(reason=reason)), LogInfo(msg=reason)]
+        # When the launch is ending already (Ctrl-C), no second Shutdown: it would shut down launch_ros's ROS
+        # adapter (LifecycleNode starts one) twice, and launch would exit 1 ("Cannot shutdown a ROS adapter that
+        # is not running"). Otherwise the event first, the line last: nothing launch logs while shutting down
+        # comes after it.
+        ending = [] if launch.is_shutdown else [EmitEvent(event=Shutdown(reason=reason))]
+        return ending if event.returncode == 0 else [*ending, LogInfo(msg=reason)]
 
     node = LifecycleNode(
         package=PACKAGE,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
-from ros_helpers import node_params_file, played_span, require_ros
+from ros_helpers import node_params_file, played_span, require_ros, wait_played
 from ros_helpers.netns import (
     SECURITY_CLIENT,
     UNCONFIGURED_LINE,
@@ -354,8 +354,9 @@ def test_the_player_goes_quiet_when_the_node_deactivates_and_plays_once_it_is_ac
         wait_for_file_line(log, "playing /moss_tts_node/audio", player)
         with null_sink.recording(tmp_path / "playing.raw"):
             sent = netns.client("text", texts=["Hello there, robot."], save=str(tmp_path / "a.npy"))
+            deadline = time.monotonic() + 60
             while played_span(tmp_path / "playing.raw") == 0:  # it plays
-                assert player.poll() is None, log.read_text()
+                assert player.poll() is None and time.monotonic() < deadline, log.read_text()
                 time.sleep(0.02)
             assert netns.client("transitions", transitions=["deactivate"])["steps"][0]["success"]
             wait_for_file_line(log, "the node left the active state (deactivating): its audio stopped", player)
@@ -372,9 +373,7 @@ def test_the_player_goes_quiet_when_the_node_deactivates_and_plays_once_it_is_ac
                 "text", texts=["Hello robot."], save=str(tmp_path / "b.npy"), params={"generation.max_new_tokens": 60}
             )
             again = np.load(tmp_path / "b.npy")
-            while played_span(tmp_path / "again.raw") < again.size - SAMPLE_RATE // 100:
-                assert player.poll() is None, log.read_text()
-                time.sleep(0.1)
+            wait_played(tmp_path / "again.raw", again.size, player, log)
         assert null_sink.snr_db(again, captured[0]) > 15, log.read_text()  # see test_cli's play test
     finally:
         player.send_signal(signal.SIGINT)

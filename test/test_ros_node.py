@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
-from ros_helpers import node_params_file, played_span, require_ros
+from ros_helpers import node_params_file, require_ros, wait_played
 from ros_helpers.netns import LoopbackNamespace, NodeProcess, loopback_namespace
 
 from moss_tts_node.codec.streaming import OfflineDecoding, WindowedStreamDecoding
@@ -497,9 +497,7 @@ def test_the_player_plays_what_the_node_publishes(
         with null_sink.recording(tmp_path / "sink.raw") as captured:
             netns.client("text", texts=["Hello robot."], save=str(sent_file))
             sent = np.load(sent_file)
-            while played_span(tmp_path / "sink.raw") < sent.size - SAMPLE_RATE // 100:  # until it has all played
-                assert player.poll() is None and time.monotonic() < deadline + 60, log.read_text()
-                time.sleep(0.1)
+            wait_played(tmp_path / "sink.raw", sent.size, player, log)  # until it has all played
         assert null_sink.snr_db(sent, captured[0]) > 15, log.read_text()  # see test_cli's play test
     finally:
         player.send_signal(signal.SIGINT)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+
+from moss_tts_node.model.rates import SAMPLE_RATE as SAMPLE_RATE_HZ
 
 
 def require_ros() -> None:
@@ -31,3 +35,17 @@ def played_span(raw: Path) -> int:
     """Samples from the first to the last that is not silence, in a float32 recording."""
     loud = np.flatnonzero(np.abs(np.fromfile(raw, dtype="<f4")) > 1e-4)
     return int(loud[-1] - loud[0] + 1) if loud.size else 0
+
+
+def wait_played(raw: Path, samples: int, player: subprocess.Popen[str], log: Path, timeout: float = 60.0) -> None:
+    """Wait until the recording ``raw`` spans ``samples`` of played sound (less 50 ms), failing with the player's
+    log if the player dies or ``timeout`` passes first.
+
+    50 ms: a stream started again after a cancel (PortAudio's abort and start) loses its first few tens of
+    milliseconds through PulseAudio's null sink (17.6 ms measured); the caller's SNR check sees the rest.
+    """
+    deadline = time.monotonic() + timeout
+    while played_span(raw) < samples - SAMPLE_RATE_HZ // 20:
+        assert player.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, f"played {played_span(raw)} of {samples} samples:\n{log.read_text()}"
+        time.sleep(0.1)
