@@ -173,9 +173,10 @@ def test_requests_and_parameter_changes_in_each_state(netns: LoopbackNamespace, 
             netns.client("text", texts=["Hello."], finals=0)
             wait_for_log(node, f"~/text request refused: {refusal}")
             stream = f"stream-{len(before)}"
-            steps = [{"chunk": {"stream_id": stream, "text": text}} for text in ("Hello", " there.")]
-            netns.client("text_stream", steps=steps)
+            # A stream is checked on the intake's thread: its second chunk is sent once the first was refused.
+            netns.client("text_stream", steps=[{"chunk": {"stream_id": stream, "text": "Hello"}}])
             wait_for_log(node, f"~/text_stream request refused: text stream {stream!r} refused: {refusal}")
+            netns.client("text_stream", steps=[{"chunk": {"stream_id": stream, "text": " there."}}])
             wait_for_log(node, f"text stream {stream!r} has ended: its later chunks are dropped")
             voices = netns.client("voices", script=SECURITY_CLIENT)  # known from configure on
             assert (voices["success"], voices["message"]) == (

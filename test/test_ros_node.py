@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -541,19 +542,33 @@ def test_interleaved_streams_are_each_one_request_in_line_order(netns: LoopbackN
     assert after["text_streams_open"] == "0"
 
 
-def test_an_abandoned_stream_is_spoken_after_the_idle_timeout(netns: LoopbackNamespace, node: NodeProcess) -> None:
-    answer = netns.client(
-        "text_stream",
-        steps=[
-            *steps("abandoned", "Spoken though it never ends", final=False),
-            {"wait_open": 0},  # the idle timeout closed it
-            {"chunk": {"stream_id": "abandoned", "text": " late."}},
-        ],
-        finals=["abandoned"],
-        params={"text_stream_idle_timeout": 0.5},
-    )
+@contextmanager
+def node_with(params_file: Path, tmp_path: Path, *params: str) -> Iterator[tuple[LoopbackNamespace, NodeProcess]]:
+    """A node of its own, in a namespace of its own, with parameters the module's node cannot take: the text
+    stream bounds are read-only (README "Security")."""
+    ns = loopback_namespace(tmp_path)
+    process = NodeProcess(ns, ["--params-file", str(params_file), "-p", "languages:=[en, zh]", *params])
+    try:
+        process.wait_ready()
+        yield ns, process
+    finally:
+        process.stop()
+        ns.close()
+
+
+def test_an_abandoned_stream_is_spoken_after_the_idle_timeout(params_file: Path, tmp_path: Path) -> None:
+    with node_with(params_file, tmp_path, "-p", "text_stream_idle_timeout:=0.5") as (netns, node):
+        answer = netns.client(
+            "text_stream",
+            steps=[
+                *steps("abandoned", "Spoken though it never ends", final=False),
+                {"wait_open": 0},  # the idle timeout closed it
+                {"chunk": {"stream_id": "abandoned", "text": " late."}},
+            ],
+            finals=["abandoned"],
+        )
+        log = node.output()
     assert_stream(chunks_of(answer, "abandoned"))
-    log = node.output()
     assert "'abandoned' got no chunk for 0.5 s" in log
     assert "text stream 'abandoned' has ended: its later chunks are dropped" in log
 
@@ -584,32 +599,31 @@ def test_a_new_request_interrupts_a_stream_and_the_streams_later_chunks_are_drop
     assert "text stream 'talker' has ended: its later chunks are dropped" in log
 
 
-def test_bad_chunks_are_refused_with_reasons_and_the_node_keeps_serving(
-    netns: LoopbackNamespace, node: NodeProcess
-) -> None:
-    before = netns.client("diagnostics")["values"]
-    answer = netns.client(
-        "text_stream",
-        steps=[
-            {"chunk": {"stream_id": "", "text": "no id"}},
-            {"chunk": {"stream_id": "french", "text": "Held open,", "language": "fr"}},  # refused: a language not here
-            {"chunk": {"stream_id": "open", "text": "Held open, waiting"}},
-            {"chunk": {"stream_id": "another", "text": "One too many."}},  # text_stream_max_open 1
-            {"chunk": {"stream_id": "open", "text": " and then far too much text for the limit"}},
-            {"wait_open": 0},  # closed at its limit
-            *steps("good", "Still serving."),
-        ],
-        finals=["open", "good"],
-        params={"text_stream_max_open": 1, "text_stream_max_chars": 30},
-    )
+def test_bad_chunks_are_refused_with_reasons_and_the_node_keeps_serving(params_file: Path, tmp_path: Path) -> None:
+    bounds = ("-p", "text_stream_max_open:=1", "-p", "text_stream_max_chars:=30")
+    with node_with(params_file, tmp_path, *bounds) as (netns, node):
+        answer = netns.client(
+            "text_stream",
+            steps=[
+                {"chunk": {"stream_id": "", "text": "no id"}},
+                {"chunk": {"stream_id": "french", "text": "Held open,", "language": "fr"}},  # not a language here
+                {"chunk": {"stream_id": "open", "text": "Held open, waiting"}},
+                {"chunk": {"stream_id": "another", "text": "One too many."}},  # text_stream_max_open 1
+                {"chunk": {"stream_id": "open", "text": " and then far too much text for the limit"}},
+                {"wait_open": 0},  # closed at its limit
+                *steps("good", "Still serving."),
+            ],
+            finals=["open", "good"],
+        )
+        log = node.output()
+        refused = int(netns.client("diagnostics")["values"]["requests_refused"])
     assert_stream(chunks_of(answer, "good"))
     assert not chunks_of(answer, "another") and not chunks_of(answer, "french")
-    log = node.output()
     assert f"stream_id must be 1 to {MAX_ID_CHARS} printable characters" in log
     assert "'french' refused: unknown language 'fr': this node accepts en, zh" in log  # the reason of any request
     assert "'another' refused: as many streams as text_stream_max_open (1) are open" in log
     assert "'open' would pass 30 characters (text_stream_max_chars): closed with the 18 it had" in log
-    assert int(netns.client("diagnostics")["values"]["requests_refused"]) == int(before["requests_refused"]) + 3
+    assert refused == 3
 
 
 # Run before README's relay: its rclpy.spin first waits until the node's subscription has matched the relay's

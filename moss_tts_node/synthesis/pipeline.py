@@ -128,16 +128,21 @@ class _BudgetedPlan(PlanSource):
         self._budget = budget
 
     def next_item(self) -> Piece | Pause | None:
-        if self.more() is False and self._budget.spent:
+        if self._budget.spent:
+            self._leave_out()
             return None
         item = self._source.next_item()
         return self._budget.pause(item) if isinstance(item, Pause) else item
 
     def more(self) -> bool | None:
-        if not self._budget.spent:
-            return self._source.more()
-        self._budget.cut = self._budget.cut or self._source.more() is not False  # what follows is left out
-        return False
+        if self._budget.spent:
+            self._leave_out()
+            return False
+        return self._source.more()  # asked only when the pipeline asks: a source may count its questions
+
+    def _leave_out(self) -> None:
+        """The budget is spent: the request was cut short if the source had anything more."""
+        self._budget.cut = self._budget.cut or self._source.more() is not False
 
     def close(self) -> None:
         self._source.close()
