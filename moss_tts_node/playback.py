@@ -224,8 +224,11 @@ class Speaker:
                 utterance, block = step
                 if block is None:  # cancelled while playing: drop what the device still holds
                     if output is not None:
+                        # Closed, not started again: a restarted stream lost up to 18 ms of the start of the next
+                        # utterance (through PulseAudio); the next one opens a stream of its own.
                         output.abort()
-                        output.start()
+                        output.close()
+                        output = None
                     continue
                 if output is None or rate != utterance.sample_rate:
                     if output is not None:

@@ -38,14 +38,10 @@ def played_span(raw: Path) -> int:
 
 
 def wait_played(raw: Path, samples: int, player: subprocess.Popen[str], log: Path, timeout: float = 60.0) -> None:
-    """Wait until the recording ``raw`` spans ``samples`` of played sound (less 50 ms), failing with the player's
-    log if the player dies or ``timeout`` passes first.
-
-    50 ms: a stream started again after a cancel (PortAudio's abort and start) loses its first few tens of
-    milliseconds through PulseAudio's null sink (17.6 ms measured); the caller's SNR check sees the rest.
-    """
+    """Wait until the recording ``raw`` spans ``samples`` of played sound (less 10 ms, the quiet edges of speech),
+    failing with the player's log if the player dies or ``timeout`` passes first."""
     deadline = time.monotonic() + timeout
-    while played_span(raw) < samples - SAMPLE_RATE_HZ // 20:
+    while played_span(raw) < samples - SAMPLE_RATE_HZ // 100:
         assert player.poll() is None, log.read_text()
         assert time.monotonic() < deadline, f"played {played_span(raw)} of {samples} samples:\n{log.read_text()}"
         time.sleep(0.1)
