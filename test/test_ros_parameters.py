@@ -31,6 +31,7 @@ from moss_tts_node.ros.parameters import (  # noqa: E402
     descriptor,
     load_time,
 )
+from moss_tts_node.ros.text_stream import StreamLimits  # noqa: E402
 
 SOURCE = "moss_tts_node parameters"
 # What README "ROS 2 node" promises may change in any state (`ros2 param set`); the rest but STARTUP is read when
@@ -44,7 +45,7 @@ LIVE = {
     "output_encoding",
     "languages",
 }
-STARTUP = {"queue_size", "autostart"}  # read when the process starts
+STARTUP = {"queue_size", "autostart", "text_stream_max_open", "text_stream_max_chars", "text_stream_idle_timeout"}
 
 
 def values_of(demo_config: Path, **changes: Any) -> dict[str, Any]:
@@ -82,7 +83,7 @@ def test_the_limits_and_the_voices_are_read_only_in_every_state() -> None:
     """Any participant of the domain may set a parameter that is not read-only (and, without SROS2, take the node
     through its lifecycle): it must not raise a limit, nor add a voice directory."""
     limits = [o for o in ALL_OPTIONS.values() if o.key.startswith(("limits.", "max_response_", "text_stream_"))]
-    assert len(limits) == 6 and all(o.per_request for o in limits)
+    assert len(limits) == 6
     assert all(descriptor(o).read_only for o in limits)
     assert all(descriptor(o).read_only for o in ALL_OPTIONS.values() if o.key.startswith("voices."))
 
@@ -127,9 +128,6 @@ def test_a_full_set_of_values_becomes_the_settings(demo_config: Path) -> None:
         expected,
         queue_policy="queue",
         output_encoding="pcm_s16le",
-        text_stream_max_open=4,
-        text_stream_max_chars=20000,
-        text_stream_idle_timeout=10.0,
         languages=("en", "zh"),
         max_response_seconds=120.0,
     )
@@ -186,7 +184,17 @@ def test_the_languages_parameter_bounds_what_a_request_may_ask_for(demo_config: 
 
 def test_the_startup_parameters_are_checked_on_their_own(demo_config: Path) -> None:
     values = values_of(demo_config, queue_size=3, autostart=False, model__weights_dir="/nowhere")
-    assert checked_startup(values, SOURCE) == Startup(queue_size=3, autostart=False)  # whatever else is wrong
+    startup = checked_startup(values, SOURCE)  # whatever else is wrong
+    assert startup == Startup(
+        queue_size=3,
+        autostart=False,
+        text_stream_max_open=4,
+        text_stream_max_chars=20000,
+        text_stream_idle_timeout=10.0,
+    )
+    assert startup.text_stream_limits == StreamLimits(4, 20000, 10.0)
+    with pytest.raises(ConfigError, match=re.escape(f"{SOURCE}: 'text_stream_idle_timeout' must be >= 0.1, got 0.0")):
+        checked_startup(values_of(demo_config, text_stream_idle_timeout=0.0), SOURCE)  # at start, not at a stream
     with pytest.raises(ConfigError, match=re.escape(f"{SOURCE}: 'queue_size' must be <= 64, got 65")):
         checked_startup(values_of(demo_config, queue_size=65), SOURCE)
     with pytest.raises(ConfigError, match=re.escape(f"{SOURCE}: 'autostart' must be bool, got str 'no'")):

@@ -92,7 +92,7 @@ from moss_tts_node.ros.parameters import (
 )
 from moss_tts_node.ros.process import start_node, wait_for_stop
 from moss_tts_node.ros.queue import Outcome, Rejected, RequestQueue, State, Ticket
-from moss_tts_node.ros.text_stream import ChunkDropped, StreamLimits, StreamRefused, TextStreams
+from moss_tts_node.ros.text_stream import ChunkDropped, StreamRefused, TextStreams
 from moss_tts_node.ros.voices import requested_voice, voice_infos
 from moss_tts_node.synthesis.feed import TextFeed
 from moss_tts_node.synthesis.request import SpeechRequest
@@ -555,21 +555,9 @@ class TtsNode(LifecycleNode):
             self.get_logger().error(f"~/text request failed to be checked: {exc!r}")
             raise
 
-    def _text_stream_limits(self) -> StreamLimits:
-        """The bounds on text streams of the settings in force; before the first configure, the parameters' as
-        they are (no stream can start then: each is refused as a request, once, with the node's state)."""
-        if self._settings is not None:
-            return self._settings.text_stream_limits
-        value = self.get_parameter
-        return StreamLimits(
-            value("text_stream_max_open").value,
-            value("text_stream_max_chars").value,
-            value("text_stream_idle_timeout").value,
-        )
-
     def _on_text_chunk(self, msg: TextChunk) -> None:
         try:
-            self._text_streams.receive(msg, self._text_stream_limits(), time.monotonic())
+            self._text_streams.receive(msg, self._startup.text_stream_limits, time.monotonic())
         except StreamRefused as err:
             self._refuse("~/text_stream", err)
         except ChunkDropped as err:
@@ -604,7 +592,7 @@ class TtsNode(LifecycleNode):
             raise
 
     def _expire_text_streams(self) -> None:
-        limits = self._text_stream_limits()
+        limits = self._startup.text_stream_limits
         for stream_id in self._text_streams.expire(limits, time.monotonic()):
             self.get_logger().warning(
                 f"text stream {stream_id!r} got no chunk for {limits.idle_timeout_s:g} s "

@@ -9,11 +9,12 @@ When a parameter may change (README "Lifecycle", "Security"):
 - a key marked ``per_request`` is read for each request (from the ``Settings`` it was accepted under), so
   it may change in any state;
 - the ``STARTUP_KEYS`` are read once, when the process starts (``queue_size`` sizes the executor's threads,
-  ``autostart`` is what the process does first): read-only parameters;
-- the ``OWNER_KEYS`` are read-only too, whenever they are read: the limits of what a request may ask and of
-  the text streams a client may hold open, and the voices, whose directories bound the files a remote path
-  may name. Any participant of the domain may set a parameter that is not read-only, and a bound it could
-  move would bound nothing: these come from the owner's parameter file;
+  ``autostart`` is what the process does first, the ``text_stream_*`` bounds hold for streams that arrive in
+  any state): read-only parameters;
+- the ``OWNER_KEYS`` are read-only too, whenever they are read: the limits of what a request may ask, and the
+  voices, whose directories bound the files a remote path may name. Any participant of the domain may set a
+  parameter that is not read-only, and a bound it could move would bound nothing: these, like the text
+  stream bounds, come from the owner's parameter file;
 - every other key is read when the model loads, on configure (model files, llama.cpp context, codec and
   heads backends, the encoded default voice): ``load_time``, changeable only while the node is
   unconfigured (``ros/lifecycle.py`` refuses it otherwise, with the way there). A key added to the config
@@ -85,7 +86,7 @@ NODE_OPTIONS = (
         "text_stream_max_open",
         4,
         "~/text_stream streams that may receive text at once; a new one beyond them is refused.",
-        per_request=True,
+        per_request=False,
         min=0,
         max=64,
     ),
@@ -94,7 +95,7 @@ NODE_OPTIONS = (
         20000,
         "Characters one ~/text_stream stream may hold (a long LLM reply is 2,000 to 5,000); the chunk that would "
         "pass them closes the stream with what it had.",
-        per_request=True,
+        per_request=False,
         min=1,
         max=1_000_000,
     ),
@@ -103,7 +104,7 @@ NODE_OPTIONS = (
         10.0,
         "Seconds without a chunk after which a ~/text_stream stream is taken as abandoned: what it received is "
         "spoken and it ends.",
-        per_request=True,
+        per_request=False,
         min=0.1,
         max=3600.0,
     ),
@@ -125,8 +126,14 @@ NODE_OPTIONS = (
     ),
 )
 ALL_OPTIONS: dict[str, Option] = {**OPTIONS, **{o.key: o for o in NODE_OPTIONS}}
-STARTUP_KEYS = ("queue_size", "autostart")
-OWNER_KEYS = ("limits.", "max_response_seconds", "text_stream_", "voices.")  # prefixes, or whole keys
+STARTUP_KEYS = (
+    "queue_size",
+    "autostart",
+    "text_stream_max_open",
+    "text_stream_max_chars",
+    "text_stream_idle_timeout",
+)
+OWNER_KEYS = ("limits.", "max_response_seconds", "voices.")  # prefixes, or whole keys
 LOAD_TIME_CONSTRAINT = "changeable only while the node is unconfigured (read when the model loads, on configure)"
 
 
@@ -136,6 +143,13 @@ class Startup:
 
     queue_size: int
     autostart: bool
+    text_stream_max_open: int
+    text_stream_max_chars: int
+    text_stream_idle_timeout: float
+
+    @property
+    def text_stream_limits(self) -> StreamLimits:
+        return StreamLimits(self.text_stream_max_open, self.text_stream_max_chars, self.text_stream_idle_timeout)
 
 
 @dataclass(frozen=True)
@@ -149,15 +163,8 @@ class Settings:
     config: Config
     queue_policy: str
     output_encoding: str
-    text_stream_max_open: int
-    text_stream_max_chars: int
-    text_stream_idle_timeout: float
     languages: tuple[str, ...]  # codes (text/languages.py), whatever spelling the parameter used
     max_response_seconds: float
-
-    @property
-    def text_stream_limits(self) -> StreamLimits:
-        return StreamLimits(self.text_stream_max_open, self.text_stream_max_chars, self.text_stream_idle_timeout)
 
     def check_language(self, language: str | None) -> None:
         """Raise RequestError unless a request may ask for ``language`` (None: generation.language), in any of
