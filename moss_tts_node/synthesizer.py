@@ -77,7 +77,7 @@ class Synthesizer:
         try:
             self.n_ctx = self.stages.n_ctx  # what llama.cpp made of llama.n_ctx (it rounds up)
             self.planner = PiecePlanner(self.prompts, self.spec, self.n_ctx, config.audio.max_codec_seconds)
-            self.pipeline = Pipeline(self.spec, self.stages, self.stages.stream_decoding)
+            self.pipeline = Pipeline(self.spec, self.stages)
             self.voices = VoiceLibrary.build(config, self.spec, self.stages.encoder, self._voice_limit(config))
         except BaseException:
             self.stages.close()
@@ -88,7 +88,6 @@ class Synthesizer:
         return cls(load_config(path, overrides))
 
     def close(self) -> None:
-        self.pipeline.stream_decoding = None  # its caches and graph go with it
         self.stages.close()
 
     def __enter__(self) -> Synthesizer:

@@ -204,6 +204,7 @@ def test_whole_utterances_decode_on_the_stream_decoder_exactly_in_bounded_calls(
     stream(decoder, codes[:3], 3)  # a stream is under way on the same graph: a decode now would corrupt it
     with pytest.raises(CodecError, match="holds 3 frames of state, not the 0 of this decode"):
         codec.decode(codes)
+    assert decoder.frames_done == 3  # refused before it touched the stream's state: the stream goes on
 
 
 def test_the_benchs_random_codec_is_initialized_as_the_codecs_library_does(tmp_path: Path) -> None:

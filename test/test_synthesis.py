@@ -123,7 +123,7 @@ def test_off_selects_the_windowed_scheme(demo_config: Path, codec_tiny_streaming
     with Synthesizer.from_config_file(demo_config, overrides) as windowed:
         stream = windowed.stream(TEXT, seed=1, max_new_tokens=40)
         list(stream)
-        assert windowed.pipeline.stream_decoding is None
+        assert windowed.stages.stream_decoding is None
         assert stream.report is not None and stream.report.codec_decode == "windowed stream"
 
 

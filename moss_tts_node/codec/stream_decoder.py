@@ -262,6 +262,7 @@ class StreamDecoderCodec(AudioCodec):
 
     def close(self) -> None:
         self._encoder.close()
+        self.decoder = None  # type: ignore[assignment]  # its session, caches and graph go with the codec
 
     def _frame_limit(self, graph: str) -> int | None:
         return self._encoder._frame_limit(graph) if graph == "encoder" else None
@@ -270,16 +271,21 @@ class StreamDecoderCodec(AudioCodec):
         return self._encoder._encode(waveform)
 
     def _decode(self, codes: np.ndarray) -> np.ndarray:
+        # The state must be this decode's: another decode of the same graph (a stream) would corrupt both. One
+        # found before the first call is refused and left as it is; one found later was mixed in already.
+        self._check_state(0)
         pieces = []
         try:
             for start in range(0, codes.shape[0], self.frames_per_call):
-                # The state must be this decode's: another decode of the same graph (a stream) would corrupt both.
-                if self.decoder.frames_done != start:
-                    raise CodecError(
-                        f"the stream decoder holds {self.decoder.frames_done} frames of state, not the {start} of this "
-                        "decode: two decodes of one synthesizer ran at once; run them one after the other"
-                    )
+                self._check_state(start)
                 pieces.append(self.decoder.decode(codes[start : start + self.frames_per_call]))
         finally:
             self.decoder.reset()
         return np.concatenate(pieces)
+
+    def _check_state(self, frames: int) -> None:
+        if self.decoder.frames_done != frames:
+            raise CodecError(
+                f"the stream decoder holds {self.decoder.frames_done} frames of state, not the {frames} of this "
+                "decode: two decodes of one synthesizer ran at once; run them one after the other"
+            )

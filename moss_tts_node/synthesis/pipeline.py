@@ -26,7 +26,6 @@ from moss_tts_node.codec.streaming import (
     OfflineDecoding,
     SegmentDecoder,
     SegmentDecoding,
-    StatefulStreamDecoding,
     WindowedStreamDecoding,
 )
 from moss_tts_node.config import AudioConfig
@@ -174,12 +173,12 @@ class _ChunkMaker:
 
 
 class Pipeline:
-    """Runs requests on ``stages``; streams decode with ``stream_decoding`` when given, else re-decode windows."""
+    """Runs requests on ``stages``; streams decode with the stages' ``stream_decoding`` when they have one, else
+    re-decode windows."""
 
-    def __init__(self, spec: ModelSpec, stages: Stages, stream_decoding: StatefulStreamDecoding | None) -> None:
+    def __init__(self, spec: ModelSpec, stages: Stages) -> None:
         self.spec = spec
         self.stages = stages
-        self.stream_decoding = stream_decoding
 
     def run(
         self,
@@ -316,16 +315,17 @@ class Pipeline:
         """How this request's segments become samples. The stream decoder's state is reset before and after
         the request, however it ends (cancelled, failed, or its stream dropped unfinished), so no request
         starts from another's."""
+        stateful = self.stages.stream_decoding
         if not streaming:
             yield OfflineDecoding(codec)
-        elif self.stream_decoding is None:
+        elif stateful is None:
             yield WindowedStreamDecoding(codec, audio.left_context_frames)
         else:
-            self.stream_decoding.reset()
+            stateful.reset()
             try:
-                yield self.stream_decoding
+                yield stateful
             finally:
-                self.stream_decoding.reset()
+                stateful.reset()
 
     def _frames(
         self,
