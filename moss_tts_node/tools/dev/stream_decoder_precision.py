@@ -26,6 +26,7 @@ import numpy as np
 
 from moss_tts_node.codec.base import CODEBOOK_SIZE, AudioCodec
 from moss_tts_node.codec.stream_decoder import StreamDecoder
+from moss_tts_node.tools.dev.codec_fidelity import snr_db
 from moss_tts_node.tools.prepare.stream_decoder_build import write_graph
 from moss_tts_node.tools.prepare.stream_decoder_layers import WeightPrecision
 
@@ -54,11 +55,6 @@ GROUPS = [
     ),
     ("all", r".*"),
 ]
-
-
-def snr_db(reference: np.ndarray, audio: np.ndarray) -> float:
-    error = np.sum(np.square(audio.astype(np.float64) - reference))
-    return float("inf") if error == 0 else float(10 * np.log10(np.sum(np.square(reference.astype(np.float64))) / error))
 
 
 def _decode(graph: Path, codes: np.ndarray, chunk: int, threads: int) -> np.ndarray:
@@ -105,7 +101,7 @@ def main() -> None:
         finally:
             _remove(variant)
         for chunk, audio in streams.items():
-            print(f"  chunk {chunk:2d}: {snr_db(reference, audio):6.1f} dB against the float32 offline decode")
+            print(f"  chunk {chunk:2d}: {snr_db(audio, reference):6.1f} dB against the float32 offline decode")
         spread = max(float(np.abs(streams[chunk] - streams[25]).max()) for chunk in (1, 5))
         print(f"  largest difference between chunkings: {spread:.2e}")
         return
@@ -118,7 +114,7 @@ def main() -> None:
             audio = _decode(_build(args.checkpoint, variant, pattern, args.block), codes, frames, args.threads)
         finally:
             _remove(variant)
-        noise[label] = snr_db(reference, audio)
+        noise[label] = snr_db(audio, reference)
         print(f"  {label:24s} {noise[label]:6.1f} dB   ({time.perf_counter() - began:.0f} s)", flush=True)
     parts = [label for label in noise if label != "all" and not label.startswith("stage 0 layers")]
     if parts:
