@@ -375,6 +375,19 @@ def test_find_never_opens_a_file(
     assert opened == []
 
 
+def test_without_a_voice_directory_a_path_is_not_even_resolved(
+    synth: Synthesizer, demo_config: Path, voice_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Remote paths are off by default: a node whose voices are only named files reads no link for a path."""
+    voices = library(synth, demo_config, files=[str(voice_dir / "nurse.npy")])
+    resolved: list[str] = []
+    monkeypatch.setattr(os.path, "realpath", lambda path, *args, **kwargs: resolved.append(path) or path)
+    for value in ("/etc/passwd", str(voice_dir / "nurse.npy"), "../../etc/shadow"):
+        with pytest.raises(RequestError, match="not a voice of this node"):
+            voices.find(value)
+    assert resolved == [] and voices.find("nurse").name == "nurse"
+
+
 # -- fuzzing the API's checks ------------------------------------------------------------------------------------
 
 # RTL marks, a zero-width space, controls, lone surrogates, emoji, CJK punctuation, brackets, a letter, breaks

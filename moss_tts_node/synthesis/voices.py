@@ -209,7 +209,9 @@ class VoiceLibrary:
         the machine.
         """
         voice = self._voices.get(value)
-        if voice is None and "/" in value and len(value) <= _MAX_PATH_CHARS:
+        # Resolving reads links on the way (lstat, readlink): done only where a voice directory makes a path
+        # a possible voice, so a node without one touches nothing of its file system for a request.
+        if voice is None and self._by_path and "/" in value and len(value) <= _MAX_PATH_CHARS:
             try:
                 voice = self._by_path.get(Path(os.path.realpath(value)))
             except (OSError, ValueError):  # a NUL byte, a loop of links
