@@ -81,6 +81,18 @@ def test_an_idle_stream_is_closed_and_spoken_and_an_ended_request_drops_its_late
     assert streams.open_count == 0 and line.text("busy") == ("Still going", False)
 
 
+def test_empty_chunks_do_not_keep_a_stream_open() -> None:
+    """A client that sends only empty chunks adds nothing to the stream's characters: were they signs of life, it
+    could hold its stream, and the line behind it, open for ever."""
+    line = Line()
+    streams = TextStreams(line.start)
+    streams.receive(chunk("held", "Hello"), LIMITS, now=0.0)
+    for second in range(1, 5):
+        streams.receive(chunk("held"), LIMITS, now=float(second))
+    assert streams.expire(LIMITS, now=5.0) == ["held"]
+    assert line.text("held") == ("Hello", True)
+
+
 @pytest.mark.parametrize(
     ("stream_id", "text", "reason"),
     [

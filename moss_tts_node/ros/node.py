@@ -95,7 +95,7 @@ from moss_tts_node.ros.queue import Outcome, Rejected, RequestQueue, State, Tick
 from moss_tts_node.ros.text_stream import ChunkDropped, StreamRefused, TextStreams
 from moss_tts_node.ros.voices import requested_voice, voice_infos
 from moss_tts_node.synthesis.feed import TextFeed
-from moss_tts_node.synthesis.request import SpeechRequest
+from moss_tts_node.synthesis.request import SpeechRequest, check_request
 from moss_tts_node.synthesis.results import AudioStream
 from moss_tts_node.synthesizer import Synthesizer
 from moss_tts_node.timing import TimingReport
@@ -463,6 +463,7 @@ class TtsNode(LifecycleNode):
             settings, queue = self._settings, self._queue
             assert settings is not None and queue is not None  # set before the model was lent and the node served
             speech = request(synth)
+            check_request(speech, settings.config.limits)  # bounded before its language is looked up and quoted
             settings.check_language(speech.language)
             cancel = threading.Event()
             if feed is None:

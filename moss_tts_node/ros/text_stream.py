@@ -150,6 +150,8 @@ class TextStreams:
             self._append(stream_id, stream, chunk, now)
 
     def _append(self, stream_id: str, stream: _Open, chunk: TextChunk, now: float) -> None:
+        if not chunk.text and not chunk.final:
+            return  # no text: not a sign of life, or a client could hold its stream (and the line) open for ever
         stream.feed.put(chunk.text)
         stream.chars += len(chunk.text)
         stream.last_chunk = now
