@@ -18,6 +18,7 @@ from moss_tts_node.llama.backbone import Backbone
 from moss_tts_node.model.rates import SAMPLE_RATE, SAMPLES_PER_FRAME, frames_for_seconds
 from moss_tts_node.synthesizer import Synthesizer
 from moss_tts_node.text.prompt import PromptFields
+from moss_tts_node.tools.dev.codec_fidelity import snr_db
 
 LONG_TEXT = (
     "The robot walks to the door. It opens the door slowly! Then it says hello to everyone in the room. "
@@ -103,10 +104,6 @@ def test_streaming_with_a_left_context_longer_than_the_limit_stays_within_it(dem
     audio = np.concatenate([piece for piece in pieces if piece is not None])
     np.testing.assert_allclose(audio, counting_codec(demo_codec, None).decode(codes), atol=1e-6)
     assert max(codec.calls) <= 6
-
-
-def snr_db(signal: np.ndarray, reference: np.ndarray) -> float:
-    return float(10 * np.log10(np.sum(np.square(reference, dtype=np.float64)) / np.sum(np.square(signal - reference))))
 
 
 def test_codec_tiny_windows_overlapping_by_the_chosen_spans_stay_close_to_one_call(codec_tiny_dir: Path) -> None:
