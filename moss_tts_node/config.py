@@ -143,7 +143,7 @@ class AudioConfig:
     chunk_frames: int = _option(
         5,
         "Frames (80 ms each) per streamed chunk after the first (always one frame, right after step 32): "
-        'smaller arrives more evenly, costs more codec calls (README "Streaming": the trade-off).',
+        'smaller arrives more evenly, costs more codec calls (docs/stream-decoder.md, "Streaming": the trade-off).',
         min=1,
         max=500,
         per_request=True,
@@ -162,7 +162,7 @@ class AudioConfig:
         "exists: each chunk decodes only its new frames, as the offline decode; else re-decoding with "
         "left_context_frames), off (always re-decode), or a path to a stream decoder graph. It runs in ONNX Runtime "
         "on the CPU whatever the backend; where one is loaded, whole utterances decode on it too and decoder.onnx "
-        'is not loaded (README "Streaming").',
+        'is not loaded (docs/stream-decoder.md, "Streaming").',
         path=True,
         keywords=STREAM_DECODER_MODES,
     )
@@ -210,14 +210,14 @@ class GenerationConfig:
     language: str = _option(
         "",
         "Default language: a code (en, zh, ...) or English name (French, ...) of the model's languages, in any "
-        'letter case (README "Languages"); empty prints None in the prompt.',
+        'letter case (docs/usage.md, "Languages"); empty prints None in the prompt.',
         per_request=True,
     )
     pause_markers: str = _option(
         "auto",
         "What a [pause X.Ys] in the text means: model (the model makes the pause; v1.5), silence (exactly that "
         "much silence between the speech around it), text (plain text), or auto (model for a checkpoint converted "
-        'from v1.5, else silence) (README "Pause markers").',
+        'from v1.5, else silence) (docs/usage.md, "Pause markers").',
         choices=PAUSE_MARKER_MODES,
         per_request=True,
     )
@@ -233,7 +233,7 @@ class GenerationConfig:
 
 @dataclass(frozen=True)
 class LimitsConfig:
-    """What one request may ask for, checked before any heavy work (README "Security")."""
+    """What one request may ask for, checked before any heavy work (docs/security.md, "Request checks")."""
 
     max_text_chars: int = _option(
         2000,
@@ -260,7 +260,7 @@ class VoicesConfig:
     files: tuple[str, ...] = _option(
         (),
         "Voices by name: WAV/FLAC/OGG clips or .npy codes from encode-voice, each named by its file name "
-        'without the extension (README "Voices").',
+        'without the extension (docs/usage.md, "Voices").',
         path=True,
     )
     directories: tuple[str, ...] = _option(

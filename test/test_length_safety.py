@@ -110,7 +110,7 @@ def test_codec_tiny_windows_overlapping_by_the_chosen_spans_stay_close_to_one_ca
     """The real architecture's stacked attention reaches past any overlap: the error is measured, not zero.
 
     codec-tiny's span is 10 frames; windows of the overlap plus 4 spans, as ``codec-fidelity``
-    measures them (README "Long audio: windows": 41.7 dB, 7.4e-4 on a peak of 1.1e-2).
+    measures them (docs/stream-decoder.md, "Long audio: windows": 41.7 dB, 7.4e-4 on a peak of 1.1e-2).
     """
     paths = (codec_tiny_dir / "encoder.onnx", codec_tiny_dir / "decoder.onnx")
     windowed = counting_codec(paths, None)

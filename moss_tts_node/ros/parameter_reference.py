@@ -85,7 +85,7 @@ def _number(option: Option, value: float) -> str:
 
 
 def _changes(option: Option) -> str:
-    """When the node takes a new value (README "ROS 2 node")."""
+    """When the node takes a new value (docs/ros.md, "Parameters")."""
     if read_only(option):
         return "never (read-only)"
     return "while unconfigured" if load_time(option) else "in any state"
