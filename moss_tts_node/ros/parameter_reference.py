@@ -51,7 +51,7 @@ def render(page: str) -> str:
         start, stop = page.find(begin), page.find(end)
         if start < 0 or stop < start:
             raise ValueError(f"{PAGE.name} has no place for the {name}: put the lines {begin!r} and {end!r} there")
-        page = f"{page[: start + len(begin)]}\n{table(options)}{page[stop:]}"
+        page = f"{page[: start + len(begin)]}\n\n{table(options)}\n{page[stop:]}"  # blank lines keep it a table
     return page
 
 
