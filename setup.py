@@ -18,7 +18,7 @@ setup(
         (f"share/{PACKAGE}", ["package.xml"]),
         (f"share/{PACKAGE}/config", glob("config/*.yaml")),
         (f"share/{PACKAGE}/launch", glob("launch/*.launch.py")),
-        # SROS2 access control of the node, the player and its clients (README "Security").
+        # SROS2 access control of the node, the player and its clients (docs/security.md, "SROS2").
         (f"share/{PACKAGE}/policies", glob("policies/*.policy.xml")),
         # The C bridge, compiled on first use; moss_tts_node.llama.bridge.INSTALLED_SOURCES finds it here.
         (f"share/{PACKAGE}/bridge", glob("bridge/*.[ch]")),

@@ -10,7 +10,7 @@ or jetson_orin_nx_8gb (edit their model paths, or copy one and pass it as params
 read here and handed to the node as a dict, so its ``moss_tts_node:`` section applies in any namespace
 and its relative paths are taken from the file's folder, as with the CLI.
 
-The node is a lifecycle node (README "Lifecycle"), started as launch_ros's ``LifecycleNode``, so launch files
+The node is a lifecycle node (docs/ros.md, "Lifecycle"), started as launch_ros's ``LifecycleNode``, so launch files
 that include this one can follow its transitions and ask for them. By default it configures and activates itself
 (its ``autostart`` parameter); ``autostart:=false`` leaves it unconfigured, for a lifecycle manager (nav2's
 ``lifecycle_manager``) to bring up.

@@ -105,13 +105,20 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class LlamaConfig:
-    n_ctx: int = _option(4096, "Context length in rows: prompt plus generated steps.", min=64, max=131072)
+    n_ctx: int = _option(
+        4096,
+        "Context length in rows: prompt plus generated steps. llama.cpp rounds it up to a multiple of 256.",
+        min=64,
+        max=131072,
+    )
     n_batch: int = _option(512, "Rows per llama.cpp batch during prefill (capped at n_ctx).", min=1, max=131072)
     n_threads: int = _option(0, "llama.cpp CPU threads; 0 uses every core.", min=0, max=1024)
     n_gpu_layers: int = _option(-1, "Layers offloaded to the GPU: -1 all, 0 CPU only.", min=-1, max=100000)
     kv_cache_type_k: str = _option("f16", "KV cache type of keys.", choices=KV_CACHE_TYPES)
     kv_cache_type_v: str = _option(
-        "f16", "KV cache type of values (quantized needs flash_attn).", choices=KV_CACHE_TYPES
+        "f16",
+        "KV cache type of values; a quantized one needs flash attention (flash_attn auto or on).",
+        choices=KV_CACHE_TYPES,
     )
     flash_attn: str = _option("auto", "Flash attention: auto, on or off.", choices=FLASH_ATTN_MODES)
 
@@ -136,7 +143,7 @@ class AudioConfig:
     chunk_frames: int = _option(
         5,
         "Frames (80 ms each) per streamed chunk after the first (always one frame, right after step 32): "
-        'smaller arrives more evenly, costs more codec calls (README "Streaming": the trade-off).',
+        'smaller arrives more evenly, costs more codec calls (docs/stream-decoder.md, "Streaming": the trade-off).',
         min=1,
         max=500,
         per_request=True,
@@ -155,7 +162,7 @@ class AudioConfig:
         "exists: each chunk decodes only its new frames, as the offline decode; else re-decoding with "
         "left_context_frames), off (always re-decode), or a path to a stream decoder graph. It runs in ONNX Runtime "
         "on the CPU whatever the backend; where one is loaded, whole utterances decode on it too and decoder.onnx "
-        'is not loaded (README "Streaming").',
+        'is not loaded (docs/stream-decoder.md, "Streaming").',
         path=True,
         keywords=STREAM_DECODER_MODES,
     )
@@ -171,12 +178,12 @@ class AudioConfig:
 @dataclass(frozen=True)
 class SamplingConfig:
     text_temperature: float = _option(
-        1.5, "Text channel temperature; <= 0 is greedy.", min=0.0, max=100.0, per_request=True
+        1.5, "Text channel temperature; 0 is greedy.", min=0.0, max=100.0, per_request=True
     )
     text_top_k: int = _option(50, "Text channel top-k; 0 disables.", min=0, max=1000000, per_request=True)
     text_top_p: float = _option(1.0, "Text channel top-p.", min=0.0, max=1.0, per_request=True)
     audio_temperature: float = _option(
-        1.7, "Audio channels temperature; <= 0 is greedy.", min=0.0, max=100.0, per_request=True
+        1.7, "Audio channels temperature; 0 is greedy.", min=0.0, max=100.0, per_request=True
     )
     audio_top_k: int = _option(25, "Audio channels top-k; 0 disables.", min=0, max=1025, per_request=True)
     audio_top_p: float = _option(0.8, "Audio channels top-p.", min=0.0, max=1.0, per_request=True)
@@ -202,28 +209,31 @@ class GenerationConfig:
     )
     language: str = _option(
         "",
-        'Default language: one of the 31 codes (en, zh, ...) or its English name (README "Languages"); empty '
-        "prints None in the prompt.",
+        "Default language: a code (en, zh, ...) or English name (French, ...) of the model's languages, in any "
+        'letter case (docs/usage.md, "Languages"); empty prints None in the prompt.',
         per_request=True,
     )
     pause_markers: str = _option(
         "auto",
         "What a [pause X.Ys] in the text means: model (the model makes the pause; v1.5), silence (exactly that "
         "much silence between the speech around it), text (plain text), or auto (model for a checkpoint converted "
-        'from v1.5, else silence) (README "Pause markers").',
+        'from v1.5, else silence) (docs/usage.md, "Pause markers").',
         choices=PAUSE_MARKER_MODES,
         per_request=True,
     )
     instruction: str = _option("", "Default style instruction; empty prints None.", per_request=True)
     quality: str = _option("", "Default quality field of the prompt; empty prints None.", per_request=True)
     reference_audio: str = _option(
-        "", "Default voice: a WAV/FLAC clip or a .npy of codes from encode-voice; empty for none.", path=True
+        "",
+        "Default voice: a WAV/FLAC clip or a .npy of codes from encode-voice; empty for none. It is one of the "
+        "voices too, named by its file name without the extension.",
+        path=True,
     )
 
 
 @dataclass(frozen=True)
 class LimitsConfig:
-    """What one request may ask for, checked before any heavy work (README "Security")."""
+    """What one request may ask for, checked before any heavy work (docs/security.md, "Request checks")."""
 
     max_text_chars: int = _option(
         2000,
@@ -250,7 +260,7 @@ class VoicesConfig:
     files: tuple[str, ...] = _option(
         (),
         "Voices by name: WAV/FLAC/OGG clips or .npy codes from encode-voice, each named by its file name "
-        "without the extension.",
+        'without the extension (docs/usage.md, "Voices").',
         path=True,
     )
     directories: tuple[str, ...] = _option(

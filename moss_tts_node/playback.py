@@ -29,7 +29,8 @@ import numpy as np
 
 from moss_tts_node.errors import PlaybackError
 
-DEFAULT_PREBUFFER_S = 0.3  # covers the one-frame first chunk and the 0.4 s one after it (README "Speed")
+# Covers the one-frame first chunk and the 0.4 s one after it (docs/stream-decoder.md, "Streaming").
+DEFAULT_PREBUFFER_S = 0.3
 DEVICE_LATENCY_S = 0.1  # the device's buffer: room for the player thread to be late on a busy machine
 BLOCK_S = 0.02  # what the player thread writes at a time: a cancel waits for at most one block
 ENDED_MEMORY = 64  # ended utterances remembered, so a straggling chunk of one is refused, not replayed

@@ -138,8 +138,8 @@ class Synthesizer:
         speech would not fit the context (or one codec window) is split at sentence boundaries and
         spoken piece by piece in the same stream. ``max_new_tokens`` applies to each piece and is
         clamped to what n_ctx leaves after its prompt; a prompt that leaves no room for one frame is
-        refused. A ``[pause X.Ys]`` in the text means what ``generation.pause_markers`` says (README "Pause
-        markers"); rendered as silence, it arrives in the stream in chunks like speech.
+        refused. A ``[pause X.Ys]`` in the text means what ``generation.pause_markers`` says (docs/usage.md,
+        "Pause markers"); rendered as silence, it arrives in the stream in chunks like speech.
 
         ``config`` holds the settings the request runs with (the keys the schema marks per-request:
         generation defaults, sampling, audio chunking, limits), by default ``self.config`` now: they are read

@@ -134,7 +134,7 @@ class TimingReport:
             [
                 f"warning            the codec streams at {codec_rtf}x real time on this machine: playback will "
                 "stall; raise audio.chunk_frames, and with the windowed scheme lower audio.left_context_frames or "
-                'build a stream decoder (README "Streaming")'
+                'build a stream decoder (docs/stream-decoder.md, "Building a stream decoder")'
             ]
             if self.codec_stalls
             else []

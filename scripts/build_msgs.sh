@@ -9,7 +9,7 @@
 #   ../shared/ros-interfaces/ when that tarball is there (apt ROS releases have it; PyPI has no wheel of it).
 #
 # Each package's ~45 s build is skipped when the installed copy was built from the same sources and imports.
-# With an apt ROS install, build moss_tts_msgs with colcon instead (see README.md).
+# With an apt ROS install, build moss_tts_msgs with colcon instead (docs/install.md, "ROS 2").
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from moss_tts_node.model.spec import ModelSpec
+from moss_tts_node.tools.dev.codec_fidelity import snr_db
 from moss_tts_node.tools.dev.demo_codec import write_demo_codec
 from moss_tts_node.tools.dev.demo_weights import write_demo_weights
 
@@ -225,8 +226,7 @@ class NullSink:
         aligned = np.zeros_like(reference)
         part = captured[lag : lag + reference.size]
         aligned[: part.size] = part
-        error = np.sum((reference.astype(np.float64) - aligned) ** 2)
-        return float(10 * np.log10(np.sum(reference.astype(np.float64) ** 2) / max(error, 1e-20)))
+        return snr_db(aligned, reference)
 
     def close(self) -> None:
         if self._server.poll() is None:

@@ -73,7 +73,7 @@ def test_table_has_a_column_per_run() -> None:
         "ttfa_bound_ms": 14500.0,
         "rtf": 3.0,
         "rtf_steady": 2.1,
-        "peak_rss_bytes": 6e9,
+        "peak_rss_mib": 5722.0,
         "rss_budget_bytes": 7e9,
         "load_before": [0.1, 0.2, 0.3],
         "load_after": [2.0, 1.0, 0.5],

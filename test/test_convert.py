@@ -413,7 +413,7 @@ V1_0_CARD = (
 def _v1_5_shaped(config: dict[str, object], layers: int) -> dict[str, object]:
     """``config`` with what upstream's v1.5 config.json may hold besides the keys the converter reads: a
     transformers 5 save of ``MossTTSDelayConfig`` (OpenMOSS/MOSS-TTS, configuration_moss_tts.py) around a Qwen3Config.
-    The file itself is not readable here (README "MOSS-TTS-v1.5" says what that leaves open)."""
+    The file itself is not readable here (docs/model.md, "MOSS-TTS-v1.5", says what that leaves open)."""
     language = {
         **config["language_config"],  # type: ignore[dict-item]
         "attention_dropout": 0.0,

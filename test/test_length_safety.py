@@ -18,6 +18,7 @@ from moss_tts_node.llama.backbone import Backbone
 from moss_tts_node.model.rates import SAMPLE_RATE, SAMPLES_PER_FRAME, frames_for_seconds
 from moss_tts_node.synthesizer import Synthesizer
 from moss_tts_node.text.prompt import PromptFields
+from moss_tts_node.tools.dev.codec_fidelity import snr_db
 
 LONG_TEXT = (
     "The robot walks to the door. It opens the door slowly! Then it says hello to everyone in the room. "
@@ -105,15 +106,11 @@ def test_streaming_with_a_left_context_longer_than_the_limit_stays_within_it(dem
     assert max(codec.calls) <= 6
 
 
-def snr_db(signal: np.ndarray, reference: np.ndarray) -> float:
-    return float(10 * np.log10(np.sum(np.square(reference, dtype=np.float64)) / np.sum(np.square(signal - reference))))
-
-
 def test_codec_tiny_windows_overlapping_by_the_chosen_spans_stay_close_to_one_call(codec_tiny_dir: Path) -> None:
     """The real architecture's stacked attention reaches past any overlap: the error is measured, not zero.
 
     codec-tiny's span is 10 frames; windows of the overlap plus 4 spans, as ``codec-fidelity``
-    measures them (README "Long audio: windows": 41.7 dB, 7.4e-4 on a peak of 1.1e-2).
+    measures them (docs/stream-decoder.md, "Long audio: windows": 41.7 dB, 7.4e-4 on a peak of 1.1e-2).
     """
     paths = (codec_tiny_dir / "encoder.onnx", codec_tiny_dir / "decoder.onnx")
     windowed = counting_codec(paths, None)

@@ -1,5 +1,5 @@
 """What a request is checked for before any heavy work, the voice library, and the bound on a request's audio:
-the core's half of README "Security" (the node's half is in test_ros_security.py)."""
+the core's half of docs/security.md, "Request checks" (the node's half is in test_ros_security.py)."""
 
 from __future__ import annotations
 

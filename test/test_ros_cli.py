@@ -1,7 +1,8 @@
-"""README's ROS 2 route, run as a user would: colcon builds a workspace (plain and --symlink-install), and the
-real ``ros2`` command line talks to the node started from that install space.
+"""The ROS 2 route of docs/install.md, run as a user would: colcon builds a workspace (plain and
+--symlink-install), and the real ``ros2`` command line talks to the node started from that install space.
 
-Every command a user types here is a line of README.md (checked first), with README's placeholders
+Every command a user types here is a line of the user's docs (README.md, docs/install.md, docs/ros.md: checked
+first), with their placeholders
 (``/path/to/...``) replaced by this run's files. The ``ros2`` CLI, launch and launch_ros are not on PyPI:
 ``make test`` installs them from ``../shared/ros2cli/`` when that folder is there, else these tests skip.
 ``source /opt/ros/<distro>/setup.bash`` is stood in for by the venv's bin on PATH and AMENT_PREFIX_PATH.
@@ -25,14 +26,15 @@ from ros_helpers import require_ros
 from ros_helpers.netns import READY_LINE, UNCONFIGURED_LINE, LoopbackNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text()
+# Where README sends a user for the install route and the node.
+USER_DOCS = {page: (ROOT / page).read_text() for page in ("README.md", "docs/install.md", "docs/ros.md")}
 PARAMS_PLACEHOLDER = "/path/to/my.yaml"
 CONFIG_PLACEHOLDER = "/path/to/config.yaml"
 COPY_IGNORE = shutil.ignore_patterns(
     ".git", ".venv*", "build", "install", "log", "demo_weights", "__pycache__", "*.egg-info", ".*_cache"
 )
 
-# What README tells a user to type, in the order used here.
+# What the docs tell a user to type, in the order used here.
 BUILD = "python3 -m colcon build"
 BUILD_SYMLINK = "python3 -m colcon build --symlink-install"
 LINK_MSGS = "ln -s moss_tts_node/moss_tts_msgs src/moss_tts_msgs"
@@ -71,9 +73,9 @@ USER_COMMANDS = (
 )
 
 
-def test_every_command_run_here_is_in_the_readme() -> None:
-    missing = [command for command in USER_COMMANDS if command not in README]
-    assert not missing, f"README.md does not give these commands as the tests run them: {missing}"
+def test_every_command_run_here_is_in_the_docs() -> None:
+    missing = [command for command in USER_COMMANDS if not any(command in text for text in USER_DOCS.values())]
+    assert not missing, f"{', '.join(USER_DOCS)} do not give these commands as the tests run them: {missing}"
 
 
 def require_ros2_cli() -> None:
@@ -87,7 +89,7 @@ def require_ros2_cli() -> None:
 
 
 class Workspace:
-    """A colcon workspace holding a copy of this repository, as README's clone gives, with a user's shell."""
+    """A colcon workspace holding a copy of this repository, as the docs' clone gives, with a user's shell."""
 
     def __init__(self, root: Path, netns: LoopbackNamespace) -> None:
         self.root = root
@@ -187,7 +189,7 @@ class Launch:
 
 @pytest.fixture(scope="module")
 def user_files(demo_config: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """README's placeholders -> the demo model's config and a node params file for it (one llama thread)."""
+    """The docs' placeholders -> the demo model's config and a node params file for it (one llama thread)."""
     from moss_tts_node.config import flatten, load_config, write_params_file
 
     values: dict[str, Any] = dict(flatten(load_config(demo_config))) | {"llama.n_threads": 1}

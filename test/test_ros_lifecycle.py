@@ -1,7 +1,7 @@
-"""moss_tts_node as a lifecycle node over real DDS (README "Lifecycle"), on the demo model: every transition with the
-real ``ros2 lifecycle`` command line, requests in each state, a deactivate while speaking with requests waiting,
-cleanup and configure again, a failed configure recovered, the memory a cleanup gives back over 20 cycles, and the
-player across a deactivate. The node, its clients and the ``ros2`` commands run in a loopback-only network
+"""moss_tts_node as a lifecycle node over real DDS (docs/ros.md, "Lifecycle"), on the demo model: every transition
+with the real ``ros2 lifecycle`` command line, requests in each state, a deactivate while speaking with requests
+waiting, cleanup and configure again, a failed configure recovered, the memory a cleanup gives back over 20 cycles,
+and the player across a deactivate. The node, its clients and the ``ros2`` commands run in a loopback-only network
 namespace (ros_helpers/netns.py); each test starts a node of its own.
 """
 
@@ -47,22 +47,22 @@ UNCONFIGURED = (
 LONG = {"sampling.text_temperature": 0.0, "generation.max_new_tokens": 8000}
 UNMANAGED = ["-p", "autostart:=false"]
 
-# What README "Lifecycle" tells a user to type, as the tests run it.
+# What docs/ros.md, "Lifecycle", tells a user to type, as the tests run it.
 GET = "ros2 lifecycle get /moss_tts_node"
 LIST = "ros2 lifecycle list /moss_tts_node"
 SET = "ros2 lifecycle set /moss_tts_node {}"
 NODES = "ros2 lifecycle nodes"
 PARAM_SET_WEIGHTS = "ros2 param set /moss_tts_node model.weights_dir /path/to/MOSS-TTS-GGUF"
 SERVICE_CALL = "ros2 service call /moss_tts_node/synthesize moss_tts_msgs/srv/Synthesize \"{text: 'Hello'}\""
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+ROS_PAGE = (Path(__file__).resolve().parent.parent / "docs" / "ros.md").read_text()
 
 # After its last cleanup the node may hold this much more than before its first configure: the code that
 # configure loads once and a process cannot unload (ONNX Runtime, onnx and llama.cpp's libraries and Python
 # modules, 67 MiB measured), and no more; a model left loaded would hold its KV cache and buffers on top. (The
-# first cleanup can leave up to 20 MiB more, which the second takes back: README "Lifecycle".)
+# first cleanup can leave up to 20 MiB more, which the second takes back: docs/ros.md, "Lifecycle".)
 LOADED_CODE_MARGIN_KIB = 80 * 1024
 # Over the cycles, the mean after cleanup in the last quarter may exceed the second quarter's by this much at
-# most (the first quarter settles): a leak of 0.5 MiB a cycle fails it. README "Lifecycle" has the curve.
+# most (the first quarter settles): a leak of 0.5 MiB a cycle fails it. docs/ros.md, "Lifecycle", has the curve.
 CLEANUP_GROWTH_KIB = 4 * 1024
 CYCLES = 20
 
@@ -106,11 +106,11 @@ def ros2(netns: LoopbackNamespace, command: str, expected: str, timeout: float =
         time.sleep(0.5)
 
 
-def test_every_command_run_here_is_in_the_readme() -> None:
+def test_every_command_run_here_is_in_the_docs() -> None:
     commands = [GET, LIST, NODES, PARAM_SET_WEIGHTS, SERVICE_CALL]
     commands += [SET.format(t) for t in ("configure", "activate", "deactivate", "cleanup", "shutdown")]
-    missing = [command for command in commands if command not in README]
-    assert not missing, f"README.md does not give these commands as the tests run them: {missing}"
+    missing = [command for command in commands if command not in ROS_PAGE]
+    assert not missing, f"docs/ros.md does not give these commands as the tests run them: {missing}"
 
 
 def test_every_transition_with_the_ros2_lifecycle_command_line(netns: LoopbackNamespace, params_file: Path) -> None:
@@ -280,8 +280,8 @@ def test_cleanup_then_configure_again_speaks_the_same_audio_for_the_same_seed(
 def test_a_failed_configure_is_recovered_after_fixing_the_parameter(
     netns: LoopbackNamespace, params_file: Path, demo_config: Path
 ) -> None:
-    """README's route: configure fails with the reason in the log and in diagnostics, the process stays up, the
-    parameter is fixed with ros2 param set, and configure succeeds."""
+    """The route of docs/ros.md, "Lifecycle": configure fails with the reason in the log and in diagnostics, the
+    process stays up, the parameter is fixed with ros2 param set, and configure succeeds."""
     require_ros2_cli()
     node = start(netns, params_file, *UNMANAGED, "-p", "model.weights_dir:=/nonexistent")
     reason = "moss_tts_node parameters: 'model.weights_dir' directory not found: /nonexistent"

@@ -433,7 +433,7 @@ def test_a_burst_from_several_clients_is_served_first_come_first_served(
 SOAK_CYCLES = 42  # of 18 requests each
 # The soak fails if the node's resident memory over the last quarter of the requests averages more
 # than this above the second quarter's (the first quarter warms caches up and is left out): a leak of
-# 32 KiB kept per request would fail it. README "Requests" has the measured curve.
+# 32 KiB kept per request would fail it. docs/ros.md, "Requests", has the measured curve.
 SOAK_RSS_GROWTH_KIB = 8 * 1024
 
 
@@ -545,7 +545,7 @@ def test_interleaved_streams_are_each_one_request_in_line_order(netns: LoopbackN
 @contextmanager
 def node_with(params_file: Path, tmp_path: Path, *params: str) -> Iterator[tuple[LoopbackNamespace, NodeProcess]]:
     """A node of its own, in a namespace of its own, with parameters the module's node cannot take: the text
-    stream bounds are read-only (README "Security")."""
+    stream bounds are read-only (docs/security.md)."""
     ns = loopback_namespace(tmp_path)
     process = NodeProcess(ns, ["--params-file", str(params_file), "-p", "languages:=[en, zh]", *params])
     try:
@@ -626,7 +626,7 @@ def test_bad_chunks_are_refused_with_reasons_and_the_node_keeps_serving(params_f
     assert refused == 3
 
 
-# Run before README's relay: its rclpy.spin first waits until the node's subscription has matched the relay's
+# Run before the relay of docs/ros.md: its rclpy.spin first waits until the node's subscription has matched the relay's
 # publisher and says so. Seeing the publisher in the graph is not enough: chunks published before the match are
 # lost (volatile QoS), which a loaded machine showed.
 RELAY_MATCHED_PRELUDE = """
@@ -646,13 +646,13 @@ _rclpy.spin = _spin_once_matched
 """
 
 
-def test_the_readme_relay_speaks_an_llms_token_topic(
+def test_the_relay_of_the_docs_speaks_an_llms_token_topic(
     netns: LoopbackNamespace, node: NodeProcess, tmp_path: Path
 ) -> None:
-    """README's relay as it is written there, run as its own process: two replies, token by token, each ended by
-    an empty message, are two streams spoken to their final chunk."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    code = readme.split("**Relay from an LLM's token topic.**", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    """The relay of docs/ros.md as it is written there, run as its own process: two replies, token by token, each
+    ended by an empty message, are two streams spoken to their final chunk."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "ros.md").read_text()
+    code = page.split("**Relay from an LLM's token topic.**", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     script = tmp_path / "relay.py"
     script.write_text(RELAY_MATCHED_PRELUDE + code)
     relay = netns.popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)

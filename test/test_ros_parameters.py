@@ -34,8 +34,8 @@ from moss_tts_node.ros.parameters import (  # noqa: E402
 from moss_tts_node.ros.text_stream import StreamLimits  # noqa: E402
 
 SOURCE = "moss_tts_node parameters"
-# What README "ROS 2 node" promises may change in any state (`ros2 param set`); the rest but STARTUP is read when
-# the model loads, so it changes only while the node is unconfigured (README "Lifecycle").
+# What docs/ros.md, "Parameters", promises may change in any state (`ros2 param set`); the rest but STARTUP is read
+# when the model loads, so it changes only while the node is unconfigured (docs/ros.md, "Lifecycle").
 LIVE = {
     *(key for key in OPTIONS if key.startswith("sampling.")),
     *(key for key in OPTIONS if key.startswith("generation.") and key != "generation.reference_audio"),

@@ -1,4 +1,4 @@
-"""README "Security" over real DDS: what a client on the robot's network can and cannot make the node do.
+"""docs/security.md over real DDS: what a client on the robot's network can and cannot make the node do.
 
 The node and its clients are separate processes in one loopback-only network namespace, as in
 test_ros_node.py; the clients here (ros_helpers/security_client.py) probe the files of the machine, send

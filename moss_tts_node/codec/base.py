@@ -49,7 +49,7 @@ PUBLISHED_ATTENTION_SPAN_FRAMES = 125
 
 # Long audio is coded in windows that overlap by this many attention spans. The layers stack, so a
 # frame's receptive field is (layers x span) and no affordable window reaches it at full size; the
-# error of each overlap, measured on codec-tiny, is in README "Long audio: windows".
+# error of each overlap, measured on codec-tiny, is in docs/stream-decoder.md, "Long audio: windows".
 WINDOW_OVERLAP_SPANS = 5
 
 

@@ -45,7 +45,7 @@ FORMAT_VERSION = "1"
 # Metadata of graphs that limit the frames of one call (ring attention), with that limit.
 MAX_FRAMES_KEY = "max_frames_per_call"
 # Frames per call when a whole utterance decodes on the stream decoder: from about 10 on a frame costs no
-# less (README "Streaming"), while each call's attention scores grow with its frames squared.
+# less (docs/stream-decoder.md, "What it costs"), while each call's attention scores grow with its frames squared.
 WHOLE_DECODE_FRAMES_PER_CALL = 25
 
 

@@ -10,8 +10,8 @@ an audio segment (the frames between gaps) into samples, a chunk at a time, by a
 - ``WindowedStreamDecoding``: the codec graphs are stateless and the decoder is causal, so each
   chunk decodes ``left_context`` already-played frames plus the new ones and keeps only the new
   samples. The real codec's Transformer layers stack attention spans, so no affordable context
-  reaches the offline decode: the stream differs from it at every chunk (README "Streaming" has
-  the error per setting).
+  reaches the offline decode: the stream differs from it at every chunk (docs/stream-decoder.md, "The
+  windowed scheme", has the error per setting).
 - ``StatefulStreamDecoding``: a ``StreamDecoder`` keeps the codec's attention state between
   calls, so each chunk decodes only its new frames; with a "window" graph the stream equals the
   offline decode (docs/stream-decoder.md). Its state is the utterance's, reset at each segment's end.

@@ -7,18 +7,18 @@ The audio heads (32 x 1025 x H, read in full every step) run on one of three bac
   marks it), so they are quantized with the model, computed by llama.cpp's threads, and on the GPU when
   the layers are. The text head runs every step.
 - ``onnx``: one 8-bit block-quantized GEMV (ONNX Runtime ``MatMulNBits``, blocks of 32, 0.14 GB),
-  quantized at load from the float16 files; faster than float32 BLAS on a CPU (README, "Speed").
+  quantized at load from the float16 files; faster than float32 BLAS on a CPU (docs/speed.md, "The step loop").
 - ``numpy``: the exact path: float32 BLAS GEMV over the widened heads (0.54 GB at the real shape) laid
   out (H, rows), the orientation OpenBLAS streams fastest; only the channels sampled are computed.
 
 ``auto`` picks ``gguf`` when the GGUF carries the heads and llama.cpp offloads layers to a GPU, else
 ``onnx``: on a CPU, skipping the text head (below) and running 8-bit heads beats computing both in
-llama.cpp (``python -m moss_tts_node bench`` measures it; README, "Speed").
+llama.cpp (``python -m moss_tts_node bench`` measures it; docs/speed.md, "The step loop").
 
 Outside llama.cpp the text head is skipped on the steps that need no text logits, or only the two the
 audio phase can sample (``gen_slot``/``delay_slot``): those two are computed here from the hidden state,
 with the GGUF's own (dequantized) text-head rows. That saves the 155,648-row text head on every step of
-the audio phase (README, "Speed", has the figures).
+the audio phase (docs/speed.md, "The step loop", has the figures).
 """
 
 from __future__ import annotations
@@ -325,7 +325,7 @@ def load_audio_heads(
 
     ``threads``: the onnx heads' threads, 0 = every core (they run while llama.cpp's threads wait).
     ``auto`` takes the GGUF's heads only when llama.cpp runs layers on a GPU: on a CPU the text head
-    skip plus the 8-bit onnx heads is faster (README, "Speed"),
+    skip plus the 8-bit onnx heads is faster (docs/speed.md, "The step loop"),
     because the GGUF's heads cannot run without the whole text head.
     ``text_vocab`` of the result is the size of the GGUF's text vocabulary when it carries the heads.
     """

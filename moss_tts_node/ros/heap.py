@@ -4,7 +4,7 @@ Importing this module gives the process one glibc heap (``mallopt(M_ARENA_MAX, 1
 says otherwise), which takes effect only for the threads that do not exist yet: node.py imports it before
 anything else, because importing rclpy already starts threads with heaps of their own. With glibc's
 per-thread heaps, what the model allocated on the threads that load it and speak with it stays spread
-over heaps that ``malloc_trim`` gives back only in part: measured over configure / cleanup cycles (README
+over heaps that ``malloc_trim`` gives back only in part: measured over configure / cleanup cycles (docs/ros.md,
 "Lifecycle"), the memory left after cleanup wandered by up to 30 MiB and crept with a heap per thread, and
 stayed flat with one. One synthesis runs at a time, so threads hardly ever wait for the one heap (the same
 speed was measured). Elsewhere than glibc this module does nothing.

@@ -1,8 +1,9 @@
 """Where the node checks requests: one at a time, in the order they arrive, on a thread of its own.
 
 A request's check (its text cleaned, tokenized and planned into pieces) takes tens of milliseconds at
-``limits.max_text_chars`` (README "Security"), and the executor's callbacks that take requests share a
-callback group with the parameter services, the diagnostics timer or the goal cancels. So those callbacks
+``limits.max_text_chars`` (docs/security.md, "Nothing holds the executor"), and the executor's callbacks that
+take requests share a callback group with the parameter services, the diagnostics timer or the goal cancels. So
+those callbacks
 hand the check here and return; what waits for the verdict (a service call) waits on the returned future.
 One thread keeps the order of arrival, which is the order of the line (ros/queue.py). The checks waiting
 here are bounded too: beyond ``capacity`` a request is refused at once, with the reason.

@@ -1,4 +1,4 @@
-"""What the managed node does in each lifecycle state (README "Lifecycle"): which requests and parameter changes
+"""What the managed node does in each lifecycle state (docs/ros.md, "Lifecycle"): which requests and parameter changes
 it takes, why it refuses the others, and how the loaded model is shared until cleanup frees it.
 
 Pure (no node), so the rules are tested without a middleware (``test/test_ros_lifecycle_rules.py``); node.py

@@ -11,7 +11,7 @@
 - ``~/audio`` (moss_tts_msgs/AudioChunk): chunks as they are decoded (see ros/audio.py).
 - ``/diagnostics``: lifecycle state, readiness, queue depth, last real-time factor and time to first audio.
 
-A lifecycle node (README "Lifecycle"): configure loads the model and encodes its voices, activate serves,
+A lifecycle node (docs/ros.md, "Lifecycle"): configure loads the model and encodes its voices, activate serves,
 deactivate ends the requests in line, cleanup frees the model; ``autostart`` (default true) configures and
 activates at start-up. Every interface exists in every state, and what it refuses, and why, is
 ros/lifecycle.py's. This module is the wiring: parameters are declared and checked in ros/parameters.py (the
@@ -117,7 +117,8 @@ CLIENT_CANCEL = "canceled by the client"
 # execute callback waits for the mark, up to this bound (rclpy sets it a few statements after the return).
 CANCELING_MARK_WAIT_S = 1.0
 CANCELING_MARK_POLL_S = 0.001
-# Requests that may wait for their check (README "Security"): more than a burst of clients sends at once.
+# Requests that may wait for their check (docs/security.md, "Request checks"): more than a burst of clients sends
+# at once.
 CHECKS_WAITING = 32
 
 
@@ -444,7 +445,8 @@ class TtsNode(LifecycleNode):
         feed: TextFeed | None = None,
     ) -> Ticket[Job]:
         """Validate a request and put it in line; raises RequestError or Rejected with the reason. Runs on the
-        intake's thread: the check of a long text takes tens of milliseconds (README "Security").
+        intake's thread: the check of a long text takes tens of milliseconds (docs/security.md, "Nothing holds the
+        executor").
 
         A node that is not active refuses it (ros/lifecycle.py). ``stream()`` checks the request now
         (text, reference, room in the context) without generating, so a bad request never takes a turn,

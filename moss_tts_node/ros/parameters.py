@@ -4,7 +4,7 @@ Pure (no node), so every rule here is tested without a middleware (``test/test_r
 parameters are the config keys (``config.OPTIONS``: the same names, ranges and messages as a config file
 for the CLI) and the few in ``NODE_OPTIONS`` that only a node has.
 
-When a parameter may change (README "Lifecycle", "Security"):
+When a parameter may change (docs/ros.md, "Parameters"; docs/security.md):
 
 - a key marked ``per_request`` is read for each request (from the ``Settings`` it was accepted under), so
   it may change in any state;

@@ -41,7 +41,8 @@ def start_node(
         return make(), stop
     except failures as err:
         reason = str(err)
-    except _rclpy.RCLError as err:  # e.g. ROS_SECURITY_ENABLE with a DDS built without security (README "Security")
+    # e.g. ROS_SECURITY_ENABLE with a DDS built without security (docs/security.md, "SROS2")
+    except _rclpy.RCLError as err:
         reason = f"rcl could not create the node: {err}"
     rclpy.logging.get_logger(logger_name).error(f"{failure_prefix}{reason}")
     rclpy.try_shutdown()

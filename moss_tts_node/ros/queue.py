@@ -105,7 +105,7 @@ class RequestQueue(Generic[Job]):
     line is empty, and the worker makes the next waiting ticket current in the same step as it
     ends the previous one. So there is no ticket "taken by nobody yet" for ``submit`` to miscount.
 
-    The rules (README "Requests"):
+    The rules (docs/ros.md, "Requests"):
 
     - with policy ``queue``, a ticket is refused as full only when ``size`` tickets (more, after a
       spell of ``interrupt``) are already waiting behind the current one; ``size`` 0 means "speak

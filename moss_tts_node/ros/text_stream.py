@@ -1,5 +1,5 @@
 """``~/text_stream``: TextChunk messages assembled, by stream id, into requests whose text arrives in pieces
-(README, "Streamed text over ROS").
+(docs/ros.md, "Streamed text over ROS").
 
 Pure (no node): ``test/test_ros_text_stream.py`` checks every rule without a middleware. The node hands each
 message here from its subscription, and gives a ``start`` function that puts a new stream in its line of

@@ -2,7 +2,7 @@
 
 A request names a voice (its ``voice`` field, or ``reference_audio`` for clients older than that field); a
 value with a "/" is a path, used only when it resolves to a file of a voice directory, and nothing is ever
-opened for it (``VoiceLibrary.find``, README "Security"). The voices were encoded when the node was
+opened for it (``VoiceLibrary.find``, docs/security.md, "Request checks"). The voices were encoded when the node was
 configured.
 """
 

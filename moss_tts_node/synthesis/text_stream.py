@@ -1,5 +1,5 @@
-"""Text that arrives in fragments as the pieces of one request (``Synthesizer.stream_text``; README,
-"Streamed text").
+"""Text that arrives in fragments as the pieces of one request (``Synthesizer.stream_text``;
+docs/usage.md, "Streamed text").
 
 A producer puts fragments into a ``TextFeed`` (``synthesis/feed.py``) from its own thread. The synthesis
 thread, whenever it is ready for the next piece, takes what has arrived, cuts it into settled sentences
@@ -18,12 +18,12 @@ from moss_tts_node.text.cutter import TextCutter
 from moss_tts_node.text.pieces import Pause, Piece
 
 # A run without a sentence end is cut at a clause, else a word, once it passes this many text tokens
-# (README, "Streamed text"): about 24 English words or 45 Chinese characters, longer than most spoken
+# (docs/usage.md, "Streamed text"): about 24 English words or 45 Chinese characters, longer than most spoken
 # sentences, and 1 to 2 s of an LLM writing at 15 to 30 tokens per second before the run's first audio.
 RUN_TOKENS = 32
 # After the first sentence, a piece packs whole sentences until it has this many text tokens (at most
 # RUN_TOKENS): each piece costs the model 31 steps before its first frame is complete, and a sentence of a
-# few words speaks for little more than that (README, "Streamed text": measured).
+# few words speaks for little more than that (measured: docs/speed.md, "Streamed text").
 PACK_TOKENS = 24
 # Input silent this long closes the piece at its last word: many times an LLM's gap between tokens (30 to
 # 70 ms), so only a stall (a tool call, a slow server) cuts a sentence short.

@@ -4,7 +4,7 @@ and the library of named voices that the owner configures (``voices.*``), encode
 A voice is bounded before it is decoded: a clip's duration is read from its header, a .npy's shape from its
 header, and either is refused when longer than ``limits.max_reference_seconds`` or than the context leaves room
 for (``VoiceLimit``). What comes from an untrusted client (the ROS node) is looked up in the library, never
-opened: ``VoiceLibrary.find`` (README "Security").
+opened: ``VoiceLibrary.find`` (docs/security.md, "Request checks").
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ def language_tag(value: str) -> str:
     if spelling is None:
         raise ValueError(
             f"unknown language {value!r}: give one of the codes {', '.join(LANGUAGES)}, or its English name "
-            '(e.g. French); README "Languages" lists them'
+            '(e.g. French); docs/usage.md, "Languages", lists them'
         )
     return spelling
 

@@ -652,7 +652,7 @@ def run_soak(client: Client, args: dict[str, Any]) -> dict[str, Any]:
         soak.call(Synthesize.Request(text="Hello.", reference_audio="/nonexistent/voice.wav"), refusal=NOT_A_VOICE)
         soak.result(soak.send(Speak.Goal(text="Bonjour.", language="fr")), refusal="unknown language 'fr'")
         soak.result(soak.send(Speak.Goal(text="")), refusal="text is empty")
-        # Hostile and oversized (README "Security"): a megabyte of text, a probe of the machine's files,
+        # Hostile and oversized (docs/security.md): a megabyte of text, a probe of the machine's files,
         # nothing to say, a seed out of range, an escape through the voice field.
         soak.bad_text("🤖" * 5000)
         soak.call(Synthesize.Request(text="word " * 200_000), refusal="'limits.max_text_chars'")

@@ -1,7 +1,7 @@
 """``batch LIST --out DIR``: every line of a list synthesized into ``DIR/<id>.wav``, with one model load.
 
 Lists are Seed-TTS-eval style (``utt_id|prompt_text|prompt_wav|target_text``), JSONL or plain text
-(README "Batch synthesis"). The whole list is read and checked before the model loads; a bad line is
+(docs/usage.md, "Batch synthesis"). The whole list is read and checked before the model loads; a bad line is
 recorded in the summary and skipped. Each output is a whole utterance (``Synthesizer.synthesize``:
 the codec's offline decode) written under a temporary name and then renamed, so a ``DIR/<id>.wav``
 that exists is complete and a later run skips it (resume). Ctrl-C stops after the line under way.

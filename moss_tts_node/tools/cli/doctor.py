@@ -196,7 +196,10 @@ def _check_stream_decoder(config: Any, checks: list[Check]) -> None:
     elif config.audio.stream_decoder == "off":
         checks.append(Check("--", "stream decoder", f"audio.stream_decoder off: {windowed}"))
     else:
-        build = f'build {STREAM_DECODER_FILE} there with build-stream-decoder (README "Streaming")'
+        build = (
+            f"build {STREAM_DECODER_FILE} there with build-stream-decoder "
+            '(docs/stream-decoder.md, "Building a stream decoder")'
+        )
         where = config.model.codec_dir or "model.codec_dir (not set)"
         checks.append(Check("--", "stream decoder", f"none in {where}: {windowed}; {build}"))
 

@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     synth.add_argument("--reference", help="voice to clone: WAV/FLAC clip, or .npy codes from encode-voice")
     synth.add_argument(
-        "--language", help='one of the 31 language codes or English names of README "Languages", e.g. en, zh, French'
+        "--language", help='a language code or English name of docs/usage.md "Languages", e.g. en, zh, French'
     )
     synth.add_argument("--instruction", help="style instruction")
     synth.add_argument("--seed", type=int, help="random seed; the same seed gives the same audio")

@@ -13,7 +13,7 @@ reports:
   runs by default, and off, as the audio phase runs here; alternated in blocks of 10 steps);
 - overhead = (step - decode) / decode, time to first audio against the bound prefill + 33 steps + one
   chunk decode, real-time factor, and peak RSS against GGUF + fp16 embeddings and heads + KV + the resident
-  decode graph (its weights, and a stream decoder's attention caches) + 500 MB;
+  decode graph (its weights, and a stream decoder's attention caches) + 500 MiB;
 - prompt-prefix reuse: the same voice (``--voice-seconds`` of random reference codes) then speaks another
   text; its prefilled rows, prefill ms and time to first audio against the bound prefill(its new rows) +
   33 steps + one chunk decode, next to the first request's (which prefills its whole prompt).
@@ -36,15 +36,25 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from moss_tts_node.choices import HEADS_BACKENDS
 from moss_tts_node.errors import MossTTSError
 from moss_tts_node.model.layout import EMBEDDINGS_DIR, HEADS_DIR, audio_head_file
+from moss_tts_node.model.rates import FRAMES_PER_SECOND
+from moss_tts_node.model.spec import ModelSpec
+from moss_tts_node.timing import StageClock, TimingReport
+from moss_tts_node.tools.dev.resources import peak_rss_mib
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from moss_tts_node.synthesizer import Synthesizer
 
 BENCH_TEXT = "Hello! I am a robot, and this is my voice. It is a fine day to test speech synthesis on a small computer."
 REPEAT_TEXT = "The kitchen is on the left, past the blue door."  # the repeat request's: another text, same voice
 BUDGET_SLACK = 500 * 1024 * 1024
+FRAME_MS = 1000 / FRAMES_PER_SECOND  # the audio one step makes
 
 
 def register(commands: Any) -> None:
@@ -180,10 +190,10 @@ def _own_cpu_s() -> float:
 
 
 def worker(job: dict[str, Any]) -> dict[str, Any]:
-    """Measure one configuration (runs in the worker process)."""
+    """Measure one configuration (runs in the worker process): load, warm up, then each figure in turn."""
     import numpy as np
 
-    from moss_tts_node.config import backbone_path, load_config
+    from moss_tts_node.config import load_config
     from moss_tts_node.model.rates import frames_for_seconds
     from moss_tts_node.synthesizer import Synthesizer
 
@@ -192,92 +202,68 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     synth = Synthesizer(config)
     load_s = time.perf_counter() - started
+    spec = synth.spec
     voice_frames = frames_for_seconds(job["voice_seconds"])
-    voice = np.random.default_rng(job["seed"]).integers(0, synth.spec.audio_vocab_size, (voice_frames, synth.spec.n_vq))
+    voice = np.random.default_rng(job["seed"]).integers(0, spec.audio_vocab_size, (voice_frames, spec.n_vq))
     request = {"language": "en", "seed": job["seed"], "voice": voice if voice_frames else ""}
     list(synth.stream(job["text"], max_new_tokens=8, **request))  # warm-up: page in the weights
     with synth.stages.generation() as stage:
         stage.backbone.clear()  # the measured request is a first one: nothing of its prompt is in the KV cache
+        heads_backend, n_embd = stage.heads.name, stage.backbone.n_embd
+
     stream = synth.stream(job["text"], max_new_tokens=job["steps"], **request)
-    chunk_times = []
-    t0 = time.perf_counter()
-    for _ in stream:
-        chunk_times.append(time.perf_counter() - t0)
-    report, generated, prompt, clock = stream.report, stream.generated, stream.prompt, stream.clock
-    assert report is not None and generated is not None and clock is not None
-    peak_rss = _peak_rss()
-    # Per-step figures from the stream's own clock: medians show the typical step on a shared machine,
-    # where another process can take a core for a few hundred ms.
-    decode_s = [seconds for _, seconds in clock.calls["backbone"]]
-    step_starts = [start for start, _ in clock.calls["heads"]]
-    # the repeat request: same voice and fields, another text; its first frame needs 33 steps
-    repeat = synth.stream(REPEAT_TEXT, max_new_tokens=synth.spec.n_vq + 8, **request)
+    list(stream)
+    assert stream.report is not None and stream.clock is not None and stream.generated is not None
+    peak_rss = peak_rss_mib()  # the first request's peak, before the replays below load anything more
+    steps = step_figures(stream.report, stream.clock, spec)
+    repeat = synth.stream(REPEAT_TEXT, max_new_tokens=spec.n_vq + 8, **request)  # its first frame needs n_vq steps
     list(repeat)
     assert repeat.report is not None
-    steady = slice(40, None)  # past the ramp-up: every codebook sampled
-    step_median = 1000 * float(np.median(np.diff(step_starts)[steady])) if len(step_starts) > 50 else None
-    decode_median = 1000 * float(np.median(decode_s[steady])) if len(decode_s) > 50 else None
+    limit = backbone_limit(synth, stream.generated, stream.prompt, Path(job["workdir"]) / "prompt.npy")
+    chunk_ms = first_chunk_decode_ms(synth, stream.codes)
+    result = {
+        "label": job["label"],
+        "model": job["model"],
+        "heads_backend": heads_backend,
+        "n_embd": n_embd,
+        "threads": job["threads"],
+        "codec": "demo codec (tiny; the real codec costs more)" if job["demo_codec"] else "configured codec",
+        "load_s": load_s,
+        "voice_frames": voice_frames,
+        **steps,
+        **limit,
+        "vs_limit": steps["step_ms"] / limit["limit_ms"] - 1,
+        **first_audio_figures(stream.report, repeat.report, steps["step_ms"], chunk_ms, spec),
+        **memory_figures(synth, peak_rss),
+    }
+    synth.close()
+    return result
 
-    # the backbone-only limit: the same rows, decoded in a tight loop, text head on and off
-    with synth.stages.generation() as stage:
-        backbone, heads_name = stage.backbone, stage.heads.name
-        embeddings = stage.embeddings.embed(generated[:-1])
-        prompt_embeddings = stage.embeddings.embed(prompt)
-    np.save(Path(job["workdir"]) / "prompt.npy", prompt_embeddings)
-    # One replay, the text head on and off in alternate blocks of 10 steps (it changes nothing in the KV
-    # cache), so that both see the same machine: a shared machine drifts by ~10% from minute to minute.
-    backbone.clear()
-    backbone.prefill(prompt_embeddings)
-    times: dict[bool, list[float]] = {True: [], False: []}
-    for i, row in enumerate(embeddings):
-        text_head = (i // 10) % 2 == 0
-        t = time.perf_counter()
-        backbone.decode(row, text_logits=text_head)
-        times[text_head].append(time.perf_counter() - t)
-    limit = {k: 1000 * float(np.mean(v)) for k, v in times.items()}
-    limit_median = {k: 1000 * float(np.median(v)) for k, v in times.items()}
-    first_frame = stream.codes[:1] if stream.codes is not None and len(stream.codes) else None
-    chunk_ms = None
-    if first_frame is not None:
-        times = []
-        with synth.stages.decoder() as codec:
-            for _ in range(5):
-                t = time.perf_counter()
-                codec.decode(first_frame)
-                times.append(time.perf_counter() - t)
-        chunk_ms = 1000 * float(np.median(times))
+
+def step_figures(report: TimingReport, clock: StageClock, spec: ModelSpec) -> dict[str, Any]:
+    """Where a step's time goes: the report's means per step, and medians over the steady state from the
+    stream's own clock (a shared machine can take a core from one step for a few hundred ms)."""
+    import numpy as np
 
     steps = report.steps
-    loop_ms = report.wall_s * 1000 - report.prefill_ms
-    step_ms = loop_ms / steps
+    step_ms = (report.wall_s * 1000 - report.prefill_ms) / steps
     decode_ms, heads_ms, sampling_ms = (
         report.backbone_ms_per_step,
         report.heads_ms_per_step,
         report.sampling_ms_per_step,
     )
     codec_ms = report.codec_ms / steps
-    other_ms = step_ms - decode_ms - heads_ms - sampling_ms - codec_ms
-    gguf = backbone_path(config)
-    weights = Path(config.model.weights_dir)
-    fp16 = sum(p.stat().st_size for p in (weights / EMBEDDINGS_DIR).glob("*.npy"))
-    fp16 += sum((weights / HEADS_DIR / audio_head_file(k)).stat().st_size for k in range(synth.spec.n_vq))
-    kv = kv_cache_bytes(gguf, synth.n_ctx, config.llama.kv_cache_type_k, config.llama.kv_cache_type_v)
-    codec_bytes = decode_graph_bytes(synth)
-    budget = gguf.stat().st_size + fp16 + kv + codec_bytes + BUDGET_SLACK
-    ttfa_ms = None if report.time_to_first_audio_s is None else report.time_to_first_audio_s * 1000
-    ttfa_bound = report.prefill_ms + 33 * step_ms + (chunk_ms or 0.0)
-    repeat_ttfa_ms = None if repeat.report.time_to_first_audio_s is None else repeat.report.time_to_first_audio_s * 1000
-    result = {
-        "label": job["label"],
-        "model": job["model"],
-        "heads_backend": heads_name,
-        "gguf": gguf.name,
-        "gguf_bytes": gguf.stat().st_size,
-        "n_embd": backbone.n_embd,
-        "threads": job["threads"],
-        "codec": "demo codec (tiny; the real codec costs more)" if job["demo_codec"] else "configured codec",
-        "load_s": load_s,
+    decode_s = [seconds for _, seconds in clock.calls["backbone"]]
+    step_s = np.diff([start for start, _ in clock.calls["heads"]]).tolist()
+    steady_from = spec.n_vq + 8  # past the ramp-up, in which fewer codebooks are sampled
+
+    def steady_median_ms(seconds: list[float]) -> float | None:
+        return 1000 * float(np.median(seconds[steady_from:])) if len(seconds) >= steady_from + 10 else None
+
+    step_median, decode_median = steady_median_ms(step_s), steady_median_ms(decode_s)
+    return {
         "prompt_rows": report.prompt_rows,
+        "prefilled_rows": report.prefilled_rows,
         "steps": steps,
         "frames": report.frames,
         "stop_reason": report.stop_reason,
@@ -288,7 +274,7 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
         "heads_ms": heads_ms,
         "sampling_ms": sampling_ms,
         "codec_ms": codec_ms,
-        "other_ms": other_ms,
+        "other_ms": step_ms - decode_ms - heads_ms - sampling_ms - codec_ms,
         "overhead": (step_ms - decode_ms) / decode_ms,
         "step_median_ms": step_median,
         "decode_median_ms": decode_median,
@@ -296,32 +282,105 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
         if step_median is None or decode_median is None
         else (step_median - decode_median) / decode_median,
         "decode_max_ms": 1000 * max(decode_s) if decode_s else None,
-        "limit_ms": limit[True],
-        "limit_no_text_head_ms": limit[False],
-        "limit_median_ms": limit_median[True],
-        "limit_no_text_head_median_ms": limit_median[False],
-        "vs_limit": step_ms / limit[True] - 1,
-        "ttfa_ms": ttfa_ms,
-        "ttfa_bound_ms": ttfa_bound,
-        "voice_frames": voice_frames,
-        "prefilled_rows": report.prefilled_rows,
-        "repeat_prompt_rows": repeat.report.prompt_rows,
-        "repeat_prefilled_rows": repeat.report.prefilled_rows,
-        "repeat_prefill_ms": repeat.report.prefill_ms,
-        "repeat_ttfa_ms": repeat_ttfa_ms,
-        "repeat_ttfa_bound_ms": repeat.report.prefill_ms + 33 * step_ms + (chunk_ms or 0.0),
-        "first_chunk_decode_ms": chunk_ms,
         "rtf": report.real_time_factor,
-        "rtf_steady": step_ms / 80.0,
+        "rtf_steady": step_ms / FRAME_MS,
         "audio_s": report.audio_seconds,
-        "peak_rss_bytes": peak_rss,
-        "rss_budget_bytes": budget,
+    }
+
+
+def backbone_limit(
+    synth: Synthesizer, generated: np.ndarray, prompt: np.ndarray, prompt_file: Path
+) -> dict[str, float]:
+    """The backbone-only limit: llama.cpp decoding the request's rows again in a tight loop, its text head on
+    and off in alternate blocks of 10 steps (which changes nothing in the KV cache), so that both see the same
+    machine: a shared machine drifts by ~10% from minute to minute. The prompt's embeddings are saved to
+    ``prompt_file`` for ``prefill_compare``."""
+    import numpy as np
+
+    with synth.stages.generation() as stage:
+        backbone = stage.backbone
+        embeddings = stage.embeddings.embed(generated[:-1])
+        prompt_embeddings = stage.embeddings.embed(prompt)
+    np.save(prompt_file, prompt_embeddings)
+    backbone.clear()
+    backbone.prefill(prompt_embeddings)
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for i, row in enumerate(embeddings):
+        text_head = (i // 10) % 2 == 0
+        t = time.perf_counter()
+        backbone.decode(row, text_logits=text_head)
+        times[text_head].append(time.perf_counter() - t)
+    return {
+        "limit_ms": 1000 * float(np.mean(times[True])),
+        "limit_no_text_head_ms": 1000 * float(np.mean(times[False])),
+        "limit_median_ms": 1000 * float(np.median(times[True])),
+        "limit_no_text_head_median_ms": 1000 * float(np.median(times[False])),
+    }
+
+
+def first_chunk_decode_ms(synth: Synthesizer, codes: np.ndarray | None) -> float | None:
+    """The codec's time for the first chunk (one frame), median of 5; None when nothing was generated."""
+    import numpy as np
+
+    if codes is None or not len(codes):
+        return None
+    times = []
+    with synth.stages.decoder() as codec:
+        for _ in range(5):
+            t = time.perf_counter()
+            codec.decode(codes[:1])
+            times.append(time.perf_counter() - t)
+    return 1000 * float(np.median(times))
+
+
+def first_audio_bound_ms(prefill_ms: float, step_ms: float, chunk_ms: float | None, spec: ModelSpec) -> float:
+    """What a request's first audio should take at most: its prefill, n_vq + 1 steps (the rows up to frame 0's
+    last codebook, the delay pattern's, and one step of slack) and one chunk decode."""
+    return prefill_ms + (spec.n_vq + 1) * step_ms + (chunk_ms or 0.0)
+
+
+def first_audio_figures(
+    first: TimingReport, repeat: TimingReport, step_ms: float, chunk_ms: float | None, spec: ModelSpec
+) -> dict[str, Any]:
+    """Time to first audio of the first request (its whole prompt prefilled) and of the repeat request (the
+    same voice, another text: only its own rows prefilled), each against its bound."""
+
+    def ms(seconds: float | None) -> float | None:
+        return None if seconds is None else seconds * 1000
+
+    return {
+        "ttfa_ms": ms(first.time_to_first_audio_s),
+        "ttfa_bound_ms": first_audio_bound_ms(first.prefill_ms, step_ms, chunk_ms, spec),
+        "repeat_prompt_rows": repeat.prompt_rows,
+        "repeat_prefilled_rows": repeat.prefilled_rows,
+        "repeat_prefill_ms": repeat.prefill_ms,
+        "repeat_ttfa_ms": ms(repeat.time_to_first_audio_s),
+        "repeat_ttfa_bound_ms": first_audio_bound_ms(repeat.prefill_ms, step_ms, chunk_ms, spec),
+        "first_chunk_decode_ms": chunk_ms,
+    }
+
+
+def memory_figures(synth: Synthesizer, peak_rss: float) -> dict[str, Any]:
+    """Peak RSS against its budget: the GGUF, the fp16 embedding tables and audio heads, the KV cache, the
+    resident decode graph, and BUDGET_SLACK."""
+    from moss_tts_node.config import backbone_path
+
+    config = synth.config
+    gguf = backbone_path(config)
+    weights = Path(config.model.weights_dir)
+    fp16 = sum(p.stat().st_size for p in (weights / EMBEDDINGS_DIR).glob("*.npy"))
+    fp16 += sum((weights / HEADS_DIR / audio_head_file(k)).stat().st_size for k in range(synth.spec.n_vq))
+    kv = kv_cache_bytes(gguf, synth.n_ctx, config.llama.kv_cache_type_k, config.llama.kv_cache_type_v)
+    codec_bytes = decode_graph_bytes(synth)
+    return {
+        "gguf": gguf.name,
+        "gguf_bytes": gguf.stat().st_size,
+        "peak_rss_mib": peak_rss,
+        "rss_budget_bytes": gguf.stat().st_size + fp16 + kv + codec_bytes + BUDGET_SLACK,
         "kv_cache_bytes": kv,
         "fp16_npy_bytes": fp16,
         "codec_resident_bytes": codec_bytes,
     }
-    synth.close()
-    return result
 
 
 def decode_graph_bytes(synth: Any) -> int:
@@ -351,16 +410,6 @@ def kv_cache_bytes(gguf: Path, n_ctx: int, type_k: str, type_v: str) -> int:
     per_element = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32}
     per_token = key("block_count") * width * (per_element.get(type_k, 2.0) + per_element.get(type_v, 2.0))
     return int(n_ctx * per_token)
-
-
-def _peak_rss() -> int:
-    with open("/proc/self/status", encoding="ascii") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 # ---- the prefill with the text head at every position (bench_prefill, in its own process) --------------
@@ -430,7 +479,7 @@ def _ms(value: float | None, digits: int = 1) -> str:
 
 def format_table(results: list[dict[str, Any]]) -> str:
     """A markdown table, one column per run."""
-    mb = 1024 * 1024
+    mib = 1024 * 1024
 
     def row(name: str, fn: Any) -> str:
         return f"| {name} | " + " | ".join(fn(r) for r in results) + " |"
@@ -501,13 +550,13 @@ def format_table(results: list[dict[str, Any]]) -> str:
         ),
         row("real-time factor (steady state)", lambda r: f"{_ms(r['rtf'], 2)} ({r['rtf_steady']:.2f})"),
         row(
-            "peak RSS MB (budget)",
-            lambda r: f"{r['peak_rss_bytes'] / mb:.0f} ({r['rss_budget_bytes'] / mb:.0f})",
+            "peak RSS MiB (budget)",
+            lambda r: f"{r['peak_rss_mib']:.0f} ({r['rss_budget_bytes'] / mib:.0f})",
         ),
         row(
-            "budget: GGUF + fp16 tables + KV + decode graph and state + slack, MB",
+            "budget: GGUF + fp16 tables + KV + decode graph and state + slack, MiB",
             lambda r: " + ".join(
-                "-" if value is None else f"{value / mb:.0f}"
+                "-" if value is None else f"{value / mib:.0f}"
                 for value in (
                     r.get("gguf_bytes"),
                     r.get("fp16_npy_bytes"),

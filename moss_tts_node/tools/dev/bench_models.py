@@ -8,7 +8,7 @@ real special-token ids (151643..151662), plus the tiny demo codec (its cost is n
 
 Built under ``~/.cache/moss_tts_node/bench/<shape>/`` (``$XDG_CACHE_HOME`` is honoured): an F16 GGUF is
 written from random values, quantized to Q4_K_M with llama.cpp's own quantizer (through the C bridge),
-and deleted. README ("Speed") says how long the shapes take to build and how much disk they need.
+and deleted. docs/speed.md ("The step loop") says how long the shapes take to build and how much disk they need.
 
 Like the demo model, the weights are nudged so that generation stays in the audio phase: every text
 embedding shares one direction, and the text head reads it to favour ``gen_slot`` by a wide margin, so

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 # Full-size decoder (random weights, ONNX Runtime, 2 threads, a 2-core CPU): frames per call -> ms
-# per call. README "Streaming" gives the machine and date.
+# per call. docs/stream-decoder.md, "The windowed scheme", gives the machine and date.
 FULL_SIZE_CALL_MS = ((1, 137.0), (6, 237.0), (26, 698.0), (30, 783.0), (100, 2750.0))
 OVERLAP_SPANS = (0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0)
 LEFT_CONTEXT_SPANS = (0.0, 0.2, 0.4, 1.0, 2.0, 4.0)

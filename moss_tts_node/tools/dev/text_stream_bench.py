@@ -1,4 +1,5 @@
-"""``python -m moss_tts_node bench-text-stream``: an LLM's reply spoken while it is written (README, "Streamed text").
+"""``python -m moss_tts_node bench-text-stream``: an LLM's reply spoken while it is written (docs/usage.md,
+"Streamed text").
 
 Run by hand, not in CI. One process loads the model (the 1.7B bench model of ``bench`` by default), prepares a
 voice of ``--voice-seconds`` of random codes as the node does at start-up, then for each ``--rates`` value

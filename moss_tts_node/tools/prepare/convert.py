@@ -8,7 +8,7 @@ layout (``MOSS_TTS_<TYPE>.gguf``, float16 ``embeddings/`` and ``lm_heads/``, ``t
 
 Memory: tensors are read one at a time, in row chunks, straight into the array that is written (see
 ``safetensors_io``), so the peak is about the largest tensor in its output dtype (the 155,648 x 4096 text
-embedding: 1.3 GB as float16) plus the chunk buffers, never the whole checkpoint (README, "Converting a
+embedding: 1.3 GB as float16) plus the chunk buffers, never the whole checkpoint (docs/weights.md, "Converting a
 checkpoint", has measured peaks). Quantizing goes through an F16 GGUF written to a hidden temporary file in the
 output directory, which llama.cpp's own ``llama_model_quantize`` (through the C bridge) turns into the
 final file; the temporary file is removed whatever happens, and one left by a killed run is removed by

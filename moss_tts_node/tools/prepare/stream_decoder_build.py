@@ -216,7 +216,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         choices=PRECISIONS,
         default="fp32",
         help="fp32: the offline decode (default); the others make some weights 8-bit: faster on a CPU, less "
-        'exact (README "Streaming" has the figures)',
+        'exact (docs/stream-decoder.md, "Precision", has the figures)',
     )
     parser.add_argument(
         "--attention",
