@@ -54,6 +54,7 @@ from moss_tts_node.model.layout import (
 )
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.synthesis.release import MODEL_CARD_FILE, RECORD_KEY, V1_5, release_from_model_card
+from moss_tts_node.tools.prepare.config_reader import ConfigReader, read_json_object
 from moss_tts_node.tools.prepare.qwen3_gguf import Qwen3Shape, qwen3_tensor_shapes, write_qwen3_gguf
 from moss_tts_node.tools.prepare.safetensors_io import SafetensorsCheckpoint
 
@@ -113,65 +114,48 @@ def read_checkpoint_config(checkpoint_dir: Path) -> CheckpointConfig:
     ``rope_parameters.rope_theta`` (older files: ``rope_theta``).
     """
     path = Path(checkpoint_dir) / "config.json"
-    if not path.is_file():
-        raise ConversionError(
-            f"no config.json in {checkpoint_dir}: point at the original MOSS-TTS-Delay checkpoint directory "
-            "(the one holding config.json, the *.safetensors files and tokenizer.json)"
-        )
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConversionError(f"{path}: not a readable JSON file ({exc})") from exc
-    if not isinstance(raw, dict):
-        raise ConversionError(f"{path}: expected a JSON object")
+    raw = read_json_object(
+        path,
+        ConversionError,
+        "point at the original MOSS-TTS-Delay checkpoint directory (the one holding config.json, the "
+        "*.safetensors files and tokenizer.json)",
+    )
     if raw.get("model_type") != MODEL_TYPE:
         raise ConversionError(
             f"{path}: model_type is {raw.get('model_type')!r}, not {MODEL_TYPE!r}: this is not a MOSS-TTS-Delay "
-            "checkpoint (MOSS-TTS-Local, MOSS-TTSD and plain Qwen3 checkpoints have other layouts)"
+            "checkpoint (MOSS-TTS-Local, MOSS-TTS-Realtime and plain Qwen3 checkpoints have other layouts)"
         )
-    language = raw.get("language_config")
-    if not isinstance(language, dict):
-        raise ConversionError(f"{path}: no 'language_config' object describing the Qwen3 backbone")
-    where = f"{path}: language_config"
+    reader = ConfigReader(path, ConversionError)
+    where = "language_config"
+    language = reader.mapping(raw, where, "")
     if language.get("model_type", "qwen3") != "qwen3":
-        raise ConversionError(f"{where}.model_type is {language['model_type']!r}; only a qwen3 backbone converts")
+        raise reader.fail(f"{where}.model_type", f"is {language['model_type']!r}; only a qwen3 backbone converts")
     if language.get("attention_bias", False) or language.get("hidden_act", "silu") != "silu":
-        raise ConversionError(f"{where} asks for attention biases or a non-SiLU FFN, which Qwen3 in llama.cpp lacks")
-
-    def integer(key: str, default: int | None = None) -> int:
-        value = language.get(key, default)
-        if type(value) is not int or value <= 0:
-            raise ConversionError(f"{where}.{key} must be a positive integer, got {value!r}")
-        return value
-
-    def number(value: object, key: str) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise ConversionError(f"{where}.{key} must be a positive number, got {value!r}")
-        return float(value)
-
-    hidden, heads = integer("hidden_size"), integer("num_attention_heads")
+        raise reader.fail(where, "asks for attention biases or a non-SiLU FFN, which Qwen3 in llama.cpp lacks")
+    hidden = reader.integer(language, "hidden_size", where)
+    heads = reader.integer(language, "num_attention_heads", where)
     rope = language.get("rope_parameters")
     if isinstance(rope, dict):
         if rope.get("rope_type", "default") != "default":
-            raise ConversionError(f"{where}.rope_parameters asks for {rope['rope_type']!r} rope scaling; unsupported")
-        theta = number(rope.get("rope_theta"), "rope_parameters.rope_theta")
+            raise reader.fail(f"{where}.rope_parameters", f"asks for {rope['rope_type']!r} rope scaling; unsupported")
+        theta = reader.number(rope, "rope_theta", f"{where}.rope_parameters")
     else:
-        theta = number(language.get("rope_theta"), "rope_theta")
+        theta = reader.number(language, "rope_theta", where)
     try:
         shape = Qwen3Shape(
             hidden=hidden,
-            layers=integer("num_hidden_layers"),
+            layers=reader.integer(language, "num_hidden_layers", where),
             heads=heads,
-            kv_heads=integer("num_key_value_heads"),
-            head_dim=integer("head_dim", hidden // heads),
-            ffn=integer("intermediate_size"),
-            vocab=integer("vocab_size"),
-            rope_theta=theta,
-            rms_eps=number(language.get("rms_norm_eps", 1e-6), "rms_norm_eps"),
-            context_length=integer("max_position_embeddings", 40960),
+            kv_heads=reader.integer(language, "num_key_value_heads", where),
+            head_dim=reader.integer(language, "head_dim", where, hidden // heads),
+            ffn=reader.integer(language, "intermediate_size", where),
+            vocab=reader.integer(language, "vocab_size", where),
+            rope_theta=float(theta),
+            rms_eps=float(reader.number(language, "rms_norm_eps", where, 1e-6)),
+            context_length=reader.integer(language, "max_position_embeddings", where, 40960),
         )
     except ValueError as exc:
-        raise ConversionError(f"{where}: {exc}") from exc
+        raise reader.fail(where, str(exc)) from exc
     return CheckpointConfig(raw=raw, shape=shape, spec=ModelSpec.load(Path(checkpoint_dir)))
 
 
