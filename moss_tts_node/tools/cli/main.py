@@ -20,8 +20,8 @@ import numpy as np
 from moss_tts_node.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, MossTTSError, RequestError
 from moss_tts_node.model.rates import FRAMES_PER_SECOND
 from moss_tts_node.playback import DEFAULT_PREBUFFER_S
-from moss_tts_node.tools.cli.progress import Progress
 from moss_tts_node.tools.overrides import add_set_option, parse_overrides
+from moss_tts_node.tools.progress import Progress
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -146,7 +146,7 @@ def run_synth(args: argparse.Namespace) -> int:
             stream = synth.stream(args.text, seed=args.seed, streaming=args.play, **fields)
         speaker = playing.enter_context(Speaker(open_output, args.prebuffer)) if open_output else None
         chunks = []
-        progress = Progress()
+        progress = Progress(sys.stderr)
         for chunk in stream:
             chunks.append(chunk.samples)
             if speaker:

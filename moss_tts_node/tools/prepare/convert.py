@@ -31,7 +31,6 @@ import json
 import shutil
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -57,6 +56,7 @@ from moss_tts_node.synthesis.release import MODEL_CARD_FILE, RECORD_KEY, V1_5, r
 from moss_tts_node.tools.prepare.config_reader import ConfigReader, read_json_object
 from moss_tts_node.tools.prepare.qwen3_gguf import Qwen3Shape, qwen3_tensor_shapes, write_qwen3_gguf
 from moss_tts_node.tools.prepare.safetensors_io import SafetensorsCheckpoint
+from moss_tts_node.tools.progress import Progress
 
 MODEL_TYPE = "moss_tts_delay"
 TOKENIZER_FILES = (  # copied when present; tokenizer.json is what the runtime reads
@@ -321,29 +321,18 @@ def quantize_gguf(source: Path, target: Path, gguf_type: str, n_threads: int = 0
         raise BridgeError(status_error(lib, status, None))
 
 
-class Progress:
-    """What a long conversion is doing: one self-rewriting line on a terminal, a line per 10 % otherwise
-    (logs), nothing when ``stream`` is None.
-
-    Two kinds of progress: bytes read from the checkpoint (``advance``), and the growth of a file that
-    llama.cpp writes while quantizing (``watching``), which is the only sign of life a C call gives.
-    """
+class ConversionProgress(Progress):
+    """A conversion's progress: bytes read from the checkpoint (``advance``), and the growth of a file that
+    llama.cpp writes while quantizing (``watching``), which is the only sign of life a C call gives. Off a
+    terminal (logs) a line per tenth."""
 
     def __init__(self, total_bytes: int, stream: TextIO | None) -> None:
-        self.total, self.done, self.stream = total_bytes, 0, stream
-        self.started = time.perf_counter()
-        self.tty = stream is not None and stream.isatty()
-        self._decile = 0
-
-    def say(self, text: str) -> None:
-        """A line of its own (ending a progress line); the next progress counts its tenths anew."""
-        if self.stream is not None:
-            print(("\r\x1b[K" if self.tty else "") + text, file=self.stream, flush=True)
-        self._decile = 0
+        super().__init__(stream, log_tenths=True)
+        self.total, self.read = total_bytes, 0
 
     def advance(self, nbytes: int, label: str) -> None:
-        self.done += nbytes
-        self._show(self.done, self.total, label)
+        self.read += nbytes
+        self._bytes(self.read, self.total, label)
 
     @contextmanager
     def watching(self, path: Path, expected_bytes: int, label: str) -> Iterator[None]:
@@ -353,7 +342,7 @@ class Progress:
         def watch() -> None:
             while not stop.wait(1.0):
                 size = path.stat().st_size if path.exists() else 0
-                self._show(min(size, int(expected_bytes * 0.999)), expected_bytes, label)  # an estimate: never 100 %
+                self._bytes(min(size, int(expected_bytes * 0.999)), expected_bytes, label)  # an estimate: never 100 %
 
         thread = threading.Thread(target=watch, name="convert-progress", daemon=True)
         thread.start()
@@ -363,16 +352,9 @@ class Progress:
             stop.set()
             thread.join()
 
-    def _show(self, done: int, total: int, label: str) -> None:
-        if self.stream is None:
-            return
+    def _bytes(self, done: int, total: int, label: str) -> None:
         percent = 100.0 * done / max(total, 1)
-        line = f"  {percent:5.1f} %  {_gb(done)} / {_gb(total)}  {time.perf_counter() - self.started:6.1f} s"
-        if self.tty:
-            print(f"\r\x1b[K{line}  {label}", end="", file=self.stream, flush=True)
-        elif percent >= 10 * (self._decile + 1):
-            self._decile = int(percent // 10)
-            print(f"{line}  {label}", file=self.stream, flush=True)
+        self.fraction(done, total, f"  {percent:5.1f} %  {_gb(done)} / {_gb(total)}  {self.elapsed():6.1f} s  {label}")
 
 
 def convert_checkpoint(
@@ -403,13 +385,15 @@ def convert_checkpoint(
     backbone_bytes = sum(
         checkpoint.tensors[checkpoint_tensor_name(n)].nbytes for n in qwen3_tensor_shapes(config.shape)
     )
-    progress = Progress(backbone_bytes + sum(checkpoint.tensors[n].nbytes for n in tables.values()), progress_stream)
-    progress.say(
+    progress = ConversionProgress(
+        backbone_bytes + sum(checkpoint.tensors[n].nbytes for n in tables.values()), progress_stream
+    )
+    progress.message(
         f"converting {checkpoint_dir} ({len(checkpoint.tensors)} tensors, {_gb(checkpoint.nbytes)}) into {out_dir} "
         f"as {gguf_type} (about {_gb(final_bytes)})"
     )
     release = model_card_release(checkpoint_dir)
-    progress.say(_release_note(release))
+    progress.message(_release_note(release))
     for sub in (EMBEDDINGS_DIR, HEADS_DIR, TOKENIZER_DIR):
         (out_dir / sub).mkdir(parents=True, exist_ok=True)
     gguf_path = out_dir / gguf_name(gguf_type)
@@ -422,7 +406,9 @@ def convert_checkpoint(
             progress.advance(checkpoint.tensors[name].nbytes, relative)
         if quantized:
             partial = gguf_path.with_name(f".{gguf_path.name}.partial")
-            progress.say(f"quantizing to {gguf_type} with llama.cpp (the longest step; --verbose shows each tensor)")
+            progress.message(
+                f"quantizing to {gguf_type} with llama.cpp (the longest step; --verbose shows each tensor)"
+            )
             try:
                 with progress.watching(partial, estimate_gguf_bytes(config.shape, gguf_type), gguf_path.name):
                     quantize_gguf(direct_path, partial, gguf_type, n_threads)
@@ -438,14 +424,12 @@ def convert_checkpoint(
     if release is not None:
         merged[RECORD_KEY] = {"release": release[0], "evidence": release[1]}
     (out_dir / CONFIG_FILE).write_text(json.dumps(merged, indent=2) + "\n", encoding="utf-8")
-    progress.say(
-        f"done in {time.perf_counter() - progress.started:.1f} s: {gguf_path} ({_gb(gguf_path.stat().st_size)})"
-    )
+    progress.message(f"done in {progress.elapsed():.1f} s: {gguf_path} ({_gb(gguf_path.stat().st_size)})")
     return gguf_path
 
 
 def _write_backbone(
-    checkpoint: SafetensorsCheckpoint, shape: Qwen3Shape, path: Path, dtype: str, progress: Progress
+    checkpoint: SafetensorsCheckpoint, shape: Qwen3Shape, path: Path, dtype: str, progress: ConversionProgress
 ) -> None:
     """Stream the backbone into a GGUF, one tensor in memory at a time, in the file's own order."""
     matrix_dtype = np.float16 if dtype == "f16" else np.float32
