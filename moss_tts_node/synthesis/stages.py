@@ -54,7 +54,7 @@ def backbone_params(config: Config) -> BackboneParams:
     )
 
 
-def codec_params(config: Config) -> CodecParams:
+def codec_params(config: Config, spec: ModelSpec) -> CodecParams:
     model, audio = config.model, config.audio
     return CodecParams(
         backend=audio.backend,
@@ -63,6 +63,7 @@ def codec_params(config: Config) -> CodecParams:
         onnx_provider=audio.onnx_provider,
         threads=audio.codec_threads,
         max_frames=frames_for_seconds(audio.max_codec_seconds),
+        n_quantizers=spec.n_vq,
     )
 
 
@@ -145,9 +146,9 @@ class ResidentStages(Stages):
         try:
             decoder = _open_stream_decoder(config)
             if decoder is None:
-                self._codec = open_codec(codec_params(config))
+                self._codec = open_codec(codec_params(config, spec))
             else:
-                encoder = open_codec(codec_params(config), decoder=False, encoder_optional=True)
+                encoder = open_codec(codec_params(config, spec), decoder=False, encoder_optional=True)
                 self._codec = StreamDecoderCodec(decoder, encoder)
                 self.stream_decoding = StatefulStreamDecoding(decoder)
         except BaseException:
@@ -210,7 +211,7 @@ class PerRequestStages(Stages):
         self._spec = spec
         with self.generation() as stage:
             self.n_ctx = stage.backbone.n_ctx
-        open_codec(codec_params(config)).close()
+        open_codec(codec_params(config, spec)).close()
 
     @contextmanager
     def generation(self) -> Iterator[GenerationStage]:
@@ -225,12 +226,12 @@ class PerRequestStages(Stages):
 
     @contextmanager
     def decoder(self) -> Iterator[AudioCodec]:
-        with open_codec(codec_params(self._config), encoder=False) as codec:
+        with open_codec(codec_params(self._config, self._spec), encoder=False) as codec:
             yield codec
 
     @contextmanager
     def encoder(self) -> Iterator[AudioCodec]:
-        with open_codec(codec_params(self._config), decoder=False) as codec:
+        with open_codec(codec_params(self._config, self._spec), decoder=False) as codec:
             yield codec
 
     def close(self) -> None:

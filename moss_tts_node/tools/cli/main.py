@@ -194,10 +194,12 @@ def run_encode_voice(args: argparse.Namespace) -> int:
     from moss_tts_node.codec.audio_io import load_reference_audio
     from moss_tts_node.codec.factory import open_codec
     from moss_tts_node.config import load_config
+    from moss_tts_node.model.spec import ModelSpec
     from moss_tts_node.synthesis.stages import codec_params
 
     config = load_config(args.config, parse_overrides(args.set))
-    with open_codec(codec_params(config), decoder=False) as codec:
+    spec = ModelSpec.load(Path(config.model.weights_dir))  # a voice has the model's codebooks
+    with open_codec(codec_params(config, spec), decoder=False) as codec:
         codes = codec.encode(load_reference_audio(args.audio))
     np.save(args.output, codes)
     print(f"wrote {args.output}: {codes.shape[0]} frames ({codes.shape[0] / FRAMES_PER_SECOND:.2f} s) of voice codes")
