@@ -31,7 +31,6 @@ from moss_tts_node.model.sampling import SamplingParams
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.synthesis.feed import TextFeed
 from moss_tts_node.synthesis.pipeline import Pipeline
-from moss_tts_node.synthesis.release import read_release, trained_on_pause_markers
 from moss_tts_node.synthesis.request import SpeechRequest, Voice, check_request
 from moss_tts_node.synthesis.results import AudioStream, Synthesis
 from moss_tts_node.synthesis.stages import Stages, open_stages
@@ -63,15 +62,15 @@ class Synthesizer:
     ``voices`` holds the owner's named voices (``voices.*``) and the default one (``generation.reference_audio``),
     all encoded here, once: a request may give one of them as its voice (``synth.voices["butler"].codes``).
 
-    ``release`` is the MOSS-TTS release the weights are known to be (``synthesis/release.py``), or None; with
-    ``generation.pause_markers: auto`` it decides what a ``[pause X.Ys]`` means (``text/pauses.py``).
+    ``spec.identity`` is which model of the family the weights are (``model/identity.py``): its name, its
+    MOSS-TTS release where known (with ``generation.pause_markers: auto`` it decides what a ``[pause X.Ys]``
+    means: ``text/pauses.py``), its prompt template and its recommended sampling.
     """
 
     def __init__(self, config: Config) -> None:
         self.config = config
         weights = Path(config.model.weights_dir)
         self.spec = ModelSpec.load(weights)
-        self.release = read_release(weights)
         self.prompts = PromptBuilder(weights / TOKENIZER_DIR, self.spec)
         self.stages: Stages = open_stages(config, self.spec)
         try:
@@ -277,7 +276,7 @@ class Synthesizer:
 
     def _pause_mode(self, gen: GenerationConfig) -> str:
         """What a pause marker means for these weights under ``generation.pause_markers`` (``text/pauses.py``)."""
-        return resolve_pause_mode(gen.pause_markers, trained_on_pause_markers(self.release))
+        return resolve_pause_mode(gen.pause_markers, self.spec.identity.trained_on_pause_markers)
 
     @staticmethod
     def _clean_text(text: str, normalize: bool) -> str:

@@ -1,4 +1,4 @@
-"""``python -m moss_tts_node convert``: an original MOSS-TTS-Delay checkpoint into a weights directory.
+"""``python -m moss_tts_node convert``: an original MossTTSDelay checkpoint into a weights directory.
 
 Upstream (docs/model.md, "Upstream") makes MOSS-TTS-GGUF with PyTorch, transformers and llama.cpp's converter
 script; this does the same with NumPy and ``gguf``, so that a fine-tuned model, or a quantization that is not published
@@ -14,14 +14,17 @@ output directory, which llama.cpp's own ``llama_model_quantize`` (through the C 
 final file; the temporary file is removed whatever happens, and one left by a killed run is removed by
 the next.
 
-Everything that can be checked is checked before the first byte is written: the config is MOSS-TTS-
-Delay's, every tensor is present with the shape the config implies, the tokenizer knows the special
-tokens, the quantization fits the row sizes, the output directory holds no weights (unless ``--force``)
-and its disk has room for the estimated output.
+Everything that can be checked is checked before the first byte is written: the config is MossTTSDelay's
+(any Qwen3 size, every dimension read from it), every tensor is present with the shape the config implies,
+the tokenizer knows the special tokens, the quantization fits the row sizes, the checkpoint is a model of the
+family this package knows and its processing code's prompt template can be read, the output directory holds
+no weights (unless ``--force``) and its disk has room for the estimated output.
 
-1.0 and v1.5 checkpoints convert alike (same architecture, same config keys); which one it is, only the
-checkpoint's model card tells (``synthesis/release.py``). The release it tells is recorded in the output
-``config.json``, so that ``generation.pause_markers: auto`` passes pause markers to a v1.5 model.
+Every model of the family converts alike (docs/family.md, "Converting"): MOSS-TTS 1.0 and v1.5, MOSS-TTSD,
+-VoiceGenerator and -SoundEffect, with 32 or 16 codebooks. Which one it is (``identify.py``: from the checkpoint,
+its model card, or ``--model``), its release where its card tells (so that ``generation.pause_markers: auto``
+passes pause markers to a v1.5 model), the codebooks it needs and its prompt template (``prompt_template.py``) are
+recorded in the output ``config.json`` (``model/identity.py``).
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ from typing import Any, TextIO
 import numpy as np
 
 from moss_tts_node.errors import BridgeError, MossTTSError
+from moss_tts_node.model.family import FAMILY, MOSS_TTS
+from moss_tts_node.model.identity import RECORD_KEY, ModelIdentity
 from moss_tts_node.model.layout import (
     CONFIG_FILE,
     EMBEDDINGS_DIR,
@@ -52,8 +57,9 @@ from moss_tts_node.model.layout import (
     gguf_name,
 )
 from moss_tts_node.model.spec import ModelSpec
-from moss_tts_node.synthesis.release import MODEL_CARD_FILE, RECORD_KEY, V1_5, release_from_model_card
 from moss_tts_node.tools.prepare.config_reader import ConfigReader, read_json_object
+from moss_tts_node.tools.prepare.identify import IdentityError, identify
+from moss_tts_node.tools.prepare.prompt_template import TemplateError, read_prompt_template
 from moss_tts_node.tools.prepare.qwen3_gguf import Qwen3Shape, qwen3_tensor_shapes, write_qwen3_gguf
 from moss_tts_node.tools.prepare.safetensors_io import SafetensorsCheckpoint
 from moss_tts_node.tools.progress import Progress
@@ -159,13 +165,14 @@ def read_checkpoint_config(checkpoint_dir: Path) -> CheckpointConfig:
     return CheckpointConfig(raw=raw, shape=shape, spec=ModelSpec.load(Path(checkpoint_dir)))
 
 
-def model_card_release(checkpoint_dir: Path) -> tuple[str, str] | None:
-    """(release, evidence) from the checkpoint's model card, or None when it has none that tells."""
-    card = Path(checkpoint_dir) / MODEL_CARD_FILE
+def checkpoint_identity(checkpoint_dir: Path, config: CheckpointConfig, model: str | None = None) -> ModelIdentity:
+    """Which model of the family the checkpoint is, and its prompt template (``identify``; ``model``: what
+    ``--model`` says, or None); ConversionError saying what differs or what cannot be read."""
     try:
-        return release_from_model_card(card.read_text(encoding="utf-8")) if card.is_file() else None
-    except (OSError, UnicodeDecodeError):
-        return None
+        template = read_prompt_template(checkpoint_dir)
+        return identify(checkpoint_dir, config.shape, config.spec.n_vq, template, model)
+    except (TemplateError, IdentityError) as error:
+        raise ConversionError(f"{checkpoint_dir} cannot be converted: {error}") from None
 
 
 def checkpoint_tensor_name(backbone_name: str) -> str:
@@ -365,8 +372,10 @@ def convert_checkpoint(
     force: bool = False,
     n_threads: int = 0,
     progress_stream: TextIO | None = None,
+    model: str | None = None,
 ) -> Path:
-    """Convert the checkpoint into ``out_dir``; returns the GGUF's path. See the module docstring."""
+    """Convert the checkpoint into ``out_dir``; returns the GGUF's path. ``model``: which model of the family it
+    is (a key of ``model.family.FAMILY``), where the checkpoint cannot tell. See the module docstring."""
     checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
     if gguf_type not in GGUF_TYPES:
         raise ConversionError(f"unknown output type {gguf_type!r}: choose one of {', '.join(GGUF_TYPES)}")
@@ -375,6 +384,7 @@ def convert_checkpoint(
     check_tensors(checkpoint, config)
     check_tokenizer(checkpoint_dir, config.spec, config.shape.vocab)
     check_quantization(config.shape, gguf_type)
+    identity = checkpoint_identity(checkpoint_dir, config, model)
     check_output_dir(out_dir, checkpoint_dir, force)
     _remove_leftovers(out_dir)
     tokenizer_files = [checkpoint_dir / n for n in TOKENIZER_FILES if (checkpoint_dir / n).is_file()]
@@ -392,8 +402,7 @@ def convert_checkpoint(
         f"converting {checkpoint_dir} ({len(checkpoint.tensors)} tensors, {_gb(checkpoint.nbytes)}) into {out_dir} "
         f"as {gguf_type} (about {_gb(final_bytes)})"
     )
-    release = model_card_release(checkpoint_dir)
-    progress.message(_release_note(release))
+    progress.message(_identity_note(identity, config.spec.n_vq))
     for sub in (EMBEDDINGS_DIR, HEADS_DIR, TOKENIZER_DIR):
         (out_dir / sub).mkdir(parents=True, exist_ok=True)
     gguf_path = out_dir / gguf_name(gguf_type)
@@ -420,9 +429,8 @@ def convert_checkpoint(
             direct_path.unlink(missing_ok=True)
     for path in tokenizer_files:
         shutil.copyfile(path, out_dir / TOKENIZER_DIR / path.name)
-    merged = {**config.raw, **config.spec.to_json()}  # the ModelSpec keys explicit, defaults included
-    if release is not None:
-        merged[RECORD_KEY] = {"release": release[0], "evidence": release[1]}
+    # the ModelSpec keys explicit, defaults included; the identity beside them
+    merged = {**config.raw, **config.spec.to_json(), RECORD_KEY: identity.to_record(config.spec.n_vq)}
     (out_dir / CONFIG_FILE).write_text(json.dumps(merged, indent=2) + "\n", encoding="utf-8")
     progress.message(f"done in {progress.elapsed():.1f} s: {gguf_path} ({_gb(gguf_path.stat().st_size)})")
     return gguf_path
@@ -443,16 +451,21 @@ def _write_backbone(
     write_qwen3_gguf(path, shape, tensors(), dtype=dtype, name="MOSS-TTS-Delay backbone")
 
 
-def _release_note(release: tuple[str, str] | None) -> str:
-    """What the conversion found out about the release, and what generation.pause_markers auto will do with it."""
-    if release is None:
-        return (
-            f"release unknown (no {MODEL_CARD_FILE} whose front matter lists the languages): generation.pause_markers "
-            "auto renders [pause X.Ys] as silence; set it to model for a v1.5 checkpoint"
-        )
-    name, evidence = release
-    meaning = "passes [pause X.Ys] to the model" if name == V1_5 else "renders [pause X.Ys] as silence"
-    return f"MOSS-TTS {name} ({evidence}): generation.pause_markers auto {meaning}"
+def _identity_note(identity: ModelIdentity, n_vq: int) -> str:
+    """What the conversion found out about the model, and what the runtime will do with it."""
+    template = identity.template
+    reads = f"prompt template from {template.source}" + (", with a Scene field" if template.has_scene else "")
+    note = f"{identity.name}, {n_vq} codebooks ({identity.evidence}); {reads}"
+    markers = identity.trained_on_pause_markers
+    if identity.model is MOSS_TTS:
+        meaning = {
+            True: "passes [pause X.Ys] to the model",
+            False: "renders [pause X.Ys] as silence",
+            None: "renders [pause X.Ys] as silence (no model card whose front matter lists the languages tells the "
+            "release); set it to model for a v1.5 checkpoint",
+        }[markers]
+        note += f"; generation.pause_markers auto {meaning}"
+    return note
 
 
 def _remove_leftovers(out_dir: Path) -> None:
@@ -486,6 +499,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--quantize", choices=list(GGUF_TYPES), default="Q4_K_M", help="backbone type (default: Q4_K_M, as published)"
     )
+    parser.add_argument(
+        "--model",
+        choices=list(FAMILY),
+        help="which model of the family the checkpoint is, where it cannot tell (docs/family.md): needed for "
+        "MOSS-TTSD without its processing code, and for MOSS-SoundEffect",
+    )
     parser.add_argument("--force", action="store_true", help="overwrite weights already in OUT_DIR")
     parser.add_argument("--threads", type=int, default=0, help="quantization threads (default: all cores)")
     parser.add_argument("--verbose", action="store_true", help="show llama.cpp's log, one line per quantized tensor")
@@ -504,6 +523,7 @@ def run(args: argparse.Namespace) -> int:
         force=args.force,
         n_threads=args.threads,
         progress_stream=sys.stderr,
+        model=args.model,
     )
     print(
         f"wrote {args.output}; in your params file set model.weights_dir: {args.output.resolve()} "
