@@ -11,12 +11,12 @@ reports:
 - steps/s and ms per step split into llama.cpp decode / heads / sampling and delay logic / codec / other;
 - the backbone-only limit: llama.cpp decoding the same rows in a tight loop (text head on, as llama.cpp
   runs by default, and off, as the audio phase runs here; alternated in blocks of 10 steps);
-- overhead = (step - decode) / decode, time to first audio against the bound prefill + 33 steps + one
+- overhead = (step - decode) / decode, time to first audio against the bound prefill + n_vq + 1 steps + one
   chunk decode, real-time factor, and peak RSS against GGUF + fp16 embeddings and heads + KV + the resident
   decode graph (its weights, and a stream decoder's attention caches) + 500 MB;
 - prompt-prefix reuse: the same voice (``--voice-seconds`` of random reference codes) then speaks another
   text; its prefilled rows, prefill ms and time to first audio against the bound prefill(its new rows) +
-  33 steps + one chunk decode, next to the first request's (which prefills its whole prompt).
+  n_vq + 1 steps + one chunk decode, next to the first request's (which prefills its whole prompt).
 
 The codec is the tiny demo codec for bench models; the real codec costs more: measure it with
 ``--set model.codec_dir=/path/to/MOSS-Audio-Tokenizer-ONNX`` (random codes decode at the real cost), or
@@ -52,8 +52,8 @@ def register(commands: Any) -> None:
     bench.add_argument(
         "--model",
         action="append",
-        choices=("1.7b", "8b"),
-        help="bench model shape (repeatable; default: 1.7b and 8b); built and cached on first use",
+        help="bench model (repeatable; default: 1.7b and 8b; voice-generator-1.7b: 1.7B with 16 codebooks; "
+        "bench_models.BENCH_MODELS lists them); built and cached on first use",
     )
     bench.add_argument("--config", type=Path, help="your own params file instead of a bench model")
     bench.add_argument(
@@ -210,7 +210,7 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
     # where another process can take a core for a few hundred ms.
     decode_s = [seconds for _, seconds in clock.calls["backbone"]]
     step_starts = [start for start, _ in clock.calls["heads"]]
-    # the repeat request: same voice and fields, another text; its first frame needs 33 steps
+    # the repeat request: same voice and fields, another text; its first frame needs n_vq + 1 steps
     repeat = synth.stream(REPEAT_TEXT, max_new_tokens=synth.spec.n_vq + 8, **request)
     list(repeat)
     assert repeat.report is not None
@@ -265,7 +265,8 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
     codec_bytes = decode_graph_bytes(synth)
     budget = gguf.stat().st_size + fp16 + kv + codec_bytes + BUDGET_SLACK
     ttfa_ms = None if report.time_to_first_audio_s is None else report.time_to_first_audio_s * 1000
-    ttfa_bound = report.prefill_ms + 33 * step_ms + (chunk_ms or 0.0)
+    first_frame_steps = synth.spec.n_vq + 1
+    ttfa_bound = report.prefill_ms + first_frame_steps * step_ms + (chunk_ms or 0.0)
     repeat_ttfa_ms = None if repeat.report.time_to_first_audio_s is None else repeat.report.time_to_first_audio_s * 1000
     result = {
         "label": job["label"],
@@ -309,7 +310,7 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
         "repeat_prefilled_rows": repeat.report.prefilled_rows,
         "repeat_prefill_ms": repeat.report.prefill_ms,
         "repeat_ttfa_ms": repeat_ttfa_ms,
-        "repeat_ttfa_bound_ms": repeat.report.prefill_ms + 33 * step_ms + (chunk_ms or 0.0),
+        "repeat_ttfa_bound_ms": repeat.report.prefill_ms + first_frame_steps * step_ms + (chunk_ms or 0.0),
         "first_chunk_decode_ms": chunk_ms,
         "rtf": report.real_time_factor,
         "rtf_steady": step_ms / 80.0,
