@@ -267,6 +267,16 @@ def test_a_voice_for_the_16_codebook_model_has_16_codebooks(
         synth.stream(TEXT, voice=np.zeros((5, 32), dtype=np.int64))
 
 
+def test_a_stream_decoder_for_another_codebook_count_is_refused_naming_both(
+    voice_generator_config: Path, codec_tiny_streaming_dir: Path
+) -> None:
+    from moss_tts_node.synthesizer import Synthesizer
+
+    overrides = {"model.codec_dir": str(codec_tiny_streaming_dir), "audio.onnx_provider": "cpu"}
+    with pytest.raises(ConfigError, match=r"decodes codes of 32 quantizers, but this model's codes have 16.*off"):
+        Synthesizer.from_config_file(voice_generator_config, overrides)
+
+
 def test_the_cli_speaks_with_the_voice_generator_demo(voice_generator_config: Path, tmp_path: Path) -> None:
     clip, voice, out = tmp_path / "ref.wav", tmp_path / "voice.npy", tmp_path / "out.wav"
     write_wav(clip, 0.2 * np.sin(np.arange(24000) * 0.05), 24000)

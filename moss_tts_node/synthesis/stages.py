@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from moss_tts_node.codec.base import AudioCodec
+from moss_tts_node.codec.base import CODEC_QUANTIZERS, AudioCodec
 from moss_tts_node.codec.factory import CodecParams, open_codec
 from moss_tts_node.codec.stream_decoder import StreamDecoder, StreamDecoderCodec
 from moss_tts_node.codec.streaming import StatefulStreamDecoding
@@ -144,7 +144,7 @@ class ResidentStages(Stages):
     def __init__(self, config: Config, spec: ModelSpec) -> None:
         self._generation = GenerationStage.load(config, spec)
         try:
-            decoder = _open_stream_decoder(config)
+            decoder = _open_stream_decoder(config, spec)
             if decoder is None:
                 self._codec = open_codec(codec_params(config, spec))
             else:
@@ -238,12 +238,17 @@ class PerRequestStages(Stages):
         pass  # nothing stays loaded
 
 
-def _open_stream_decoder(config: Config) -> StreamDecoder | None:
-    """The stream decoder ``audio.stream_decoder`` selects, loaded and checked now; None for the windowed scheme."""
+def _open_stream_decoder(config: Config, spec: ModelSpec) -> StreamDecoder | None:
+    """The stream decoder ``audio.stream_decoder`` selects, loaded and checked now (for the model's codebooks);
+    None for the windowed scheme."""
     path = stream_decoder_path(config)
     if path is None:
         return None
     try:
+        if spec.n_vq != CODEC_QUANTIZERS:  # the stream decoder graphs decode the codec's every codebook
+            raise CodecError(
+                f"{path} decodes codes of {CODEC_QUANTIZERS} quantizers, but this model's codes have {spec.n_vq}"
+            )
         return StreamDecoder(path, threads=config.audio.codec_threads)
     except CodecError as error:
         raise ConfigError(
