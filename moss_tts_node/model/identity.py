@@ -59,10 +59,9 @@ class ModelIdentity:
 
     @property
     def trained_on_pause_markers(self) -> bool | None:
-        """Whether the model was trained on ``[pause X.Ys]`` markers (MOSS-TTS v1.5 was); None when unknown."""
-        if self.model is not MOSS_TTS:
-            return None if self.model is None else False
-        return None if self.release is None else self.release == V1_5
+        """Whether the model was trained on ``[pause X.Ys]`` markers (MOSS-TTS v1.5 was, 1.0 was not); None when
+        unknown (the other models' cards do not say)."""
+        return None if self.model is not MOSS_TTS or self.release is None else self.release == V1_5
 
     def to_record(self, n_vq: int) -> dict[str, Any]:
         if self.model is None:

@@ -108,27 +108,25 @@ class PromptTemplate:
     def from_json(cls, record: Any, where: str) -> PromptTemplate:
         """The template ``to_json`` wrote; WeightsError naming ``where`` (the file and key) when it is not one."""
         try:
-            if not isinstance(record, dict) or set(record) != set(MOSS_TTS_TEMPLATE.to_json()):
+            if not isinstance(record, dict) or set(record) != set(_TEXTS) | {"fields", "absent_speaker"}:
                 raise ValueError(f"expected the keys {sorted(MOSS_TTS_TEMPLATE.to_json())}")
-            texts = {key: record[key] for key in ("source", "opening", "closing", "absent", "speaker")}
-            texts["audio_placeholder"] = record["audio_placeholder"]
-            fields = record["fields"]
-            absent_speaker = record["absent_speaker"]
-            if not all(isinstance(value, str) for value in texts.values()) or not (
-                absent_speaker is None or isinstance(absent_speaker, str)
-            ):
+            fields, absent_speaker = record["fields"], record["absent_speaker"]
+            if not all(isinstance(record[key], str) for key in _TEXTS) or not isinstance(absent_speaker, str | None):
                 raise ValueError("its texts must be strings")
             if not isinstance(fields, list) or not all(
                 isinstance(pair, list) and len(pair) == 2 and all(isinstance(part, str) for part in pair)
                 for pair in fields
             ):
                 raise ValueError("'fields' must be a list of [label, name] pairs")
+            texts = {key: record[key] for key in _TEXTS}
             return cls(fields=tuple((label, name) for label, name in fields), absent_speaker=absent_speaker, **texts)
         except ValueError as error:
             raise WeightsError(
                 f"{where} is not a prompt template that convert wrote ({error}); convert the checkpoint again"
             ) from None
 
+
+_TEXTS = ("source", "opening", "closing", "absent", "speaker", "audio_placeholder")  # the record's plain strings
 
 # MOSS-TTS's template (docs/model.md, "Prompt format"): what a checkpoint that ships no processing code gets.
 MOSS_TTS_TEMPLATE = PromptTemplate(
