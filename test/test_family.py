@@ -24,6 +24,7 @@ from moss_tts_node.model.layout import CONFIG_FILE, EMBEDDINGS_DIR, HEADS_DIR
 from moss_tts_node.model.rates import SAMPLES_PER_FRAME
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.model.template import MOSS_TTS_TEMPLATE
+from moss_tts_node.synthesizer import Synthesizer
 from moss_tts_node.tools.cli.doctor import diagnose
 from moss_tts_node.tools.dev.demo_weights import (
     DIALOGUE_TEMPLATE,
@@ -199,7 +200,7 @@ def test_a_config_takes_minus_one_and_refuses_what_lies_below_a_keys_range(demo_
         load_config(demo_config, {"sampling.audio_top_k": -2})
 
 
-def test_moss_tts_samples_as_it_did_before_bit_for_bit(synth) -> None:  # type: ignore[no-untyped-def]
+def test_moss_tts_samples_as_it_did_before_bit_for_bit(synth: Synthesizer) -> None:
     """The demo (MOSS-TTS) with every sampling key left to the model gives the audio of the old explicit defaults."""
     assert synth.config.sampling == SamplingConfig()  # the demo's config leaves sampling to the model
     explicit = dataclasses.replace(synth.config, sampling=MOSS_TTS_SAMPLING)
@@ -217,15 +218,13 @@ def voice_generator_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def voice_generator(voice_generator_config: Path) -> Iterator[object]:
-    from moss_tts_node.synthesizer import Synthesizer
-
+def voice_generator(voice_generator_config: Path) -> Iterator[Synthesizer]:
     with Synthesizer.from_config_file(voice_generator_config) as loaded:
         yield loaded
 
 
 def test_the_voice_generator_demo_speaks_16_codebooks_decoded_with_16_quantizers(
-    voice_generator,  # type: ignore[no-untyped-def]
+    voice_generator: Synthesizer,
     voice_generator_config: Path,
 ) -> None:
     synth = voice_generator
@@ -243,7 +242,7 @@ def test_the_voice_generator_demo_speaks_16_codebooks_decoded_with_16_quantizers
     np.testing.assert_allclose(result.audio, audio, atol=1e-6)
 
 
-def test_the_voice_generator_samples_as_its_card_recommends(voice_generator) -> None:  # type: ignore[no-untyped-def]
+def test_the_voice_generator_samples_as_its_card_recommends(voice_generator: Synthesizer) -> None:
     synth = voice_generator
     left = synth.synthesize(TEXT, seed=3)
     theirs = synth.synthesize(TEXT, seed=3, config=dataclasses.replace(synth.config, sampling=VOICE_GENERATOR_SAMPLING))
@@ -253,7 +252,7 @@ def test_the_voice_generator_samples_as_its_card_recommends(voice_generator) -> 
 
 
 def test_a_voice_for_the_16_codebook_model_has_16_codebooks(
-    voice_generator,  # type: ignore[no-untyped-def]
+    voice_generator: Synthesizer,
     tmp_path: Path,
 ) -> None:
     synth = voice_generator
@@ -270,8 +269,6 @@ def test_a_voice_for_the_16_codebook_model_has_16_codebooks(
 def test_a_stream_decoder_for_another_codebook_count_is_refused_naming_both(
     voice_generator_config: Path, codec_tiny_streaming_dir: Path
 ) -> None:
-    from moss_tts_node.synthesizer import Synthesizer
-
     overrides = {"model.codec_dir": str(codec_tiny_streaming_dir), "audio.onnx_provider": "cpu"}
     with pytest.raises(ConfigError, match=r"decodes codes of 32 quantizers, but this model's codes have 16.*off"):
         Synthesizer.from_config_file(voice_generator_config, overrides)
