@@ -39,7 +39,7 @@ class PromptTemplate:
     speaker: str = "[S{n}]:\n<|audio|>"
     absent_speaker: str | None = None
     audio_placeholder: str = "<|audio|>"
-    source: str = 'MOSS-TTS\'s processor (docs/model.md, "Prompt format")'
+    source: str = 'MOSS-TTS (docs/model.md, "Prompt format"): the checkpoint ships no processing code'
 
     def __post_init__(self) -> None:
         names = self.names

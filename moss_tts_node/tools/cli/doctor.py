@@ -237,7 +237,7 @@ def _check_model(config: Any, checks: list[Check]) -> None:
     identity = spec.identity
     told = f" ({identity.evidence})" if identity.evidence else " (no record of convert's: the published MOSS-TTS-GGUF?)"
     scene = ", with a Scene field" if identity.template.has_scene else ""
-    detail = f"{identity.name}, {spec.n_vq} codebooks{told}; prompt template from {identity.template.source}{scene}"
+    detail = f"{identity.name}, {spec.n_vq} codebooks{told}; prompt template of {identity.template.source}{scene}"
     checks.append(Check("ok" if identity.model is not None else "warn", "model", detail))
     in_effect = resolved_sampling(identity.sampling, config.sampling)
     values = []

@@ -454,7 +454,7 @@ def _write_backbone(
 def _identity_note(identity: ModelIdentity, n_vq: int) -> str:
     """What the conversion found out about the model, and what the runtime will do with it."""
     template = identity.template
-    reads = f"prompt template from {template.source}" + (", with a Scene field" if template.has_scene else "")
+    reads = f"prompt template of {template.source}" + (", with a Scene field" if template.has_scene else "")
     note = f"{identity.name}, {n_vq} codebooks ({identity.evidence}); {reads}"
     markers = identity.trained_on_pause_markers
     if identity.model is MOSS_TTS:
