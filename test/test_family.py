@@ -18,6 +18,7 @@ from conftest import run_cli
 from moss_tts_node.codec.audio_io import write_wav
 from moss_tts_node.config import SamplingConfig, load_config, resolved_sampling
 from moss_tts_node.errors import ConfigError, RequestError, WeightsError
+from moss_tts_node.llama.gguf import GgufHeadsInfo
 from moss_tts_node.model.family import FAMILY, MOSS_TTS, MOSS_TTSD, SOUND_EFFECT, VOICE_GENERATOR
 from moss_tts_node.model.identity import RECORD_KEY, UNRECORDED, ModelIdentity
 from moss_tts_node.model.layout import CONFIG_FILE, EMBEDDINGS_DIR, HEADS_DIR
@@ -34,6 +35,7 @@ from moss_tts_node.tools.dev.demo_weights import (
     write_checkpoint,
     write_demo_weights,
 )
+from moss_tts_node.tools.prepare.attach_heads import append_audio_heads_to_gguf
 from moss_tts_node.tools.prepare.convert import ConversionError, convert_checkpoint
 from moss_tts_node.tools.prepare.identify import IdentityError, identify
 from moss_tts_node.tools.prepare.qwen3_gguf import Qwen3Shape
@@ -249,6 +251,23 @@ def test_the_voice_generator_samples_as_its_card_recommends(voice_generator: Syn
     moss_tts = synth.synthesize(TEXT, seed=3, config=dataclasses.replace(synth.config, sampling=MOSS_TTS_SAMPLING))
     np.testing.assert_array_equal(left.generated, theirs.generated)
     assert not np.array_equal(left.generated, moss_tts.generated)
+
+
+@pytest.mark.parametrize("heads", ["numpy", "gguf"])
+def test_every_heads_backend_runs_the_16_codebook_model(
+    voice_generator_config: Path, tmp_path: Path, heads: str
+) -> None:
+    """The onnx heads run above; the exact ones and the GGUF's (attach-heads appends the model's 16)."""
+    weights = voice_generator_config.parent
+    overrides = {"audio.heads_backend": heads}
+    if heads == "gguf":
+        gguf = tmp_path / "with_heads.gguf"
+        append_audio_heads_to_gguf(weights / "MOSS_TTS_F16.gguf", weights / HEADS_DIR, gguf, ModelSpec.load(weights))
+        assert GgufHeadsInfo(gguf).audio_heads == 16
+        overrides["model.backbone_gguf"] = str(gguf)
+    with Synthesizer.from_config_file(voice_generator_config, overrides) as synth:
+        result = synth.synthesize(TEXT, seed=2)
+    assert result.codes.shape[1] == 16 and result.codes.shape[0] > 0 and np.isfinite(result.audio).all()
 
 
 def test_a_voice_for_the_16_codebook_model_has_16_codebooks(
