@@ -43,6 +43,7 @@ from moss_tts_node.choices import (
 )
 from moss_tts_node.codec.layout import DECODER_FILE, ENCODER_FILE, STREAM_DECODER_FILE
 from moss_tts_node.errors import ConfigError
+from moss_tts_node.model.family import RecommendedSampling
 from moss_tts_node.model.layout import CONFIG_FILE, DEFAULT_GGUF, EMBEDDINGS_DIR, HEADS_DIR, TOKENIZER_DIR
 from moss_tts_node.text.languages import language_tag
 
@@ -59,11 +60,13 @@ def _option(
     path: bool = False,
     keywords: tuple[str, ...] = (),
     per_request: bool = False,
+    unset: float | None = None,
 ) -> Any:
     """A config field with the metadata the validator and the ROS node need; ``keywords`` are the words a
     ``path`` field also takes, which are not resolved as paths. ``per_request``: the synthesizer reads the
     key for each request (from the settings the request was accepted under), so a running node may change
-    it; every other key is read when the model loads."""
+    it; every other key is read when the model loads. ``unset``: a value below ``min`` that the key also takes,
+    meaning "not set here" (a ROS parameter cannot be null)."""
     meta = {
         "doc": doc,
         "min": min,
@@ -72,6 +75,7 @@ def _option(
         "path": path,
         "keywords": keywords,
         "per_request": per_request,
+        "unset": unset,
     }
     return field(default=default, metadata=meta)
 
@@ -175,24 +179,45 @@ class AudioConfig:
     )
 
 
+# A sampling key at this value is not set: the model's recommended value applies (docs/family.md, "Sampling").
+MODEL_RECOMMENDS = -1
+_MODELS = "-1 (the default): the model's recommendation (docs/family.md)"
+
+
+def _sampling(doc: str, *, min: float, max: float, integer: bool = False) -> Any:
+    """A sampling key whose default is the model's recommendation."""
+    default = MODEL_RECOMMENDS if integer else float(MODEL_RECOMMENDS)
+    return _option(default, f"{doc} {_MODELS}.", min=min, max=max, per_request=True, unset=default)
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
-    text_temperature: float = _option(
-        1.5, "Text channel temperature; 0 is greedy.", min=0.0, max=100.0, per_request=True
-    )
-    text_top_k: int = _option(50, "Text channel top-k; 0 disables.", min=0, max=1000000, per_request=True)
-    text_top_p: float = _option(1.0, "Text channel top-p.", min=0.0, max=1.0, per_request=True)
-    audio_temperature: float = _option(
-        1.7, "Audio channels temperature; 0 is greedy.", min=0.0, max=100.0, per_request=True
-    )
-    audio_top_k: int = _option(25, "Audio channels top-k; 0 disables.", min=0, max=1025, per_request=True)
-    audio_top_p: float = _option(0.8, "Audio channels top-p.", min=0.0, max=1.0, per_request=True)
-    audio_repetition_penalty: float = _option(
-        1.0, "Audio repetition penalty; 1.0 disables.", min=0.01, max=100.0, per_request=True
-    )
+    """How a request samples. A key left at -1 takes the recommendation of the model the weights are
+    (``model/family.py``): for MOSS-TTS, the values upstream's ``generate`` defaults to (docs/model.md,
+    "Sampling"). A request's own section overrides this one key by key (``resolved_sampling``)."""
+
+    text_temperature: float = _sampling("Text channel temperature; 0 is greedy.", min=0.0, max=100.0)
+    text_top_k: int = _sampling("Text channel top-k; 0 disables.", min=0, max=1000000, integer=True)
+    text_top_p: float = _sampling("Text channel top-p.", min=0.0, max=1.0)
+    audio_temperature: float = _sampling("Audio channels temperature; 0 is greedy.", min=0.0, max=100.0)
+    audio_top_k: int = _sampling("Audio channels top-k; 0 disables.", min=0, max=1025, integer=True)
+    audio_top_p: float = _sampling("Audio channels top-p.", min=0.0, max=1.0)
+    audio_repetition_penalty: float = _sampling("Audio repetition penalty; 1.0 disables.", min=0.01, max=100.0)
     seed: int = _option(
         -1, "Random seed of each request; -1 draws a fresh one.", min=-1, max=2**63 - 1, per_request=True
     )
+
+
+def resolved_sampling(recommended: RecommendedSampling, *layers: SamplingConfig) -> SamplingConfig:
+    """The sampling a request runs with: each key from the first of ``layers`` (the request's section, then the
+    config's) that sets it, else the model's ``recommended`` value; the seed from the first that sets one (-1 in
+    all: drawn per request)."""
+    values = {}
+    for f in dataclasses.fields(SamplingConfig):
+        unset = OPTIONS[f"sampling.{f.name}"].unset if f.name != "seed" else -1
+        chosen = next((getattr(layer, f.name) for layer in layers if getattr(layer, f.name) != unset), unset)
+        values[f.name] = getattr(recommended, f.name) if chosen == unset and f.name != "seed" else chosen
+    return SamplingConfig(**values)
 
 
 @dataclass(frozen=True)
@@ -296,6 +321,12 @@ class Option:
     path: bool
     keywords: tuple[str, ...] = ()
     per_request: bool = False  # read for each request, so a running node may change it (see _option)
+    unset: float | None = None  # a value below min that means "not set here" (see _option)
+
+    @property
+    def lowest(self) -> float | None:
+        """The least value the key takes: ``min``, or ``unset`` below it."""
+        return self.min if self.unset is None or self.min is None else min(self.min, self.unset)
 
     def names_a_path(self, value: Any) -> bool:
         """Whether ``value`` of this option is a path (to resolve against the params file's folder)."""
@@ -457,10 +488,13 @@ def check_value(option: Option, value: Any, source: str) -> Any:
         raise ConfigError(f"{where} must be {option.type.__name__}, got {type(value).__name__} {value!r}")
     if option.type is float and math.isnan(value):  # NaN passes every comparison below
         raise ConfigError(f"{where} must be a number, got {value!r}")
+    if option.unset is not None and value == option.unset:
+        return value
     if option.choices is not None and value not in option.choices:
         raise ConfigError(f"{where} must be one of {', '.join(option.choices)}, got {value!r}")
     if option.min is not None and value < option.min:
-        raise ConfigError(f"{where} must be >= {option.min}, got {value!r}")
+        unset = "" if option.unset is None else f" (or {option.unset!r} for the model's recommendation)"
+        raise ConfigError(f"{where} must be >= {option.min}{unset}, got {value!r}")
     if option.max is not None and value > option.max:
         raise ConfigError(f"{where} must be <= {option.max}, got {value!r}")
     return value

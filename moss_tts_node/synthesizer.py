@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from moss_tts_node.choices import PAUSE_TEXT
-from moss_tts_node.config import Config, GenerationConfig, load_config
+from moss_tts_node.config import Config, GenerationConfig, load_config, resolved_sampling
 from moss_tts_node.errors import Cancelled, RequestError
 from moss_tts_node.model.layout import TOKENIZER_DIR
 from moss_tts_node.model.rates import FRAMES_PER_SECOND, frames_for_seconds
@@ -31,7 +31,6 @@ from moss_tts_node.model.sampling import SamplingParams
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.synthesis.feed import TextFeed
 from moss_tts_node.synthesis.pipeline import Pipeline
-from moss_tts_node.synthesis.release import read_release, trained_on_pause_markers
 from moss_tts_node.synthesis.request import SpeechRequest, Voice, check_request
 from moss_tts_node.synthesis.results import AudioStream, Synthesis
 from moss_tts_node.synthesis.stages import Stages, open_stages
@@ -63,15 +62,15 @@ class Synthesizer:
     ``voices`` holds the owner's named voices (``voices.*``) and the default one (``generation.reference_audio``),
     all encoded here, once: a request may give one of them as its voice (``synth.voices["butler"].codes``).
 
-    ``release`` is the MOSS-TTS release the weights are known to be (``synthesis/release.py``), or None; with
-    ``generation.pause_markers: auto`` it decides what a ``[pause X.Ys]`` means (``text/pauses.py``).
+    ``spec.identity`` is which model of the family the weights are (``model/identity.py``): its name, its
+    MOSS-TTS release where known (with ``generation.pause_markers: auto`` it decides what a ``[pause X.Ys]``
+    means: ``text/pauses.py``), its prompt template and its recommended sampling.
     """
 
     def __init__(self, config: Config) -> None:
         self.config = config
         weights = Path(config.model.weights_dir)
         self.spec = ModelSpec.load(weights)
-        self.release = read_release(weights)
         self.prompts = PromptBuilder(weights / TOKENIZER_DIR, self.spec)
         self.stages: Stages = open_stages(config, self.spec)
         try:
@@ -161,7 +160,7 @@ class Synthesizer:
         plan = self.planner.plan(prompt_fields, self._voice(request.voice, config), max_new_tokens, pause_markers)
         max_frames = None if max_audio_s is None else frames_for_seconds(max_audio_s)
         chunks = self.pipeline.run(
-            plan, _sampling_params(request, config), config.audio, _flag(cancel), streaming, max_frames
+            plan, _sampling_params(request, config, self.spec), config.audio, _flag(cancel), streaming, max_frames
         )
         prompt = next(item.prompt for item in plan if isinstance(item, Piece))
         return AudioStream(prompt, chunks, self._estimated_seconds(prompt_fields, pause_markers))
@@ -232,7 +231,7 @@ class Synthesizer:
             flag,
             input_pause_s,
         )
-        chunks = self.pipeline.run(source, _sampling_params(request, config), config.audio, flag, streaming)
+        chunks = self.pipeline.run(source, _sampling_params(request, config, self.spec), config.audio, flag, streaming)
         return AudioStream(None, chunks)
 
     def synthesize(
@@ -277,7 +276,7 @@ class Synthesizer:
 
     def _pause_mode(self, gen: GenerationConfig) -> str:
         """What a pause marker means for these weights under ``generation.pause_markers`` (``text/pauses.py``)."""
-        return resolve_pause_mode(gen.pause_markers, trained_on_pause_markers(self.release))
+        return resolve_pause_mode(gen.pause_markers, self.spec.identity.trained_on_pause_markers)
 
     @staticmethod
     def _clean_text(text: str, normalize: bool) -> str:
@@ -302,9 +301,11 @@ def _request(request: SpeechRequest | str, fields: dict[str, Any]) -> SpeechRequ
     return SpeechRequest(request, **fields)
 
 
-def _sampling_params(request: SpeechRequest, config: Config) -> SamplingParams:
-    """The request's sampling, its seed drawn now where neither the request nor the config fixes one."""
-    sampling = request.sampling or config.sampling
+def _sampling_params(request: SpeechRequest, config: Config, spec: ModelSpec) -> SamplingParams:
+    """The request's sampling over the config's, the model's recommendation where neither sets a key
+    (``resolved_sampling``), its seed drawn now where neither the request nor the config fixes one."""
+    layers = [layer for layer in (request.sampling, config.sampling) if layer is not None]
+    sampling = resolved_sampling(spec.identity.sampling, *layers)
     seed = request.seed if request.seed is not None and request.seed >= 0 else sampling.seed
     return SamplingParams(**{**asdict(sampling), "seed": seed if seed >= 0 else secrets.randbits(63)})
 

@@ -54,12 +54,15 @@ class StageClock:
 class TimingReport:
     """One request's figures. real_time_factor = wall time / audio time (below 1 is faster than real time).
 
+    ``model`` names the model that made them (``ModelIdentity.name``).
+
     ``codec_decode`` names how the audio was decoded (``SegmentDecoding.name``: "offline", or a
     streaming strategy) and ``codec_rtf`` = codec time / audio time. ``codec_stalls``: the audio
     was streamed and ``codec_rtf`` is above 1, so the codec alone cannot keep up with playback on
     this machine; ``format`` says so.
     """
 
+    model: str
     seed: int
     prompt_rows: int
     prefilled_rows: int  # of prompt_rows; the others were a prefix kept in the KV cache from the last request
@@ -86,6 +89,7 @@ class TimingReport:
         cls,
         clock: StageClock,
         *,
+        model: str,
         seed: int,
         prompt_rows: int,
         max_new_tokens: int,
@@ -101,6 +105,7 @@ class TimingReport:
         per_step = 1000.0 / max(steps, 1)
         loop_s = sum(clock.seconds[s] for s in ("backbone", "heads", "sampling"))
         return cls(
+            model=model,
             seed=seed,
             prompt_rows=prompt_rows,
             prefilled_rows=clock.prefilled_rows,
@@ -141,6 +146,7 @@ class TimingReport:
         )
         return "\n".join(
             [
+                f"model              {self.model}",
                 f"prompt rows        {self.prompt_rows} ({self.prefilled_rows} prefilled, the rest reused)",
                 f"steps              {self.steps} of {self.max_new_tokens} (stop: {self.stop_reason})",
                 f"audio              {self.frames} frames, {self.audio_seconds:.2f} s",

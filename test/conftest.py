@@ -28,7 +28,14 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # The directory of shared fixtures; CI keeps a copy beside the clone (<clone>/../shared).
 SHARED_DIR_VARIABLE = "MOSS_SHARED_DIR"
 CODEC_TINY = "codec-tiny"
-CODEC_TINY_FILES = ("decoder.onnx", "encoder.onnx", "reference.npz", "config.json", "model.safetensors")
+CODEC_TINY_FILES = (
+    "decoder.onnx",
+    "encoder.onnx",
+    "reference.npz",
+    "config.json",
+    "model.safetensors",
+    "reference16.npz",
+)
 # Set (to anything but "" or "0") where codec-tiny must be there: .ci/run sets it, so that in CI the tests
 # that carry the codec's exactness fail with the reason instead of skipping.
 REQUIRE_CODEC_TINY_VARIABLE = "MOSS_REQUIRE_CODEC_TINY"

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from moss_tts_node.pcm import float_to_pcm16
 from moss_tts_node.synthesizer import Synthesizer
 from moss_tts_node.tools.cli.batch import BadLine, Utterance, read_list
 from moss_tts_node.tools.cli.main import main as cli_main
-from moss_tts_node.tools.cli.progress import Progress
+from moss_tts_node.tools.progress import Progress
 
 SUMMARY = "summary.jsonl"
 
@@ -277,7 +278,7 @@ def test_bad_arguments_exit_2(demo_config: Path, tmp_path: Path) -> None:
 def test_the_progress_bar_shows_items_done_and_the_time_left(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    progress = Progress()
+    progress = Progress(sys.stderr)
     monkeypatch.setattr(progress, "enabled", True)
     progress.bar(0, 8, None, "first")
     progress.bar(2, 8, 3725.0, "third")

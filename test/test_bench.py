@@ -8,7 +8,7 @@ from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.text.prompt import PromptBuilder, PromptFields
 from moss_tts_node.tools.cli.main import build_parser
 from moss_tts_node.tools.dev.bench import format_table, kv_cache_bytes, run_bench
-from moss_tts_node.tools.dev.bench_models import BENCH_SHAPES, TEXT_VOCAB, write_padded_tokenizer
+from moss_tts_node.tools.dev.bench_models import BENCH_MODELS, TEXT_VOCAB, write_padded_tokenizer
 from moss_tts_node.tools.prepare.qwen3_gguf import Qwen3Shape, random_qwen3_tensors, write_qwen3_gguf
 
 
@@ -18,9 +18,13 @@ def test_bench_is_a_command() -> None:
 
 
 def test_bench_shapes_are_the_real_ones() -> None:
-    big, small = BENCH_SHAPES["8b"], BENCH_SHAPES["1.7b"]
+    big, small = BENCH_MODELS["8b"].shape, BENCH_MODELS["1.7b"].shape
     assert (big.hidden, big.layers, big.ffn, big.vocab) == (4096, 36, 12288, TEXT_VOCAB)
     assert (small.hidden, small.layers, small.ffn, small.vocab) == (2048, 28, 6144, TEXT_VOCAB)
+    assert [model.n_vq for model in BENCH_MODELS.values()] == [32, 32, 16]
+    assert BENCH_MODELS["voice-generator-1.7b"].shape == small  # MOSS-VoiceGenerator: Qwen3-1.7B, 16 codebooks
+    # the stamp of MOSS-TTS's bench models is the one they were cached under before the family
+    assert BENCH_MODELS["8b"].stamp() == {"format": 1, "shape": big.__dict__}
 
 
 def test_padded_tokenizer_has_the_real_special_ids(tmp_path: Path) -> None:

@@ -223,6 +223,45 @@ def test_codec_tiny_decodes_and_encodes_as_pytorch_does(codec_tiny_dir: Path) ->
     np.testing.assert_array_equal(codec.encode(reference["waveform"]), reference["codes_encoded"][:, 0, :].T)
 
 
+def test_codec_tiny_decodes_16_codebooks_as_pytorch_does(codec_tiny_dir: Path) -> None:
+    """A 16-codebook model's codes (MOSS-TTSD, -VoiceGenerator, -SoundEffect) against PyTorch's decode with
+    n_quantizers 16; the codes of codebooks 17-32 the file also holds tell a decode that ignored the count."""
+    reference = np.load(codec_tiny_dir / "reference16.npz")
+    codes16, upper = reference["codes16"][:, 0, :].T, reference["codes_upper"][:, 0, :].T
+    codec16 = OnnxCodec(codec_tiny_dir / "decoder.onnx", provider="cpu", threads=1, n_quantizers=16)
+    audio = codec16.decode(codes16)
+    np.testing.assert_allclose(audio, reference["audio_16q"], atol=REFERENCE_ATOL)
+    # Decoding all 32 codebooks, whatever fills the rows past 16 (our padding's zeros, or the upper codes), is
+    # another sound: the tolerance above tells them apart.
+    codec32 = OnnxCodec(codec_tiny_dir / "decoder.onnx", provider="cpu", threads=1)
+    with_upper = codec32.decode(np.concatenate([codes16, upper], axis=1))
+    np.testing.assert_allclose(with_upper, reference["audio_32q_with_upper"], atol=REFERENCE_ATOL)
+    for ignored in (with_upper, codec32.decode(np.concatenate([codes16, np.zeros_like(upper)], axis=1))):
+        assert np.abs(ignored - reference["audio_16q"]).max() > 100 * REFERENCE_ATOL
+
+
+def test_codec_tiny_encodes_16_codebooks_as_the_first_16_levels(codec_tiny_dir: Path) -> None:
+    """A residual quantizer's first 16 levels are its 16-level code: PyTorch's 32-level encode, cut."""
+    reference = np.load(codec_tiny_dir / "reference.npz")
+    codec16 = OnnxCodec(
+        codec_tiny_dir / "decoder.onnx", codec_tiny_dir / "encoder.onnx", provider="cpu", threads=1, n_quantizers=16
+    )
+    codes = codec16.encode(reference["waveform"])
+    np.testing.assert_array_equal(codes, reference["codes_encoded"][:16, 0, :].T)
+    assert codes.shape == (20, 16)
+
+
+def test_a_codec_decodes_and_encodes_its_own_codebook_count_only(demo_codec: tuple[Path, Path]) -> None:
+    encoder, decoder = demo_codec
+    codec16 = OnnxCodec(decoder, encoder, provider="cpu", n_quantizers=16)
+    assert codec16.encode(noise(3)).shape == (3, 16)
+    with pytest.raises(CodecError, match=r"decode expects codes of shape \(frames, 16\), got \(4, 32\)"):
+        codec16.decode(np.zeros((4, 32), dtype=np.int64))
+    for count in (0, 33, 16.0):
+        with pytest.raises(CodecError, match=rf"1 to 32 quantizers .*not {count!r}"):
+            OnnxCodec(decoder, provider="cpu", n_quantizers=count)  # type: ignore[arg-type]
+
+
 def test_attention_span_comes_from_the_checkpoint_config(
     codec_tiny_dir: Path, demo_codec: tuple[Path, Path], tmp_path: Path
 ) -> None:

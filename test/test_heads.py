@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -260,9 +259,7 @@ def test_attach_heads_command_writes_the_carrying_gguf_and_refuses_what_it_canno
     assert "lm_heads not found" in capsys.readouterr().err
     (weights / HEADS_DIR).symlink_to(model.heads_dir)
     (weights / "model.gguf").write_bytes(model.plain.read_bytes())
-    (weights / "config.json").write_text(
-        json.dumps({f.name: getattr(SPEC, f.name) for f in dataclasses.fields(SPEC)}), encoding="utf-8"
-    )
+    (weights / "config.json").write_text(json.dumps(SPEC.to_json()), encoding="utf-8")
 
     assert main(["attach-heads", str(weights)]) == 0
     target = weights / "model_audio_heads.gguf"

@@ -16,9 +16,9 @@ from conftest import linked_copy
 from moss_tts_node.codec.onnx import OnnxCodec
 from moss_tts_node.config import Config
 from moss_tts_node.errors import RequestError
+from moss_tts_node.model.identity import RECORD_KEY, V1_5
 from moss_tts_node.model.layout import CONFIG_FILE
 from moss_tts_node.model.rates import FRAMES_PER_SECOND, SAMPLE_RATE, SAMPLES_PER_FRAME
-from moss_tts_node.synthesis.release import RECORD_KEY, V1_5
 from moss_tts_node.synthesizer import Synthesizer
 from moss_tts_node.text.pieces import FRAMES_PER_TEXT_TOKEN, Pause, Piece, PiecePlanner
 from moss_tts_node.text.prompt import PromptFields
@@ -88,7 +88,9 @@ def test_a_rendered_pause_streams_in_chunks_and_equals_the_whole_utterance(
     stateful_synth: Synthesizer, codec_tiny_dir: Path
 ) -> None:
     synth = stateful_synth
-    assert synth.release is None and synth.config.generation.pause_markers == "auto"  # auto: silence, here
+    assert (
+        synth.spec.identity.release is None and synth.config.generation.pause_markers == "auto"
+    )  # auto: silence, here
     stream = synth.stream(POEM, seed=1)
     chunks = list(stream)
     assert stream.report is not None and stream.report.codec_decode == "stateful stream"
@@ -141,7 +143,7 @@ def test_auto_passes_markers_to_a_checkpoint_converted_from_v1_5(demo_config: Pa
     recorded = {**json.loads((weights / CONFIG_FILE).read_text()), RECORD_KEY: {"release": V1_5, "evidence": "test"}}
     (v15 / CONFIG_FILE).write_text(json.dumps(recorded))
     with Synthesizer.from_config_file(demo_config, {"model.weights_dir": str(v15)}) as synth:
-        assert synth.release == V1_5
+        assert synth.spec.identity.release == V1_5
         stream = synth.stream(POEM, seed=1)  # auto: the model makes the pause
         np.testing.assert_array_equal(stream.prompt, synth.prompts.build(PromptFields(text=POEM)))
         silenced = synth.stream(POEM, config=with_pauses(synth.config, "silence"))  # unless told otherwise

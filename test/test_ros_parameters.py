@@ -94,7 +94,7 @@ def test_ranges_and_choices_reach_the_descriptor() -> None:
     seed = descriptor(OPTIONS["sampling.seed"]).integer_range[0]
     assert (seed.from_value, seed.to_value) == (-1, 2**63 - 1)
     top_p = descriptor(OPTIONS["sampling.text_top_p"]).floating_point_range[0]
-    assert (top_p.from_value, top_p.to_value, top_p.step) == (0.0, 1.0, 0.0)
+    assert (top_p.from_value, top_p.to_value, top_p.step) == (-1.0, 1.0, 0.0)  # -1: the model's recommendation
     queue_size = descriptor(ALL_OPTIONS["queue_size"]).integer_range[0]
     assert (queue_size.from_value, queue_size.to_value) == (0, 64)
     assert descriptor(ALL_OPTIONS["queue_policy"]).additional_constraints == "one of: queue, interrupt"
@@ -113,7 +113,7 @@ def test_ranges_and_choices_reach_the_descriptor() -> None:
         (bounds,) = ranges
         assert (bounds in described.integer_range) is (option.type is int), option.key
         low, high = extremes[option.type]
-        assert bounds.from_value == (low if option.min is None else option.min), option.key
+        assert bounds.from_value == (low if option.lowest is None else option.lowest), option.key
         assert bounds.to_value == (high if option.max is None else option.max), option.key
 
 

@@ -11,6 +11,7 @@ from dataclasses import asdict, replace
 import numpy as np
 import pytest
 
+from moss_tts_node.config import resolved_sampling
 from moss_tts_node.errors import RequestError
 from moss_tts_node.model.rates import SAMPLE_RATE
 from moss_tts_node.model.sampling import SamplingParams
@@ -238,7 +239,8 @@ def test_the_pipeline_sends_a_pieces_last_samples_at_once_and_an_empty_final_chu
 ) -> None:
     planned = synth.planner.plan(PromptFields(text="Hello there."), [], STEPS)
     source = _Source([*planned, *planned])
-    sampling = SamplingParams(**{**asdict(synth.config.sampling), "seed": 1})
+    in_effect = resolved_sampling(synth.spec.identity.sampling, synth.config.sampling)  # -1: the model's
+    sampling = SamplingParams(**{**asdict(in_effect), "seed": 1})
     stream = AudioStream(None, synth.pipeline.run(source, sampling, synth.config.audio, lambda: False, True))
     chunks = drain(stream)
     assert chunks[-1].samples.shape == (0,) and chunks[-2].samples.shape[0] > 0

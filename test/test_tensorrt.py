@@ -31,6 +31,7 @@ from moss_tts_node.codec.onnx import OnnxCodec
 from moss_tts_node.config import load_config
 from moss_tts_node.errors import CodecError, ConfigError, MossTTSError, WeightsError
 from moss_tts_node.model.rates import SAMPLES_PER_FRAME
+from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.synthesis.stages import codec_params
 from moss_tts_node.tools.dev.demo_codec import write_demo_codec
 
@@ -119,9 +120,22 @@ def test_missing_or_broken_engine_records_say_how_to_rebuild(tmp_path: Path) -> 
         read_engine_set(tmp_path)
 
 
+def test_engine_records_keep_their_quantizer_count_and_older_ones_read_as_32(tmp_path: Path) -> None:
+    record = engine_set(tmp_path, n_quantizers=16)
+    write_record(tmp_path, record)
+    assert read_engine_set(tmp_path).n_quantizers == 16
+    saved = json.loads((tmp_path / METADATA_FILE).read_text())
+    del saved["n_quantizers"]  # as build-engines wrote it before 16-codebook models: always 32, frozen in
+    (tmp_path / METADATA_FILE).write_text(json.dumps(saved))
+    assert read_engine_set(tmp_path).n_quantizers == 32
+
+
 def test_engines_of_another_tensorrt_or_gpu_are_refused_with_the_reason(tmp_path: Path) -> None:
     record = engine_set(tmp_path)
     check_compatible(record, "10.3.0", ORIN)
+    check_compatible(dataclasses.replace(record, n_quantizers=16), "10.3.0", ORIN, 16)
+    with pytest.raises(CodecError, match=r"built for 16 quantizers, this model has 32 codebooks.*--quantizers 32"):
+        check_compatible(dataclasses.replace(record, n_quantizers=16), "10.3.0", ORIN, 32)
     check_compatible(record, "10.3.0", dataclasses.replace(ORIN, memory_bytes=15 * 2**30))  # memory is not compared
     with pytest.raises(CodecError, match=r"TensorRT 10\.3\.0, this machine has TensorRT 8\.6\.2.*build-engines"):
         check_compatible(record, "8.6.2", ORIN)
@@ -147,7 +161,7 @@ def test_without_tensorrt_every_entry_point_says_what_is_missing(demo_config: Pa
     weights = demo_config.parent
     config = load_config(demo_config, {"audio.backend": "tensorrt", "model.engine_dir": str(tmp_path)})
     with pytest.raises(MossTTSError, match=r"TensorRT is not usable|no CUDA|CUDA is not usable"):
-        open_codec(codec_params(config))
+        open_codec(codec_params(config, ModelSpec()))
     out = tmp_path / "engines"
     command = ["build-engines", "--decoder", weights / "codec" / "decoder.onnx", "--out", out, "--max-seconds", "2"]
     done = run_cli(*command)
@@ -163,9 +177,10 @@ def test_build_engines_checks_its_inputs_first(tmp_path: Path) -> None:
         build_engines(tmp_path / "absent.onnx", tmp_path / "out", -1.0)
 
 
+@pytest.mark.parametrize("quantizers", [32, 16])
 @pytest.mark.parametrize("codec", ["demo", "codec-tiny"])
-def test_frozen_quantizers_graph_computes_what_the_original_does_with_32(
-    request: pytest.FixtureRequest, codec: str, tmp_path: Path
+def test_frozen_quantizers_graph_computes_what_the_original_does(
+    request: pytest.FixtureRequest, codec: str, quantizers: int, tmp_path: Path
 ) -> None:
     """What TensorRT parses: n_quantizers a constant, the weights still read from the original's folder.
 
@@ -197,9 +212,9 @@ def test_frozen_quantizers_graph_computes_what_the_original_does_with_32(
         )
         assert (split / f"{graph}.data").stat().st_size > 10_000  # the weights really are outside the graph
         frozen = split / f"{graph}_frozen.onnx"  # beside the original: where its external data resolves
-        frozen.write_bytes(frozen_quantizers_model(original))
+        frozen.write_bytes(frozen_quantizers_model(original, quantizers))
         assert [i.name for i in ort.InferenceSession(str(frozen)).get_inputs()] == list(feeds[graph])
-        want = ort.InferenceSession(str(original)).run(None, {**feeds[graph], "n_quantizers": np.array(32)})
+        want = ort.InferenceSession(str(original)).run(None, {**feeds[graph], "n_quantizers": np.array(quantizers)})
         got = ort.InferenceSession(str(frozen)).run(None, feeds[graph])
         for w, g in zip(want, got, strict=True):
             np.testing.assert_array_equal(g, w)
@@ -326,6 +341,28 @@ def test_engines_from_another_tensorrt_are_refused(engines: EngineSet, tmp_path:
     (copy / METADATA_FILE).write_text(json.dumps(record))
     with pytest.raises(CodecError, match=r"built with TensorRT 7\.0\.0"):
         TensorRTCodec(copy)
+
+
+@needs_gpu
+def test_engines_for_16_codebooks_decode_as_pytorch_does(codec_tiny_dir: Path, tmp_path: Path) -> None:
+    """Engines built with --quantizers 16 take the same 32-row input and decode only the first 16 codebooks
+    (reference16.npz: PyTorch's decode with n_quantizers 16); a codec of another count refuses them."""
+    from moss_tts_node.codec.tensorrt import TensorRTCodec
+
+    built = build_engines(
+        codec_tiny_dir / "decoder.onnx", tmp_path, 4.0, codec_tiny_dir / "encoder.onnx", n_quantizers=16
+    )
+    assert read_engine_set(tmp_path).n_quantizers == built.n_quantizers == 16
+    reference = np.load(codec_tiny_dir / "reference16.npz")
+    with TensorRTCodec(tmp_path, n_quantizers=16) as codec:
+        audio = codec.decode(reference["codes16"][:, 0, :].T)
+        encoded = codec.encode(np.load(codec_tiny_dir / "reference.npz")["waveform"])
+    peak = np.abs(reference["audio_16q"]).max()
+    np.testing.assert_allclose(audio, reference["audio_16q"], atol=0.02 * peak)  # TF32: about 1e-3 of the peak
+    assert np.abs(audio - reference["audio_32q_with_upper"]).max() > 0.1 * peak
+    assert encoded.shape == (20, 16)
+    with pytest.raises(CodecError, match=r"built for 16 quantizers, this model has 32"):
+        TensorRTCodec(tmp_path)
 
 
 @needs_gpu

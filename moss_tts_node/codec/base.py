@@ -1,4 +1,4 @@
-"""The audio codec (MOSS-Audio-Tokenizer): 24 kHz waveforms <-> (T, 32) RVQ codes.
+"""The audio codec (MOSS-Audio-Tokenizer): 24 kHz waveforms <-> (T, n) RVQ codes, n the model's codebooks.
 
 ``AudioCodec`` is the backend-neutral interface the synthesizer talks to; it owns the
 input checks so every backend (ONNX Runtime here, TensorRT in ``codec/tensorrt.py``) rejects
@@ -10,7 +10,13 @@ and longer audio is encoded or decoded in windows with left context, never refus
 
 Codes are always laid out (frames, codebooks) in this package. The graphs want
 (codebooks, batch, frames); the transposition happens in one place, inside the backend,
-so that a (32, 32) matrix can never be transposed by guesswork."""
+so that a (32, 32) matrix can never be transposed by guesswork.
+
+The codec's residual quantizer has ``CODEC_QUANTIZERS`` (32) levels and its graphs always carry that many rows
+of codes; a codec opened for a model of fewer codebooks (``n_quantizers``: the model's ``n_vq``, 16 for MOSS-TTSD,
+-VoiceGenerator and -SoundEffect) passes that count as the graphs' ``n_quantizers`` input, pads the codes it
+decodes to 32 rows, and keeps the first ``n_quantizers`` rows of what the encoder returns (docs/model.md,
+"Codec I/O")."""
 
 from __future__ import annotations
 
@@ -35,6 +41,10 @@ ONNX_SOURCE = "OpenMOSS-Team/MOSS-Audio-Tokenizer-ONNX"
 
 
 CODEBOOK_SIZE = 1024
+
+
+# Levels of the codec's residual quantizer: the rows of codes its graphs take and give.
+CODEC_QUANTIZERS = 32
 
 
 # The key of the codec checkpoint's config.json that holds how far back (seconds) each of its Transformer
@@ -82,6 +92,15 @@ def read_attention_span(directory: Path | None) -> int:
     return frames
 
 
+def checked_quantizers(n_quantizers: int) -> int:
+    """``n_quantizers`` if a codec can code with that many codebooks (1 to 32), else CodecError."""
+    if type(n_quantizers) is not int or not 1 <= n_quantizers <= CODEC_QUANTIZERS:
+        raise CodecError(
+            f"the codec codes with 1 to {CODEC_QUANTIZERS} quantizers (its residual levels), not {n_quantizers!r}"
+        )
+    return n_quantizers
+
+
 def window_context(limit: int, attention_span: int) -> int:
     """Frames of left context each window after the first re-codes: the chosen overlap, capped by the limit."""
     return max(0, min(WINDOW_OVERLAP_SPANS * attention_span, limit - max(1, limit // WINDOW_MIN_NEW_SHARE)))
@@ -113,7 +132,7 @@ def run_windowed(
 
 
 class AudioCodec(ABC):
-    """A causal neural audio codec: SAMPLES_PER_FRAME samples per frame of 32 residual codebooks.
+    """A causal neural audio codec: SAMPLES_PER_FRAME samples per frame of ``n_quantizers`` residual codebooks.
 
     Subclasses implement ``_encode`` and ``_decode`` on already-validated inputs of at most
     ``_frame_limit`` frames; the public methods here validate and window, so the contract is
@@ -122,7 +141,9 @@ class AudioCodec(ABC):
 
     sample_rate: ClassVar[int] = SAMPLE_RATE
     samples_per_frame: ClassVar[int] = SAMPLES_PER_FRAME
-    n_quantizers: ClassVar[int] = 32
+    # Codebooks coded: the model's n_vq, set by each backend when it opens (checked_quantizers); the first
+    # n_quantizers of the codec's CODEC_QUANTIZERS levels.
+    n_quantizers: int = CODEC_QUANTIZERS
     # Most frames one graph call may take (a configured bound on memory and latency);
     # None: unbounded. Longer input is processed in windows by encode/decode.
     max_frames: int | None = None
@@ -132,14 +153,14 @@ class AudioCodec(ABC):
     def encode(self, waveform: np.ndarray) -> np.ndarray:
         """Encode float mono 24 kHz samples (n,), n a positive multiple of 1920.
 
-        Returns codes (n / 1920, 32) int64 in [0, 1023]. Audio longer than the backend's
+        Returns codes (n / 1920, n_quantizers) int64 in [0, 1023]. Audio longer than the backend's
         limit is encoded in windows with left context.
         """
         frames = self._checked_waveform(waveform).reshape(-1, self.samples_per_frame)
         return self._windowed(frames, "encoder", lambda window: self._encode(window.reshape(-1)))
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
-        """Decode codes (T, 32), T >= 1, integers in [0, 1023], to float32 samples (T * 1920,).
+        """Decode codes (T, n_quantizers), T >= 1, integers in [0, 1023], to float32 samples (T * 1920,).
 
         Codes longer than the backend's limit are decoded in windows with left context.
         """
@@ -147,7 +168,7 @@ class AudioCodec(ABC):
         def decode_window(window: np.ndarray) -> np.ndarray:  # one row of samples per frame
             return self._decode(window).reshape(-1, self.samples_per_frame)
 
-        codes = self._checked_codes(codes)
+        codes = self._checked_codes(codes, self.n_quantizers)
         return self._windowed(codes, "decoder", decode_window).reshape(-1)
 
     def _windowed(self, frames: np.ndarray, graph: str, run: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
@@ -169,11 +190,11 @@ class AudioCodec(ABC):
 
     @abstractmethod
     def _encode(self, waveform: np.ndarray) -> np.ndarray:
-        """Encode a validated float32 (n,) waveform to (n / 1920, 32) int64 codes."""
+        """Encode a validated float32 (n,) waveform to (n / 1920, n_quantizers) int64 codes."""
 
     @abstractmethod
     def _decode(self, codes: np.ndarray) -> np.ndarray:
-        """Decode validated (T, 32) int64 codes to (T * 1920,) float32 samples."""
+        """Decode validated (T, n_quantizers) int64 codes to (T * 1920,) float32 samples."""
 
     def __enter__(self: _Codec) -> _Codec:
         return self
@@ -205,11 +226,11 @@ class AudioCodec(ABC):
         return np.ascontiguousarray(waveform, dtype=np.float32)
 
     @classmethod
-    def _checked_codes(cls, codes: np.ndarray) -> np.ndarray:
-        """Return the codes as contiguous int64, or raise CodecError saying what is wrong."""
-        if not isinstance(codes, np.ndarray) or codes.ndim != 2 or codes.shape[1] != cls.n_quantizers:
+    def _checked_codes(cls, codes: np.ndarray, n_quantizers: int = CODEC_QUANTIZERS) -> np.ndarray:
+        """Return (T, ``n_quantizers``) codes as contiguous int64, or raise CodecError saying what is wrong."""
+        if not isinstance(codes, np.ndarray) or codes.ndim != 2 or codes.shape[1] != n_quantizers:
             shape = getattr(codes, "shape", type(codes).__name__)
-            raise CodecError(f"decode expects codes of shape (frames, {cls.n_quantizers}), got {shape}")
+            raise CodecError(f"decode expects codes of shape (frames, {n_quantizers}), got {shape}")
         if codes.shape[0] == 0:
             raise CodecError("decode expects at least one frame of codes, got 0")
         if not np.issubdtype(codes.dtype, np.integer):
@@ -224,20 +245,24 @@ class AudioCodec(ABC):
 
     @staticmethod
     def _graph_codes(codes: np.ndarray) -> np.ndarray:
-        """(T, 32) codes as the decoder graph's (32, 1, T) input."""
-        return np.ascontiguousarray(codes.T[:, None, :])
+        """(T, n) codes as the decoder graph's (32, 1, T) input: rows past n are zeros, which a decode with
+        ``n_quantizers`` n never reads."""
+        graph = np.zeros((CODEC_QUANTIZERS, 1, codes.shape[0]), dtype=np.int64)
+        graph[: codes.shape[1], 0, :] = codes.T
+        return graph
 
-    @classmethod
     def _codes_from_graph(
-        cls, codes: np.ndarray, lengths: np.ndarray, n_frames: int, source: Path | None
+        self, codes: np.ndarray, lengths: np.ndarray, n_frames: int, source: Path | None
     ) -> np.ndarray:
-        """The encoder graph's (32, 1, T) codes and (1,) lengths as (T, 32) int64, checked against ``n_frames``."""
-        codes = codes[:, 0, : int(lengths[0])]
-        if codes.shape != (cls.n_quantizers, n_frames):
+        """The encoder graph's (32, 1, T) codes and (1,) lengths as (T, n_quantizers) int64, checked against
+        ``n_frames``; the rows past ``n_quantizers`` (zeros from a graph told to use fewer) are dropped."""
+        if codes.ndim != 3 or codes.shape[0] < self.n_quantizers:
             raise CodecError(
-                f"{source} returned codes of shape {codes.shape} for {n_frames} frames; "
-                f"expected ({cls.n_quantizers}, {n_frames})"
+                f"{source} returned codes of shape {codes.shape}; expected ({CODEC_QUANTIZERS}, 1, {n_frames})"
             )
+        codes = codes[: self.n_quantizers, 0, : int(lengths[0])]
+        if codes.shape != (self.n_quantizers, n_frames):
+            raise CodecError(f"{source} returned {codes.shape[1]} frames of codes for {n_frames} frames of audio")
         return np.ascontiguousarray(codes.T, dtype=np.int64)
 
     @classmethod

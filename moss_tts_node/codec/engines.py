@@ -7,11 +7,15 @@ codec. The optimization profiles follow upstream's (docs/model.md, "Upstream"): 
 (1x1x1920) to ``max_seconds`` (opt 8 s), decoder ``audio_codes`` from 32x1x1 to 32x1x(12.5 x
 max_seconds) (opt 100 frames); opt is clamped to max when ``max_seconds`` is small.
 
-``n_quantizers`` (always 32 here) is frozen into the graph before TensorRT parses it: the graph
-slices by it, so TensorRT would read it as an int64 shape tensor, which TensorRT 10.3 (JetPack 6.1/6.2)
-documents as int32-only; as a constant it folds away, and the engines take one input each.
+``n_quantizers`` (the model's codebooks: 32 for MOSS-TTS, 16 for the family's other models) is frozen into
+the graph before TensorRT parses it: the graph slices by it, so TensorRT would read it as an int64 shape
+tensor, which TensorRT 10.3 (JetPack 6.1/6.2) documents as int32-only; as a constant it folds away, and the
+engines take one input each. So engines are built for one quantizer count (``build-engines --quantizers``),
+recorded with them, and a codec opened for another count refuses them. The input shapes do not change with
+it: the decoder engine still takes 32 rows of codes (those past the count are never read) and the encoder
+engine still returns 32 (those past the count are zeros, and dropped).
 
-``engines.json`` records what the engines were built with (TensorRT version, GPU, max seconds)
+``engines.json`` records what the engines were built with (TensorRT version, GPU, max seconds, quantizers)
 so that a codec can refuse an engine built elsewhere with the reason, instead of TensorRT's
 deserialization error or, worse, a silently slow engine.
 """
@@ -30,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from moss_tts_node.codec.base import ONNX_SOURCE, AudioCodec
+from moss_tts_node.codec.base import CODEC_QUANTIZERS, ONNX_SOURCE, checked_quantizers
 from moss_tts_node.codec.cuda import GpuInfo
 from moss_tts_node.errors import CodecError, WeightsError
 from moss_tts_node.model.rates import SAMPLES_PER_FRAME, frames_for_seconds
@@ -42,8 +46,6 @@ DATA_INPUTS = {"encoder": "input_values", "decoder": "audio_codes"}
 DEFAULT_MAX_SECONDS = 40.0  # upstream's MAX_AUDIO_SECONDS: 500 frames
 OPT_FRAMES = 100  # 8 s: the length most utterances' windows have
 PRECISION = "tf32"
-
-_NQ = AudioCodec.n_quantizers
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,9 @@ def profile_shapes(graph: str, max_seconds: float) -> ProfileShapes:
             (1, 1, frames * SAMPLES_PER_FRAME),
         )
     if graph == "decoder":
-        return ProfileShapes(DATA_INPUTS[graph], (_NQ, 1, 1), (_NQ, 1, opt), (_NQ, 1, frames))
+        return ProfileShapes(
+            DATA_INPUTS[graph], (CODEC_QUANTIZERS, 1, 1), (CODEC_QUANTIZERS, 1, opt), (CODEC_QUANTIZERS, 1, frames)
+        )
     raise ValueError(f"unknown codec graph {graph!r}")
 
 
@@ -90,6 +94,7 @@ class EngineSet:
     precision: str
     engines: dict[str, str]  # graph -> file name, only the graphs that were built
     built_at: str = ""
+    n_quantizers: int = CODEC_QUANTIZERS  # frozen into the engines; records written before it held 32
 
     def path(self, graph: str) -> Path | None:
         """The engine file of ``graph``, or None if that graph was not built."""
@@ -125,9 +130,18 @@ def read_engine_set(directory: Path) -> EngineSet:
     return engines
 
 
-def check_compatible(engines: EngineSet, tensorrt_version: str, gpu: GpuInfo) -> None:
-    """Refuse (CodecError, with the reason and the fix) engines built by another TensorRT or for another GPU."""
+def check_compatible(
+    engines: EngineSet, tensorrt_version: str, gpu: GpuInfo, n_quantizers: int = CODEC_QUANTIZERS
+) -> None:
+    """Refuse (CodecError, with the reason and the fix) engines built by another TensorRT, for another GPU, or for
+    another quantizer count than the model's ``n_quantizers``."""
     rebuild = f"rebuild them here with `python -m moss_tts_node build-engines ... --out {engines.directory}`"
+    if engines.n_quantizers != n_quantizers:
+        raise CodecError(
+            f"the codec engines in {engines.directory} were built for {engines.n_quantizers} quantizers, this model "
+            f"has {n_quantizers} codebooks: an engine decodes the count it was built for; rebuild them with "
+            f"`python -m moss_tts_node build-engines ... --quantizers {n_quantizers} --out <another directory>`"
+        )
     if engines.tensorrt_version != tensorrt_version:
         raise CodecError(
             f"the codec engines in {engines.directory} were built with TensorRT {engines.tensorrt_version}, "
@@ -162,9 +176,14 @@ def trt_logger() -> Any:
 
 
 def build_engines(
-    decoder_onnx: Path, out_dir: Path, max_seconds: float = DEFAULT_MAX_SECONDS, encoder_onnx: Path | None = None
+    decoder_onnx: Path,
+    out_dir: Path,
+    max_seconds: float = DEFAULT_MAX_SECONDS,
+    encoder_onnx: Path | None = None,
+    n_quantizers: int = CODEC_QUANTIZERS,
 ) -> EngineSet:
-    """Build the decoder (and encoder) engines into ``out_dir`` and write ``engines.json`` last.
+    """Build the decoder (and encoder) engines for a model of ``n_quantizers`` codebooks into ``out_dir`` and
+    write ``engines.json`` last.
 
     Each engine is written under a temporary name and renamed, and the record replaces any old
     one only once every engine is built, so an interrupted build never leaves a record that
@@ -174,6 +193,7 @@ def build_engines(
 
     sources = {graph: Path(path) for graph, path in (("encoder", encoder_onnx), ("decoder", decoder_onnx)) if path}
     shapes = {graph: profile_shapes(graph, max_seconds) for graph in sources}  # checks max_seconds
+    checked_quantizers(n_quantizers)
     for graph, onnx_path in sources.items():
         if not onnx_path.is_file():
             raise WeightsError(f"{graph} ONNX file not found: {onnx_path} (from {ONNX_SOURCE})")
@@ -188,7 +208,7 @@ def build_engines(
     built: dict[str, str] = {}
     for graph, onnx_path in sources.items():
         started = time.perf_counter()
-        plan = _build_plan(trt, onnx_path, shapes[graph])
+        plan = _build_plan(trt, onnx_path, shapes[graph], n_quantizers)
         _write_atomically(out_dir / ENGINE_FILES[graph], plan)
         del plan  # GBs of host memory (shared with the GPU on a Jetson) before the next graph builds
         print(f"built {graph} engine {out_dir / ENGINE_FILES[graph]} in {time.perf_counter() - started:.0f} s")
@@ -202,6 +222,7 @@ def build_engines(
         precision=PRECISION,
         engines=built,
         built_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        n_quantizers=n_quantizers,
     )
     _write_atomically(out_dir / METADATA_FILE, engines.to_json().encode())
     return engines
@@ -214,8 +235,8 @@ def _network_flags(trt: ModuleType) -> int:
     return 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
 
 
-def frozen_quantizers_model(onnx_path: Path) -> bytes:
-    """The serialized ONNX graph with its ``n_quantizers`` input replaced by the constant 32.
+def frozen_quantizers_model(onnx_path: Path, n_quantizers: int = CODEC_QUANTIZERS) -> bytes:
+    """The serialized ONNX graph with its ``n_quantizers`` input replaced by that constant.
 
     Only the graph is read: weights kept in external data files stay where they are, and the parser
     finds them from the original path (``parse(model, path)``).
@@ -234,11 +255,11 @@ def frozen_quantizers_model(onnx_path: Path) -> bytes:
     kept = [tensor for tensor in graph.input if tensor.name != "n_quantizers"]
     del graph.input[:]
     graph.input.extend(kept)
-    graph.initializer.append(numpy_helper.from_array(np.array(_NQ, dtype=np.int64), "n_quantizers"))
+    graph.initializer.append(numpy_helper.from_array(np.array(n_quantizers, dtype=np.int64), "n_quantizers"))
     return model.SerializeToString()
 
 
-def _build_plan(trt: ModuleType, onnx_path: Path, shapes: ProfileShapes) -> Any:
+def _build_plan(trt: ModuleType, onnx_path: Path, shapes: ProfileShapes, n_quantizers: int) -> Any:
     """Parse one ONNX graph and build a serialized TF32 engine with ``shapes`` as its profile.
 
     Returns TensorRT's IHostMemory (a buffer: written to the file as it is, never copied).
@@ -250,7 +271,7 @@ def _build_plan(trt: ModuleType, onnx_path: Path, shapes: ProfileShapes) -> Any:
         raise CodecError(f"TensorRT could not start a builder ({error}): is the GPU usable?") from error
     network = builder.create_network(_network_flags(trt))
     parser = trt.OnnxParser(network, logger)
-    if not parser.parse(frozen_quantizers_model(onnx_path), str(onnx_path)):
+    if not parser.parse(frozen_quantizers_model(onnx_path, n_quantizers), str(onnx_path)):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise CodecError(f"TensorRT could not parse {onnx_path}: {errors}")
     inputs = [network.get_input(i).name for i in range(network.num_inputs)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from moss_tts_node.codec.base import AudioCodec, read_attention_span
+from moss_tts_node.codec.base import CODEC_QUANTIZERS, AudioCodec, read_attention_span
 from moss_tts_node.codec.layout import DECODER_FILE, ENCODER_FILE
 from moss_tts_node.codec.onnx import OnnxCodec
 from moss_tts_node.errors import CodecError
@@ -21,6 +21,7 @@ class CodecParams:
     onnx_provider: str = "auto"  # a name of choices.ONNX_PROVIDERS
     threads: int = 0  # ONNX Runtime intra-op threads; 0 lets it choose
     max_frames: int = 500  # the most frames one codec call takes; longer audio is coded in windows
+    n_quantizers: int = CODEC_QUANTIZERS  # the model's codebooks (its n_vq), which the codec decodes and encodes
 
 
 def open_codec(
@@ -47,6 +48,7 @@ def open_codec(
             encoder_optional=optional,
             max_frames=params.max_frames,
             attention_span_frames=read_attention_span(params.codec_dir),
+            n_quantizers=params.n_quantizers,
         )
     if params.codec_dir is None:
         raise CodecError("the onnx codec backend needs the codec's directory (model.codec_dir)")
@@ -57,4 +59,5 @@ def open_codec(
         provider=params.onnx_provider,
         threads=params.threads,
         max_frames=params.max_frames,
+        n_quantizers=params.n_quantizers,
     )

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from moss_tts_node.codec.base import ONNX_SOURCE, AudioCodec, read_attention_span
+from moss_tts_node.codec.base import CODEC_QUANTIZERS, ONNX_SOURCE, AudioCodec, checked_quantizers, read_attention_span
 from moss_tts_node.errors import CodecError, WeightsError
 
 if TYPE_CHECKING:
@@ -32,13 +32,13 @@ _ENCODER_INPUTS = (
 
 
 _ENCODER_OUTPUTS = (
-    TensorSpec(None, "tensor(int64)", (AudioCodec.n_quantizers, None, None)),
+    TensorSpec(None, "tensor(int64)", (CODEC_QUANTIZERS, None, None)),
     TensorSpec(None, "tensor(int64)", (None,)),
 )
 
 
 _DECODER_INPUTS = (
-    TensorSpec("audio_codes", "tensor(int64)", (AudioCodec.n_quantizers, None, None)),
+    TensorSpec("audio_codes", "tensor(int64)", (CODEC_QUANTIZERS, None, None)),
     TensorSpec("n_quantizers", "tensor(int64)", ()),
 )
 
@@ -62,6 +62,7 @@ class OnnxCodec(AudioCodec):
     ``cuda``. ``threads``: intra-op CPU threads, 0 lets onnxruntime choose. ``max_frames``:
     most frames per graph call; longer audio is processed in windows, overlapping by a multiple
     of the attention span that the ``config.json`` beside the graphs states (``read_attention_span``).
+    ``n_quantizers``: the model's codebooks, which the graphs are told to decode and encode with.
     """
 
     def __init__(
@@ -71,7 +72,9 @@ class OnnxCodec(AudioCodec):
         provider: str = "auto",
         threads: int = 0,
         max_frames: int | None = None,
+        n_quantizers: int = CODEC_QUANTIZERS,
     ) -> None:
+        self.n_quantizers = checked_quantizers(n_quantizers)
         self._providers = _resolve_providers(provider)
         self._require_cuda = provider == "cuda"
         self._threads = threads
@@ -114,7 +117,7 @@ class OnnxCodec(AudioCodec):
         return self._samples_from_graph(audio, lengths, codes.shape[0], self._decoder_path)
 
     def _feeds(self, name: str, values: np.ndarray) -> dict[str, np.ndarray]:
-        """Graph inputs: the data plus ``n_quantizers`` (always all 32 codebooks)."""
+        """Graph inputs: the data plus ``n_quantizers``, the codebooks the model uses."""
         return {name: values, "n_quantizers": np.array(self.n_quantizers, dtype=np.int64)}
 
     def _encoder_session(self) -> Any:

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from moss_tts_node.codec.base import PUBLISHED_ATTENTION_SPAN_FRAMES, AudioCodec
+from moss_tts_node.codec.base import CODEC_QUANTIZERS, PUBLISHED_ATTENTION_SPAN_FRAMES, AudioCodec, checked_quantizers
 from moss_tts_node.codec.cuda import CudaApi, cuda_api
 from moss_tts_node.codec.engines import (
     DATA_INPUTS,
@@ -143,7 +143,8 @@ class TensorRTCodec(AudioCodec):
     encoder at once, unless ``encoder_optional`` (beside a stream decoder). ``max_frames`` (from config) can lower
     the engines' own limit; longer audio is windowed either way, overlapping by a multiple of
     ``attention_span_frames`` (``read_attention_span``). ``cuda``: which CUDA binding
-    (``auto``, ``pycuda``, ``cuda-python``).
+    (``auto``, ``pycuda``, ``cuda-python``). ``n_quantizers``: the model's codebooks, which must be those the
+    engines were built for (``engines.json`` records it).
     """
 
     def __init__(
@@ -156,18 +157,20 @@ class TensorRTCodec(AudioCodec):
         max_frames: int | None = None,
         attention_span_frames: int = PUBLISHED_ATTENTION_SPAN_FRAMES,
         cuda: str = "auto",
+        n_quantizers: int = CODEC_QUANTIZERS,
     ) -> None:
         self._runners: dict[str, _EngineRunner] = {}  # set first: close() must work if __init__ fails
         self._lock = threading.Lock()
         self._closed = False
         self.max_frames = max_frames
         self.attention_span_frames = attention_span_frames
+        self.n_quantizers = checked_quantizers(n_quantizers)
         trt = import_tensorrt()
         self._engines = read_engine_set(Path(engine_dir))
         self._cuda = cuda
         probe = cuda_api(cuda)
         try:
-            check_compatible(self._engines, trt.__version__, probe.gpu())
+            check_compatible(self._engines, trt.__version__, probe.gpu(), self.n_quantizers)
         finally:
             probe.release()
         self._wanted = {"encoder": encoder, "decoder": decoder}

@@ -1,7 +1,7 @@
-"""The 33 input embedding tables (text + 32 codebooks), memory-mapped float16.
+"""The 1 + n_vq input embedding tables (text + one per codebook: 33 for MOSS-TTS), memory-mapped float16.
 
 File layout (as published in MOSS-TTS-GGUF, ``model/layout.py``): a text table (vocab, H) and one
-table per codebook (1025, H), all float16. A step reads 33 rows, a prompt S x 33.
+table per codebook (1025, H), all float16. A step reads 1 + n_vq rows, a prompt S x (1 + n_vq).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class EmbeddingTables:
 
     def embed(self, rows: np.ndarray) -> np.ndarray:
         """(S, 1 + n_vq) int64 rows -> (S, H) float32 embeddings."""
-        if rows.shape[0] == 1:  # a generation step: gather the 33 rows, one float32 sum
+        if rows.shape[0] == 1:  # a generation step: gather the 1 + n_vq rows, one float32 sum
             gather, row = self._gather, rows[0].tolist()
             gather[0] = self._text[row[0]]
             for k, table in enumerate(self._audio):

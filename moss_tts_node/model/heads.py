@@ -1,8 +1,9 @@
-"""The 32 audio heads, and the text head's shortcut in the audio phase.
+"""The audio heads (one per codebook: 32 for MOSS-TTS, 16 for the family's others), and the text head's shortcut
+in the audio phase.
 
-The audio heads (32 x 1025 x H, read in full every step) run on one of three backends, ``heads_backend``:
+The audio heads (n_vq x 1025 x H, read in full every step) run on one of three backends, ``heads_backend``:
 
-- ``gguf``: inside llama.cpp's graph. The GGUF's output matrix carries the 32 heads after the text
+- ``gguf``: inside llama.cpp's graph. The GGUF's output matrix carries the n_vq heads after the text
   vocabulary (``python -m moss_tts_node attach-heads`` makes such a file; the metadata key ``moss_tts.audio_heads``
   marks it), so they are quantized with the model, computed by llama.cpp's threads, and on the GPU when
   the layers are. The text head runs every step.
@@ -305,7 +306,7 @@ def _external_stub(name: str, array: np.ndarray, data_type: int) -> Any:
 
 
 def read_heads(heads_dir: Path, spec: ModelSpec, hidden: int) -> Iterator[np.ndarray]:
-    """The 32 float16 heads, one at a time (memory-mapped)."""
+    """The n_vq float16 heads, one at a time (memory-mapped)."""
     heads_dir = Path(heads_dir)
     for k in range(spec.n_vq):
         yield load_matrix(heads_dir / audio_head_file(k), spec.audio_rows, hidden)

@@ -1,18 +1,20 @@
-"""The model's vocabulary facts: special-token ids, codebook count and sizes.
+"""The model's vocabulary facts: special-token ids, codebook count and sizes; and which model it is.
 
 They come from the weights directory's ``config.json`` (``layout.CONFIG_FILE``) (the keys upstream's config
 uses: docs/model.md, "Upstream"), with the published model's values as defaults, so a tiny test model can bring
-a tiny vocabulary.
+a tiny vocabulary. The same file's record of which model of the family the weights are (its name, prompt
+template and recommended sampling: ``model/identity.py``) is read with them, as ``identity``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from moss_tts_node.errors import WeightsError
+from moss_tts_node.model.identity import ModelIdentity
 from moss_tts_node.model.layout import CONFIG_FILE
 from moss_tts_node.model.rates import SAMPLE_RATE
 
@@ -31,6 +33,8 @@ class ModelSpec:
     audio_assistant_gen_slot_token_id: int = 151656
     audio_assistant_delay_slot_token_id: int = 151662
     sampling_rate: int = SAMPLE_RATE
+    # Which model: not an upstream key, so neither compared nor written back with them (to_json).
+    identity: ModelIdentity = field(default=ModelIdentity(), compare=False, repr=False)
 
     @property
     def channels(self) -> int:
@@ -44,7 +48,7 @@ class ModelSpec:
 
     @property
     def special_token_ids(self) -> dict[str, int]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name.endswith("_token_id")}
+        return {f.name: getattr(self, f.name) for f in _CONFIG_FIELDS if f.name.endswith("_token_id")}
 
     @classmethod
     def load(cls, weights_dir: Path) -> ModelSpec:
@@ -59,13 +63,13 @@ class ModelSpec:
         if not isinstance(raw, dict):
             raise WeightsError(f"{path}: expected a JSON object")
         values = {}
-        for f in dataclasses.fields(cls):
+        for f in _CONFIG_FIELDS:
             if f.name in raw:
                 value = raw[f.name]
                 if type(value) is not int or value < 0:
                     raise WeightsError(f"{path}: '{f.name}' must be a non-negative integer, got {value!r}")
                 values[f.name] = value
-        spec = cls(**values)
+        spec = cls(**values, identity=ModelIdentity.from_config(raw, values.get("n_vq", cls.n_vq), path))
         if spec.audio_pad_code != spec.audio_vocab_size:
             raise WeightsError(
                 f"{path}: audio_pad_code ({spec.audio_pad_code}) must equal audio_vocab_size "
@@ -74,4 +78,8 @@ class ModelSpec:
         return spec
 
     def to_json(self) -> dict[str, int]:
-        return dataclasses.asdict(self)
+        """The upstream keys, as config.json holds them."""
+        return {f.name: getattr(self, f.name) for f in _CONFIG_FIELDS}
+
+
+_CONFIG_FIELDS = tuple(f for f in dataclasses.fields(ModelSpec) if f.name != "identity")

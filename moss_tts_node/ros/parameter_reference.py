@@ -76,8 +76,11 @@ def _range(option: Option) -> str:
     low = None if option.min is None else _number(option, option.min)
     high = None if option.max is None or option.max == _INT64_MAX else _number(option, option.max)
     if low is not None and high is not None:
-        return f"{low} .. {high}"
-    return f">= {low}" if low is not None else ("" if high is None else f"<= {high}")
+        span = f"{low} .. {high}"
+    else:
+        span = f">= {low}" if low is not None else ("" if high is None else f"<= {high}")
+    # A key that also takes a value below its range meaning "not set" (the sampling keys' -1) says so.
+    return span if option.unset is None else f"{_number(option, option.unset)}, or {span}"
 
 
 def _number(option: Option, value: float) -> str:

@@ -206,11 +206,11 @@ def descriptor(option: Option) -> ParameterDescriptor:
         constraints.append(LOAD_TIME_CONSTRAINT)
     described.additional_constraints = "; ".join(constraints)
     if option.type is int and (option.min is not None or option.max is not None):
-        low = -(2**63) if option.min is None else int(option.min)
+        low = -(2**63) if option.lowest is None else int(option.lowest)
         high = 2**63 - 1 if option.max is None else int(option.max)
         described.integer_range = [IntegerRange(from_value=low, to_value=high, step=0)]
     if option.type is float and (option.min is not None or option.max is not None):
-        low = -math.inf if option.min is None else option.min
+        low = -math.inf if option.lowest is None else option.lowest
         high = math.inf if option.max is None else option.max
         described.floating_point_range = [FloatingPointRange(from_value=low, to_value=high, step=0.0)]
     return described

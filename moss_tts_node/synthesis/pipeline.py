@@ -264,6 +264,7 @@ class Pipeline:
         all_codes = np.concatenate(codes) if codes else np.empty((0, self.spec.n_vq), dtype=np.int64)
         report = TimingReport.from_clock(
             clock,
+            model=self.spec.identity.name,
             seed=sampling.seed,
             prompt_rows=sum(piece.prompt.shape[0] for piece in pieces),
             max_new_tokens=sum(piece.max_steps for piece in pieces),

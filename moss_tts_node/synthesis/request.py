@@ -32,7 +32,7 @@ class SpeechRequest:
     voice: Voice = None
     seed: int | None = None  # None or -1: sampling.seed (-1 there draws a fresh one); the same seed, the same audio
     max_new_tokens: int | None = None  # generation steps per piece, at most what the context leaves
-    sampling: SamplingConfig | None = None  # the whole sampling section, replacing the config's
+    sampling: SamplingConfig | None = None  # a sampling section: the keys it sets (not -1) override the config's
 
 
 _TEXT_FIELDS = ("text", "language", "instruction", "quality")

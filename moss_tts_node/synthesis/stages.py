@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from moss_tts_node.codec.base import AudioCodec
+from moss_tts_node.codec.base import CODEC_QUANTIZERS, AudioCodec
 from moss_tts_node.codec.factory import CodecParams, open_codec
 from moss_tts_node.codec.stream_decoder import StreamDecoder, StreamDecoderCodec
 from moss_tts_node.codec.streaming import StatefulStreamDecoding
@@ -54,7 +54,7 @@ def backbone_params(config: Config) -> BackboneParams:
     )
 
 
-def codec_params(config: Config) -> CodecParams:
+def codec_params(config: Config, spec: ModelSpec) -> CodecParams:
     model, audio = config.model, config.audio
     return CodecParams(
         backend=audio.backend,
@@ -63,6 +63,7 @@ def codec_params(config: Config) -> CodecParams:
         onnx_provider=audio.onnx_provider,
         threads=audio.codec_threads,
         max_frames=frames_for_seconds(audio.max_codec_seconds),
+        n_quantizers=spec.n_vq,
     )
 
 
@@ -143,11 +144,11 @@ class ResidentStages(Stages):
     def __init__(self, config: Config, spec: ModelSpec) -> None:
         self._generation = GenerationStage.load(config, spec)
         try:
-            decoder = _open_stream_decoder(config)
+            decoder = _open_stream_decoder(config, spec)
             if decoder is None:
-                self._codec = open_codec(codec_params(config))
+                self._codec = open_codec(codec_params(config, spec))
             else:
-                encoder = open_codec(codec_params(config), decoder=False, encoder_optional=True)
+                encoder = open_codec(codec_params(config, spec), decoder=False, encoder_optional=True)
                 self._codec = StreamDecoderCodec(decoder, encoder)
                 self.stream_decoding = StatefulStreamDecoding(decoder)
         except BaseException:
@@ -210,7 +211,7 @@ class PerRequestStages(Stages):
         self._spec = spec
         with self.generation() as stage:
             self.n_ctx = stage.backbone.n_ctx
-        open_codec(codec_params(config)).close()
+        open_codec(codec_params(config, spec)).close()
 
     @contextmanager
     def generation(self) -> Iterator[GenerationStage]:
@@ -225,24 +226,29 @@ class PerRequestStages(Stages):
 
     @contextmanager
     def decoder(self) -> Iterator[AudioCodec]:
-        with open_codec(codec_params(self._config), encoder=False) as codec:
+        with open_codec(codec_params(self._config, self._spec), encoder=False) as codec:
             yield codec
 
     @contextmanager
     def encoder(self) -> Iterator[AudioCodec]:
-        with open_codec(codec_params(self._config), decoder=False) as codec:
+        with open_codec(codec_params(self._config, self._spec), decoder=False) as codec:
             yield codec
 
     def close(self) -> None:
         pass  # nothing stays loaded
 
 
-def _open_stream_decoder(config: Config) -> StreamDecoder | None:
-    """The stream decoder ``audio.stream_decoder`` selects, loaded and checked now; None for the windowed scheme."""
+def _open_stream_decoder(config: Config, spec: ModelSpec) -> StreamDecoder | None:
+    """The stream decoder ``audio.stream_decoder`` selects, loaded and checked now (for the model's codebooks);
+    None for the windowed scheme."""
     path = stream_decoder_path(config)
     if path is None:
         return None
     try:
+        if spec.n_vq != CODEC_QUANTIZERS:  # the stream decoder graphs decode the codec's every codebook
+            raise CodecError(
+                f"{path} decodes codes of {CODEC_QUANTIZERS} quantizers, but this model's codes have {spec.n_vq}"
+            )
         return StreamDecoder(path, threads=config.audio.codec_threads)
     except CodecError as error:
         raise ConfigError(

@@ -98,6 +98,11 @@ def _load_codes(path: Path, spec: ModelSpec, limit: VoiceLimit) -> np.ndarray:
 
 def checked_codes(codes: np.ndarray, spec: ModelSpec, what: str) -> np.ndarray:
     """``codes`` as int64 if they are (T, n_vq) codes of this model; RequestError naming ``what`` otherwise."""
+    if codes.ndim == 2 and codes.shape[0] > 0 and codes.shape[1] != spec.n_vq:
+        raise RequestError(
+            f"{what}: codes of {codes.shape[1]} codebooks, but this model has {spec.n_vq}: they were encoded for "
+            "another model; re-encode the clip with encode-voice, with this model's config"
+        )
     if codes.ndim != 2 or codes.shape[1] != spec.n_vq or codes.shape[0] == 0:
         raise RequestError(f"{what}: shape {codes.shape}, expected (frames, {spec.n_vq}); make it with encode-voice")
     if not np.issubdtype(codes.dtype, np.integer) or codes.min() < 0 or codes.max() >= spec.audio_vocab_size:

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from moss_tts_node.errors import EXIT_INTERRUPTED, MossTTSError, RequestError
 from moss_tts_node.timing import StopReason
-from moss_tts_node.tools.cli.progress import Progress
 from moss_tts_node.tools.overrides import add_set_option, parse_overrides
+from moss_tts_node.tools.progress import Progress
 
 if TYPE_CHECKING:
     import numpy as np
@@ -269,7 +269,7 @@ def run(args: argparse.Namespace) -> int:
         for entry in entries
         if isinstance(entry, Utterance) and (args.force or not output_path(args.out, entry.id).exists())
     ]
-    progress = Progress()
+    progress = Progress(sys.stderr)
     if not todo:  # nothing to synthesize: no model to load
         return Batch(None, args.out, progress).run(entries, todo)
     started = time.perf_counter()

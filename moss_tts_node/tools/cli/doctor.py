@@ -161,7 +161,9 @@ def _check_config(path: Path, environment: _Environment, checks: list[Check]) ->
         checks.append(Check("FAIL", "config", str(error)))
         return
     checks.append(Check("ok", "config", str(path)))
-    _check_weights(Path(config.model.weights_dir), backbone_path(config), checks)
+    n_vq = _check_weights(Path(config.model.weights_dir), backbone_path(config), checks)
+    if n_vq is not None:
+        _check_model(config, checks)
     _check_heads(config, environment, checks)
     if config.llama.n_gpu_layers != 0 and environment.gpu_offload is False:
         checks.append(
@@ -169,7 +171,7 @@ def _check_config(path: Path, environment: _Environment, checks: list[Check]) ->
         )
     _check_stream_decoder(config, checks)
     if config.audio.backend == "tensorrt":
-        _check_engines(Path(config.model.engine_dir), environment, checks)
+        _check_engines(Path(config.model.engine_dir), environment, n_vq, checks)
         return
     codec_dir = Path(config.model.codec_dir)
     encoder = codec_dir / ENCODER_FILE
@@ -204,15 +206,16 @@ def _check_stream_decoder(config: Any, checks: list[Check]) -> None:
         checks.append(Check("--", "stream decoder", f"none in {where}: {windowed}; {build}"))
 
 
-def _check_weights(weights: Path, gguf: Path, checks: list[Check]) -> None:
-    """The weight files the synthesizer reads, by name (nothing is loaded)."""
+def _check_weights(weights: Path, gguf: Path, checks: list[Check]) -> int | None:
+    """The weight files the synthesizer reads, by name (nothing is loaded); the model's codebooks, or None when
+    its config.json cannot be read."""
     from moss_tts_node.model.spec import ModelSpec
 
     try:
         n_vq = ModelSpec.load(weights).n_vq
     except MossTTSError as error:
         checks.append(Check("FAIL", "weights", str(error)))
-        return
+        return None
     size = f"{gguf.stat().st_size / 1e6:,.0f} MB" if gguf.is_file() else "missing"
     checks.append(Check("ok" if gguf.is_file() else "FAIL", "backbone gguf", f"{gguf} ({size})"))
     groups = {
@@ -224,6 +227,29 @@ def _check_weights(weights: Path, gguf: Path, checks: list[Check]) -> None:
     for what, names in groups.items():
         found = sum((weights / name).is_file() for name in names)
         checks.append(Check("ok" if found == len(names) else "FAIL", what, f"{found}/{len(names)} files in {weights}"))
+    return n_vq
+
+
+def _check_model(config: Any, checks: list[Check]) -> None:
+    """Which model the weights are (the record convert wrote), its prompt template, and the sampling in effect:
+    the model's recommendation where the config leaves a key at -1 (docs/family.md, "Sampling")."""
+    from moss_tts_node.config import OPTIONS, resolved_sampling
+    from moss_tts_node.model.spec import ModelSpec
+
+    spec = ModelSpec.load(Path(config.model.weights_dir))
+    identity = spec.identity
+    told = f" ({identity.evidence})" if identity.evidence else " (no record of convert's: the published MOSS-TTS-GGUF?)"
+    scene = ", with a Scene field" if identity.template.has_scene else ""
+    detail = f"{identity.name}, {spec.n_vq} codebooks{told}; prompt template of {identity.template.source}{scene}"
+    checks.append(Check("ok" if identity.model is not None else "warn", "model", detail))
+    in_effect = resolved_sampling(identity.sampling, config.sampling)
+    values = []
+    for key, option in OPTIONS.items():
+        if key.startswith("sampling.") and option.unset is not None:
+            name = key.removeprefix("sampling.")
+            mine = getattr(config.sampling, name) != option.unset
+            values.append(f"{name} {getattr(in_effect, name)}{' (config)' if mine else ''}")
+    checks.append(Check("ok", "sampling", f"{', '.join(values)} (unmarked: as {identity.name} recommends)"))
 
 
 def _check_heads(config: Any, environment: _Environment, checks: list[Check]) -> None:
@@ -261,7 +287,7 @@ def _check_heads(config: Any, environment: _Environment, checks: list[Check]) ->
         checks.append(Check("ok", "audio heads", f"{backend}: {n_vq} files in {weights / HEADS_DIR}"))
 
 
-def _check_engines(engine_dir: Path, environment: _Environment, checks: list[Check]) -> None:
+def _check_engines(engine_dir: Path, environment: _Environment, n_vq: int | None, checks: list[Check]) -> None:
     from moss_tts_node.codec.engines import check_compatible, read_engine_set
 
     try:
@@ -270,12 +296,13 @@ def _check_engines(engine_dir: Path, environment: _Environment, checks: list[Che
         checks.append(Check("FAIL", "codec engines", str(error)))
         return
     built = f"{', '.join(engines.engines)} for {engines.gpu.name}, TensorRT {engines.tensorrt_version}"
-    detail = f"{engine_dir}: {built}, up to {engines.max_seconds:g} s, {engines.precision}"
+    limits = f"up to {engines.max_seconds:g} s, {engines.n_quantizers} quantizers, {engines.precision}"
+    detail = f"{engine_dir}: {built}, {limits}"
     if environment.tensorrt_version is None or environment.gpu is None:
         checks.append(Check("FAIL", "codec engines", f"{detail}; but TensorRT or the GPU is not usable here"))
         return
     try:
-        check_compatible(engines, environment.tensorrt_version, environment.gpu)
+        check_compatible(engines, environment.tensorrt_version, environment.gpu, n_vq or engines.n_quantizers)
     except MossTTSError as error:
         checks.append(Check("FAIL", "codec engines", str(error)))
         return

@@ -18,10 +18,11 @@ from pathlib import Path
 import numpy as np
 
 from moss_tts_node.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, MossTTSError, RequestError
+from moss_tts_node.model.family import FAMILY, MOSS_TTS
 from moss_tts_node.model.rates import FRAMES_PER_SECOND
 from moss_tts_node.playback import DEFAULT_PREBUFFER_S
-from moss_tts_node.tools.cli.progress import Progress
 from moss_tts_node.tools.overrides import add_set_option, parse_overrides
+from moss_tts_node.tools.progress import Progress
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -82,13 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
     voice = commands.add_parser("encode-voice", help="encode a reference clip into a .npy of codes")
     voice.add_argument("--config", required=True, type=Path, help="params file naming model.codec_dir")
     voice.add_argument("audio", type=Path, help="WAV/FLAC clip of the voice")
-    voice.add_argument("output", type=Path, help=".npy file to write, (frames, 32) int64")
+    voice.add_argument("output", type=Path, help=".npy file to write, (frames, n_vq) int64: the model's codebooks")
     add_set_option(voice)
     voice.set_defaults(run=run_encode_voice)
 
     demo = commands.add_parser("demo-weights", help="write a tiny random model (noise, not speech) for tests")
     demo.add_argument("directory", type=Path)
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--model", choices=list(FAMILY), default=MOSS_TTS.key, help="which model of the family")
     demo.set_defaults(run=run_demo_weights)
 
     for name in EXTRA_COMMAND_MODULES:
@@ -146,7 +148,7 @@ def run_synth(args: argparse.Namespace) -> int:
             stream = synth.stream(args.text, seed=args.seed, streaming=args.play, **fields)
         speaker = playing.enter_context(Speaker(open_output, args.prebuffer)) if open_output else None
         chunks = []
-        progress = Progress()
+        progress = Progress(sys.stderr)
         for chunk in stream:
             chunks.append(chunk.samples)
             if speaker:
@@ -194,10 +196,12 @@ def run_encode_voice(args: argparse.Namespace) -> int:
     from moss_tts_node.codec.audio_io import load_reference_audio
     from moss_tts_node.codec.factory import open_codec
     from moss_tts_node.config import load_config
+    from moss_tts_node.model.spec import ModelSpec
     from moss_tts_node.synthesis.stages import codec_params
 
     config = load_config(args.config, parse_overrides(args.set))
-    with open_codec(codec_params(config), decoder=False) as codec:
+    spec = ModelSpec.load(Path(config.model.weights_dir))  # a voice has the model's codebooks
+    with open_codec(codec_params(config, spec), decoder=False) as codec:
         codes = codec.encode(load_reference_audio(args.audio))
     np.save(args.output, codes)
     print(f"wrote {args.output}: {codes.shape[0]} frames ({codes.shape[0] / FRAMES_PER_SECOND:.2f} s) of voice codes")
@@ -207,6 +211,6 @@ def run_encode_voice(args: argparse.Namespace) -> int:
 def run_demo_weights(args: argparse.Namespace) -> int:
     from moss_tts_node.tools.dev.demo_weights import write_demo_weights
 
-    config_path = write_demo_weights(args.directory, seed=args.seed)
+    config_path = write_demo_weights(args.directory, seed=args.seed, model=args.model)
     print(f"wrote a tiny random model (noise, not speech) to {args.directory}; config: {config_path}")
     return 0

@@ -11,12 +11,12 @@ reports:
 - steps/s and ms per step split into llama.cpp decode / heads / sampling and delay logic / codec / other;
 - the backbone-only limit: llama.cpp decoding the same rows in a tight loop (text head on, as llama.cpp
   runs by default, and off, as the audio phase runs here; alternated in blocks of 10 steps);
-- overhead = (step - decode) / decode, time to first audio against the bound prefill + 33 steps + one
+- overhead = (step - decode) / decode, time to first audio against the bound prefill + n_vq + 1 steps + one
   chunk decode, real-time factor, and peak RSS against GGUF + fp16 embeddings and heads + KV + the resident
   decode graph (its weights, and a stream decoder's attention caches) + 500 MiB;
 - prompt-prefix reuse: the same voice (``--voice-seconds`` of random reference codes) then speaks another
   text; its prefilled rows, prefill ms and time to first audio against the bound prefill(its new rows) +
-  33 steps + one chunk decode, next to the first request's (which prefills its whole prompt).
+  n_vq + 1 steps + one chunk decode, next to the first request's (which prefills its whole prompt).
 
 The codec is the tiny demo codec for bench models; the real codec costs more: measure it with
 ``--set model.codec_dir=/path/to/MOSS-Audio-Tokenizer-ONNX`` (random codes decode at the real cost), or
@@ -62,8 +62,8 @@ def register(commands: Any) -> None:
     bench.add_argument(
         "--model",
         action="append",
-        choices=("1.7b", "8b"),
-        help="bench model shape (repeatable; default: 1.7b and 8b); built and cached on first use",
+        help="bench model (repeatable; default: 1.7b and 8b; voice-generator-1.7b: 1.7B with 16 codebooks; "
+        "bench_models.BENCH_MODELS lists them); built and cached on first use",
     )
     bench.add_argument("--config", type=Path, help="your own params file instead of a bench model")
     bench.add_argument(

@@ -1,10 +1,12 @@
-"""Random-weight MOSS-TTS-Delay models of the real shapes, built once and cached for ``bench``.
+"""Random-weight MossTTSDelay models of the real shapes, built once and cached for ``bench``.
 
 The real weights cannot be downloaded on every machine, and a speed measurement does not need them:
 llama.cpp's time per step depends on the shapes and the quantization, not on the values. A bench model
 has the published layout (``MOSS_TTS_Q4_K_M.gguf``, float16 ``embeddings/`` and ``lm_heads/``,
 ``tokenizer/``, ``config.json``) at the real width and depth, the real text vocabulary (155,648) and the
-real special-token ids (151643..151662), plus the tiny demo codec (its cost is not the real codec's).
+real special-token ids (151643..151662), plus the tiny demo codec (its cost is not the real codec's). Each bench
+model is a model of the family (docs/family.md): MOSS-TTS at 8B and 1.7B (32 codebooks), and MOSS-VoiceGenerator's
+shape, 1.7B with 16 codebooks, recorded as such (its recommended sampling applies).
 
 Built under ``~/.cache/moss_tts_node/bench/<shape>/`` (``$XDG_CACHE_HOME`` is honoured): an F16 GGUF is
 written from random values, quantized to Q4_K_M with llama.cpp's own quantizer (through the C bridge),
@@ -12,8 +14,8 @@ and deleted. docs/speed.md ("The step loop") says how long the shapes take to bu
 
 Like the demo model, the weights are nudged so that generation stays in the audio phase: every text
 embedding shares one direction, and the text head reads it to favour ``gen_slot`` by a wide margin, so
-a run makes exactly ``steps`` frames' worth of rows with all 32 codebooks sampled (the steady state of a
-long utterance) rather than ending after a frame or two.
+a run makes exactly ``steps`` frames' worth of rows with every codebook sampled (the steady state of a long
+utterance) rather than ending after a frame or two.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +33,8 @@ from tokenizers import Tokenizer
 
 from moss_tts_node.config import write_params_file
 from moss_tts_node.errors import MossTTSError
+from moss_tts_node.model.family import MOSS_TTS, VOICE_GENERATOR, FamilyModel
+from moss_tts_node.model.identity import RECORD_KEY, ModelIdentity
 from moss_tts_node.model.layout import (
     CONFIG_FILE,
     DEFAULT_GGUF,
@@ -53,9 +58,32 @@ GGUF_NAME = DEFAULT_GGUF
 HEADS_GGUF_NAME = heads_gguf_name(GGUF_NAME)  # the same, with the audio heads in output.weight (attach-heads)
 FORMAT_VERSION = 1  # bump when the files a bench model holds change
 
-BENCH_SHAPES: dict[str, Qwen3Shape] = {
-    "8b": Qwen3Shape(hidden=4096, layers=36, heads=32, kv_heads=8, head_dim=128, ffn=12288, vocab=TEXT_VOCAB),
-    "1.7b": Qwen3Shape(hidden=2048, layers=28, heads=16, kv_heads=8, head_dim=128, ffn=6144, vocab=TEXT_VOCAB),
+QWEN3_8B = Qwen3Shape(hidden=4096, layers=36, heads=32, kv_heads=8, head_dim=128, ffn=12288, vocab=TEXT_VOCAB)
+QWEN3_1_7B = Qwen3Shape(hidden=2048, layers=28, heads=16, kv_heads=8, head_dim=128, ffn=6144, vocab=TEXT_VOCAB)
+
+
+@dataclass(frozen=True)
+class BenchModel:
+    """A bench model: a backbone shape, and the model of the family it stands for (its codebooks, its sampling)."""
+
+    shape: Qwen3Shape
+    model: FamilyModel = MOSS_TTS
+
+    @property
+    def n_vq(self) -> int:
+        return self.model.codebooks[0]
+
+    def stamp(self) -> dict[str, object]:
+        """What the cached files were built for. MOSS-TTS's stamp is what it was before the family, so that the
+        8B model (the slow one to build) stays cached."""
+        stamp: dict[str, object] = {"format": FORMAT_VERSION, "shape": self.shape.__dict__}
+        return stamp if self.model is MOSS_TTS else {**stamp, "model": self.model.key, "n_vq": self.n_vq}
+
+
+BENCH_MODELS: dict[str, BenchModel] = {
+    "8b": BenchModel(QWEN3_8B),
+    "1.7b": BenchModel(QWEN3_1_7B),
+    "voice-generator-1.7b": BenchModel(QWEN3_1_7B, VOICE_GENERATOR),
 }
 
 _SHARED_SCALE = 3.0  # per-element size of the shared text-embedding direction (the rest is ~0.3)
@@ -87,23 +115,25 @@ def bench_model_dir(name: str) -> Path:
 
 
 def ensure_bench_model(name: str, threads: int = 2, log: Log = print) -> Path:
-    """The config.yaml of the cached bench model ``name`` (a key of BENCH_SHAPES), built if missing."""
-    if name not in BENCH_SHAPES:
-        raise MossTTSError(f"unknown bench model {name!r}; choose one of {', '.join(BENCH_SHAPES)}")
-    shape = BENCH_SHAPES[name]
+    """The config.yaml of the cached bench model ``name`` (a key of BENCH_MODELS), built if missing."""
+    if name not in BENCH_MODELS:
+        raise MossTTSError(f"unknown bench model {name!r}; choose one of {', '.join(BENCH_MODELS)}")
+    bench = BENCH_MODELS[name]
     directory = bench_model_dir(name)
     marker = directory / "bench_model.json"
-    stamp = {"format": FORMAT_VERSION, "shape": shape.__dict__}
+    stamp = bench.stamp()
     if marker.is_file() and json.loads(marker.read_text(encoding="utf-8")) == stamp:
         return directory / "config.yaml"
-    build_bench_model(directory, shape, name, threads=threads, log=log)
+    build_bench_model(directory, bench, name, threads=threads, log=log)
     marker.write_text(json.dumps(stamp, indent=2) + "\n", encoding="utf-8")
     return directory / "config.yaml"
 
 
-def build_bench_model(directory: Path, shape: Qwen3Shape, name: str, threads: int = 2, log: Log = print) -> None:
+def build_bench_model(directory: Path, bench: BenchModel, name: str, threads: int = 2, log: Log = print) -> None:
+    shape = bench.shape
+    spec = ModelSpec(n_vq=bench.n_vq)
     f16_bytes = 2 * sum(int(np.prod(d)) for d in qwen3_tensor_shapes(shape).values())
-    npy_bytes = 2 * shape.hidden * (shape.vocab + 2 * 32 * 1025)
+    npy_bytes = 2 * shape.hidden * (shape.vocab + 2 * spec.n_vq * spec.audio_rows)
     need = f16_bytes + npy_bytes + f16_bytes // 3
     directory.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(directory).free
@@ -114,13 +144,21 @@ def build_bench_model(directory: Path, shape: Qwen3Shape, name: str, threads: in
         )
     started = time.perf_counter()
     rng = np.random.default_rng(0)
-    spec = ModelSpec()
     direction = rng.choice([-1.0, 1.0], size=shape.hidden).astype(np.float32)
 
     log(f"[{name}] tokenizer, config, codec")
     write_padded_tokenizer(directory / TOKENIZER_DIR, spec)
     (directory / CONFIG_FILE).write_text(
-        json.dumps({"model_type": "moss_tts_delay", **spec.to_json()}, indent=2) + "\n", encoding="utf-8"
+        json.dumps(
+            {
+                "model_type": "moss_tts_delay",
+                **spec.to_json(),
+                RECORD_KEY: ModelIdentity(bench.model, evidence="a bench model").to_record(spec.n_vq),
+            },
+            indent=2,
+        )
+        + "\n",
+        encoding="utf-8",
     )
     write_demo_codec(directory / "codec", seed=0)
 
@@ -165,7 +203,7 @@ def build_bench_model(directory: Path, shape: Qwen3Shape, name: str, threads: in
 
 
 def ensure_heads_gguf(name: str, log: Log = print) -> Path:
-    """The bench model's GGUF with the 32 audio heads appended to its output matrix (heads_backend gguf)."""
+    """The bench model's GGUF with its audio heads appended to its output matrix (heads_backend gguf)."""
     from moss_tts_node.tools.prepare.attach_heads import append_audio_heads_to_gguf
 
     directory = bench_model_dir(name)
@@ -174,7 +212,7 @@ def ensure_heads_gguf(name: str, log: Log = print) -> Path:
     if not target.is_file() or target.stat().st_mtime < source.stat().st_mtime:
         log(f"[{name}] appending the audio heads to the GGUF's output matrix: {target.name}")
         t0 = time.perf_counter()
-        append_audio_heads_to_gguf(source, directory / HEADS_DIR, target)
+        append_audio_heads_to_gguf(source, directory / HEADS_DIR, target, ModelSpec.load(directory))
         log(f"[{name}]   written in {time.perf_counter() - t0:.0f} s")
     return target
 

@@ -12,6 +12,11 @@ safetensors in two shards with their index, tokenizer.json) and then runs ``conv
 every test that loads the demo exercises the converter too. The backbone stays F16 (hidden 256,
 so the K-quants also apply to it in tests).
 
+``--model`` makes the demo of another model of the family (docs/family.md): its codebooks (16 for MOSS-TTSD,
+-VoiceGenerator and -SoundEffect), and a ``processing_moss_tts.py`` in the checkpoint, in the shape of upstream's,
+whose prompt template ``convert`` reads (MOSS-TTSD's with its Scene field); MOSS-TTS's demo ships none, as the
+published GGUF repository does not.
+
 The weights are random, so the audio is noise, not speech. They are nudged so that generation
 behaves like a trained model's in shape: every text embedding shares one direction, which the
 residual stream carries to the last layer, and the text head reads that direction to favour
@@ -23,7 +28,7 @@ rambles text until max_new_tokens.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +36,23 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from moss_tts_node.config import write_params_file
+from moss_tts_node.model.family import FAMILY, MOSS_TTS, MOSS_TTSD
 from moss_tts_node.model.layout import gguf_name
 from moss_tts_node.model.spec import ModelSpec
+from moss_tts_node.model.template import MOSS_TTS_TEMPLATE, SCENE, SPEAKER_NUMBER, PromptTemplate
 from moss_tts_node.tools.dev.demo_codec import write_demo_codec
 from moss_tts_node.tools.prepare.convert import MODEL_TYPE, checkpoint_tensor_name, convert_checkpoint
 from moss_tts_node.tools.prepare.qwen3_gguf import Qwen3Shape, random_qwen3_tensors
 from moss_tts_node.tools.prepare.safetensors_io import write_sharded_checkpoint
 
+PROCESSING_FILE = "processing_moss_tts.py"  # what a checkpoint of the family names its processing module
+# MOSS-TTSD's template as two ports reproduce it (docs/family.md, "Prompt templates"): a Scene before the text, and
+# a speaker without a clip printed as None.
+DIALOGUE_TEMPLATE = replace(
+    MOSS_TTS_TEMPLATE,
+    fields=(*MOSS_TTS_TEMPLATE.fields[:-1], ("Scene", SCENE), MOSS_TTS_TEMPLATE.fields[-1]),
+    absent_speaker=f"[S{SPEAKER_NUMBER}]: None",
+)
 GGUF_TYPE = "F16"  # unquantized: the demo backbone equals its checkpoint up to float16 rounding
 GGUF_NAME = gguf_name(GGUF_TYPE)
 CHECKPOINT_DIR = "hf_checkpoint"  # the original-format checkpoint the demo weights are converted from
@@ -100,11 +115,11 @@ class DemoCheckpoint:
     tokenizer: Tokenizer
 
 
-def demo_checkpoint(seed: int = 0, hidden: int = 256, layers: int = 2) -> DemoCheckpoint:
-    """The demo model's weights, tokenizer and config, before anything is written."""
+def demo_checkpoint(seed: int = 0, hidden: int = 256, layers: int = 2, n_vq: int = 32) -> DemoCheckpoint:
+    """The demo model's weights, tokenizer and config (``n_vq`` codebooks), before anything is written."""
     rng = np.random.default_rng(seed)
     tokenizer = train_tokenizer()
-    spec = ModelSpec(**{field: tokenizer.token_to_id(text) for text, field in SPECIAL_TOKENS.items()})
+    spec = ModelSpec(n_vq=n_vq, **{field: tokenizer.token_to_id(text) for text, field in SPECIAL_TOKENS.items()})
     shape = Qwen3Shape(
         hidden=hidden,
         layers=layers,
@@ -159,13 +174,57 @@ def write_checkpoint(directory: Path, checkpoint: DemoCheckpoint, dtype: str = "
     return directory
 
 
-def write_demo_weights(out_dir: Path, seed: int = 0, hidden: int = 256, layers: int = 2) -> Path:
-    """Write the demo model into ``out_dir`` (overwriting a previous one); returns the path of its config.yaml."""
+def processing_source(template: PromptTemplate) -> str:
+    """A processing module, in the shape of upstream's (a template string filled in by ``.replace``, the speakers'
+    lines in f-strings), that builds ``template``: the demo checkpoint's own word on its prompt. Never run."""
+    layout = "\n".join(
+        [template.opening, *(f"- {label}:\n{{{name}}}" for label, name in template.fields), template.closing]
+    )
+    fills = "".join(
+        f'\n        .replace("{{{name}}}", str({"speakers" if name == "reference" else f"fields.get({name!r})"}))'
+        for _, name in template.fields
+    )
+
+    def line(form: str) -> str:  # a speaker's line as f-string source
+        numbered = form.replace(SPEAKER_NUMBER, "{index + 1}").replace(template.audio_placeholder, "{AUDIO}")
+        return "f" + repr(numbered)
+
+    absent = "None" if template.absent_speaker is None else line(template.absent_speaker)
+    return f"""AUDIO = {template.audio_placeholder!r}
+LAYOUT = {layout!r}
+
+
+def speaker_lines(clips):
+    lines = [{line(template.speaker)} if clip is not None else {absent} for index, clip in enumerate(clips)]
+    return "\\n".join(text for text in lines if text is not None)
+
+
+def user_content(fields, clips=None):
+    speakers = None if clips is None else speaker_lines(clips)
+    return (
+        LAYOUT{fills}
+    )
+"""
+
+
+def write_demo_weights(
+    out_dir: Path, seed: int = 0, hidden: int = 256, layers: int = 2, model: str = MOSS_TTS.key
+) -> Path:
+    """Write the demo of ``model`` (a key of ``model.family.FAMILY``) into ``out_dir`` (overwriting a previous
+    one); returns the path of its config.yaml."""
     out_dir = Path(out_dir)
-    source = write_checkpoint(out_dir / CHECKPOINT_DIR, demo_checkpoint(seed, hidden, layers))
-    convert_checkpoint(source, out_dir, GGUF_TYPE, force=True)
+    family_model = FAMILY[model]
+    checkpoint = demo_checkpoint(seed, hidden, layers, n_vq=family_model.codebooks[0])
+    source = write_checkpoint(out_dir / CHECKPOINT_DIR, checkpoint)
+    if family_model is not MOSS_TTS:
+        template = DIALOGUE_TEMPLATE if family_model is MOSS_TTSD else MOSS_TTS_TEMPLATE
+        (source / PROCESSING_FILE).write_text(processing_source(template), encoding="utf-8")
+    convert_checkpoint(source, out_dir, GGUF_TYPE, force=True, model=model)
     write_demo_codec(out_dir / "codec", seed=seed)
     config_path = out_dir / "config.yaml"
-    header = "Demo model: random weights, noise not speech.\nMade by `python -m moss_tts_node demo-weights`."
+    header = (
+        f"Demo {family_model.name} model: random weights, noise not speech.\n"
+        f"Made by `python -m moss_tts_node demo-weights --model {model}`."
+    )
     write_params_file(config_path, _DEMO_PARAMS, header)
     return config_path

@@ -1,4 +1,4 @@
-"""``python -m moss_tts_node attach-heads``: a backbone GGUF that carries the 32 audio heads.
+"""``python -m moss_tts_node attach-heads``: a backbone GGUF that carries the audio heads (one per codebook).
 
 ``heads_backend: gguf`` runs the audio heads inside llama.cpp's graph, which is where they belong when the
 layers run on a GPU (``auto`` picks it there): the heads then cost one GPU matrix product instead of a
@@ -66,7 +66,7 @@ def _only_plain_gguf(weights_dir: Path) -> Path:
 
 
 def append_audio_heads_to_gguf(source: Path, heads_dir: Path, target: Path, spec: ModelSpec | None = None) -> None:
-    """Copy the backbone GGUF ``source`` to ``target`` with the 32 audio heads appended to its output matrix.
+    """Copy the backbone GGUF ``source`` to ``target`` with the n_vq audio heads appended to its output matrix.
 
     The heads are quantized to the output matrix's own type with ggml's quantizer; the token embedding
     table gets as many zero rows (llama.cpp wants both at the vocabulary size), which are never read (the
@@ -159,8 +159,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     """Add ``attach-heads`` to the CLI (cli.main.EXTRA_COMMAND_MODULES)."""
     parser = commands.add_parser(
         "attach-heads",
-        help="append the 32 audio heads to the backbone GGUF (heads_backend gguf: the heads on the GPU)",
-        description="Write a copy of a weights directory's backbone GGUF whose output matrix carries the 32 "
+        help="append the audio heads to the backbone GGUF (heads_backend gguf: the heads on the GPU)",
+        description="Write a copy of a weights directory's backbone GGUF whose output matrix carries the "
         "audio heads of lm_heads/, quantized like it, so that llama.cpp computes them (on the GPU when the "
         "layers are there).",
     )

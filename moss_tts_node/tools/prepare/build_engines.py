@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from moss_tts_node.codec.base import CODEC_QUANTIZERS
 from moss_tts_node.codec.engines import DEFAULT_MAX_SECONDS, METADATA_FILE, build_engines
 
 
@@ -26,14 +27,21 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         default=DEFAULT_MAX_SECONDS,
         help=f"longest audio one engine call takes (default {DEFAULT_MAX_SECONDS:g}); longer audio is windowed",
     )
+    parser.add_argument(
+        "--quantizers",
+        type=int,
+        default=CODEC_QUANTIZERS,
+        help=f"the model's codebooks (its config.json's n_vq): {CODEC_QUANTIZERS} for MOSS-TTS (default), 16 for "
+        "MOSS-TTSD, MOSS-VoiceGenerator and MOSS-SoundEffect (docs/family.md)",
+    )
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    engines = build_engines(args.decoder, args.out, args.max_seconds, args.encoder)
+    engines = build_engines(args.decoder, args.out, args.max_seconds, args.encoder, args.quantizers)
     print(
         f"wrote {args.out / METADATA_FILE}: TensorRT {engines.tensorrt_version}, {engines.gpu.name} "
         f"(compute capability {engines.gpu.compute_capability}), up to {engines.max_seconds:g} s "
-        f"({engines.max_frames} frames), {engines.precision}"
+        f"({engines.max_frames} frames), {engines.n_quantizers} quantizers, {engines.precision}"
     )
     return 0

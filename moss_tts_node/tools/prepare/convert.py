@@ -1,4 +1,4 @@
-"""``python -m moss_tts_node convert``: an original MOSS-TTS-Delay checkpoint into a weights directory.
+"""``python -m moss_tts_node convert``: an original MossTTSDelay checkpoint into a weights directory.
 
 Upstream (docs/model.md, "Upstream") makes MOSS-TTS-GGUF with PyTorch, transformers and llama.cpp's converter
 script; this does the same with NumPy and ``gguf``, so that a fine-tuned model, or a quantization that is not published
@@ -14,14 +14,17 @@ output directory, which llama.cpp's own ``llama_model_quantize`` (through the C 
 final file; the temporary file is removed whatever happens, and one left by a killed run is removed by
 the next.
 
-Everything that can be checked is checked before the first byte is written: the config is MOSS-TTS-
-Delay's, every tensor is present with the shape the config implies, the tokenizer knows the special
-tokens, the quantization fits the row sizes, the output directory holds no weights (unless ``--force``)
-and its disk has room for the estimated output.
+Everything that can be checked is checked before the first byte is written: the config is MossTTSDelay's
+(any Qwen3 size, every dimension read from it), every tensor is present with the shape the config implies,
+the tokenizer knows the special tokens, the quantization fits the row sizes, the checkpoint is a model of the
+family this package knows and its processing code's prompt template can be read, the output directory holds
+no weights (unless ``--force``) and its disk has room for the estimated output.
 
-1.0 and v1.5 checkpoints convert alike (same architecture, same config keys); which one it is, only the
-checkpoint's model card tells (``synthesis/release.py``). The release it tells is recorded in the output
-``config.json``, so that ``generation.pause_markers: auto`` passes pause markers to a v1.5 model.
+Every model of the family converts alike (docs/family.md, "Converting"): MOSS-TTS 1.0 and v1.5, MOSS-TTSD,
+-VoiceGenerator and -SoundEffect, with 32 or 16 codebooks. Which one it is (``identify.py``: from the checkpoint,
+its model card, or ``--model``), its release where its card tells (so that ``generation.pause_markers: auto``
+passes pause markers to a v1.5 model), the codebooks it needs and its prompt template (``prompt_template.py``) are
+recorded in the output ``config.json`` (``model/identity.py``).
 """
 
 from __future__ import annotations
@@ -31,7 +34,6 @@ import json
 import shutil
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -41,6 +43,8 @@ from typing import Any, TextIO
 import numpy as np
 
 from moss_tts_node.errors import BridgeError, MossTTSError
+from moss_tts_node.model.family import FAMILY, MOSS_TTS
+from moss_tts_node.model.identity import RECORD_KEY, ModelIdentity
 from moss_tts_node.model.layout import (
     CONFIG_FILE,
     EMBEDDINGS_DIR,
@@ -53,9 +57,12 @@ from moss_tts_node.model.layout import (
     gguf_name,
 )
 from moss_tts_node.model.spec import ModelSpec
-from moss_tts_node.synthesis.release import MODEL_CARD_FILE, RECORD_KEY, V1_5, release_from_model_card
+from moss_tts_node.tools.prepare.config_reader import ConfigReader, read_json_object
+from moss_tts_node.tools.prepare.identify import IdentityError, identify
+from moss_tts_node.tools.prepare.prompt_template import TemplateError, read_prompt_template
 from moss_tts_node.tools.prepare.qwen3_gguf import Qwen3Shape, qwen3_tensor_shapes, write_qwen3_gguf
 from moss_tts_node.tools.prepare.safetensors_io import SafetensorsCheckpoint
+from moss_tts_node.tools.progress import Progress
 
 MODEL_TYPE = "moss_tts_delay"
 TOKENIZER_FILES = (  # copied when present; tokenizer.json is what the runtime reads
@@ -113,75 +120,59 @@ def read_checkpoint_config(checkpoint_dir: Path) -> CheckpointConfig:
     ``rope_parameters.rope_theta`` (older files: ``rope_theta``).
     """
     path = Path(checkpoint_dir) / "config.json"
-    if not path.is_file():
-        raise ConversionError(
-            f"no config.json in {checkpoint_dir}: point at the original MOSS-TTS-Delay checkpoint directory "
-            "(the one holding config.json, the *.safetensors files and tokenizer.json)"
-        )
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConversionError(f"{path}: not a readable JSON file ({exc})") from exc
-    if not isinstance(raw, dict):
-        raise ConversionError(f"{path}: expected a JSON object")
+    raw = read_json_object(
+        path,
+        ConversionError,
+        "point at the original MOSS-TTS-Delay checkpoint directory (the one holding config.json, the "
+        "*.safetensors files and tokenizer.json)",
+    )
     if raw.get("model_type") != MODEL_TYPE:
         raise ConversionError(
             f"{path}: model_type is {raw.get('model_type')!r}, not {MODEL_TYPE!r}: this is not a MOSS-TTS-Delay "
-            "checkpoint (MOSS-TTS-Local, MOSS-TTSD and plain Qwen3 checkpoints have other layouts)"
+            "checkpoint (MOSS-TTS-Local, MOSS-TTS-Realtime and plain Qwen3 checkpoints have other layouts)"
         )
-    language = raw.get("language_config")
-    if not isinstance(language, dict):
-        raise ConversionError(f"{path}: no 'language_config' object describing the Qwen3 backbone")
-    where = f"{path}: language_config"
+    reader = ConfigReader(path, ConversionError)
+    where = "language_config"
+    language = reader.mapping(raw, where, "")
     if language.get("model_type", "qwen3") != "qwen3":
-        raise ConversionError(f"{where}.model_type is {language['model_type']!r}; only a qwen3 backbone converts")
+        raise reader.fail(f"{where}.model_type", f"is {language['model_type']!r}; only a qwen3 backbone converts")
     if language.get("attention_bias", False) or language.get("hidden_act", "silu") != "silu":
-        raise ConversionError(f"{where} asks for attention biases or a non-SiLU FFN, which Qwen3 in llama.cpp lacks")
-
-    def integer(key: str, default: int | None = None) -> int:
-        value = language.get(key, default)
-        if type(value) is not int or value <= 0:
-            raise ConversionError(f"{where}.{key} must be a positive integer, got {value!r}")
-        return value
-
-    def number(value: object, key: str) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise ConversionError(f"{where}.{key} must be a positive number, got {value!r}")
-        return float(value)
-
-    hidden, heads = integer("hidden_size"), integer("num_attention_heads")
+        raise reader.fail(where, "asks for attention biases or a non-SiLU FFN, which Qwen3 in llama.cpp lacks")
+    hidden = reader.integer(language, "hidden_size", where)
+    heads = reader.integer(language, "num_attention_heads", where)
     rope = language.get("rope_parameters")
     if isinstance(rope, dict):
         if rope.get("rope_type", "default") != "default":
-            raise ConversionError(f"{where}.rope_parameters asks for {rope['rope_type']!r} rope scaling; unsupported")
-        theta = number(rope.get("rope_theta"), "rope_parameters.rope_theta")
+            raise reader.fail(f"{where}.rope_parameters", f"asks for {rope['rope_type']!r} rope scaling; unsupported")
+        theta = reader.number(rope, "rope_theta", f"{where}.rope_parameters")
     else:
-        theta = number(language.get("rope_theta"), "rope_theta")
+        theta = reader.number(language, "rope_theta", where)
     try:
         shape = Qwen3Shape(
             hidden=hidden,
-            layers=integer("num_hidden_layers"),
+            layers=reader.integer(language, "num_hidden_layers", where),
             heads=heads,
-            kv_heads=integer("num_key_value_heads"),
-            head_dim=integer("head_dim", hidden // heads),
-            ffn=integer("intermediate_size"),
-            vocab=integer("vocab_size"),
-            rope_theta=theta,
-            rms_eps=number(language.get("rms_norm_eps", 1e-6), "rms_norm_eps"),
-            context_length=integer("max_position_embeddings", 40960),
+            kv_heads=reader.integer(language, "num_key_value_heads", where),
+            head_dim=reader.integer(language, "head_dim", where, hidden // heads),
+            ffn=reader.integer(language, "intermediate_size", where),
+            vocab=reader.integer(language, "vocab_size", where),
+            rope_theta=float(theta),
+            rms_eps=float(reader.number(language, "rms_norm_eps", where, 1e-6)),
+            context_length=reader.integer(language, "max_position_embeddings", where, 40960),
         )
     except ValueError as exc:
-        raise ConversionError(f"{where}: {exc}") from exc
+        raise reader.fail(where, str(exc)) from exc
     return CheckpointConfig(raw=raw, shape=shape, spec=ModelSpec.load(Path(checkpoint_dir)))
 
 
-def model_card_release(checkpoint_dir: Path) -> tuple[str, str] | None:
-    """(release, evidence) from the checkpoint's model card, or None when it has none that tells."""
-    card = Path(checkpoint_dir) / MODEL_CARD_FILE
+def checkpoint_identity(checkpoint_dir: Path, config: CheckpointConfig, model: str | None = None) -> ModelIdentity:
+    """Which model of the family the checkpoint is, and its prompt template (``identify``; ``model``: what
+    ``--model`` says, or None); ConversionError saying what differs or what cannot be read."""
     try:
-        return release_from_model_card(card.read_text(encoding="utf-8")) if card.is_file() else None
-    except (OSError, UnicodeDecodeError):
-        return None
+        template = read_prompt_template(checkpoint_dir)
+        return identify(checkpoint_dir, config.shape, config.spec.n_vq, template, model)
+    except (TemplateError, IdentityError) as error:
+        raise ConversionError(f"{checkpoint_dir} cannot be converted: {error}") from None
 
 
 def checkpoint_tensor_name(backbone_name: str) -> str:
@@ -337,29 +328,18 @@ def quantize_gguf(source: Path, target: Path, gguf_type: str, n_threads: int = 0
         raise BridgeError(status_error(lib, status, None))
 
 
-class Progress:
-    """What a long conversion is doing: one self-rewriting line on a terminal, a line per 10 % otherwise
-    (logs), nothing when ``stream`` is None.
-
-    Two kinds of progress: bytes read from the checkpoint (``advance``), and the growth of a file that
-    llama.cpp writes while quantizing (``watching``), which is the only sign of life a C call gives.
-    """
+class ConversionProgress(Progress):
+    """A conversion's progress: bytes read from the checkpoint (``advance``), and the growth of a file that
+    llama.cpp writes while quantizing (``watching``), which is the only sign of life a C call gives. Off a
+    terminal (logs) a line per tenth."""
 
     def __init__(self, total_bytes: int, stream: TextIO | None) -> None:
-        self.total, self.done, self.stream = total_bytes, 0, stream
-        self.started = time.perf_counter()
-        self.tty = stream is not None and stream.isatty()
-        self._decile = 0
-
-    def say(self, text: str) -> None:
-        """A line of its own (ending a progress line); the next progress counts its tenths anew."""
-        if self.stream is not None:
-            print(("\r\x1b[K" if self.tty else "") + text, file=self.stream, flush=True)
-        self._decile = 0
+        super().__init__(stream, log_tenths=True)
+        self.total, self.read = total_bytes, 0
 
     def advance(self, nbytes: int, label: str) -> None:
-        self.done += nbytes
-        self._show(self.done, self.total, label)
+        self.read += nbytes
+        self._bytes(self.read, self.total, label)
 
     @contextmanager
     def watching(self, path: Path, expected_bytes: int, label: str) -> Iterator[None]:
@@ -369,7 +349,7 @@ class Progress:
         def watch() -> None:
             while not stop.wait(1.0):
                 size = path.stat().st_size if path.exists() else 0
-                self._show(min(size, int(expected_bytes * 0.999)), expected_bytes, label)  # an estimate: never 100 %
+                self._bytes(min(size, int(expected_bytes * 0.999)), expected_bytes, label)  # an estimate: never 100 %
 
         thread = threading.Thread(target=watch, name="convert-progress", daemon=True)
         thread.start()
@@ -379,16 +359,9 @@ class Progress:
             stop.set()
             thread.join()
 
-    def _show(self, done: int, total: int, label: str) -> None:
-        if self.stream is None:
-            return
+    def _bytes(self, done: int, total: int, label: str) -> None:
         percent = 100.0 * done / max(total, 1)
-        line = f"  {percent:5.1f} %  {_gb(done)} / {_gb(total)}  {time.perf_counter() - self.started:6.1f} s"
-        if self.tty:
-            print(f"\r\x1b[K{line}  {label}", end="", file=self.stream, flush=True)
-        elif percent >= 10 * (self._decile + 1):
-            self._decile = int(percent // 10)
-            print(f"{line}  {label}", file=self.stream, flush=True)
+        self.fraction(done, total, f"  {percent:5.1f} %  {_gb(done)} / {_gb(total)}  {self.elapsed():6.1f} s  {label}")
 
 
 def convert_checkpoint(
@@ -399,8 +372,10 @@ def convert_checkpoint(
     force: bool = False,
     n_threads: int = 0,
     progress_stream: TextIO | None = None,
+    model: str | None = None,
 ) -> Path:
-    """Convert the checkpoint into ``out_dir``; returns the GGUF's path. See the module docstring."""
+    """Convert the checkpoint into ``out_dir``; returns the GGUF's path. ``model``: which model of the family it
+    is (a key of ``model.family.FAMILY``), where the checkpoint cannot tell. See the module docstring."""
     checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
     if gguf_type not in GGUF_TYPES:
         raise ConversionError(f"unknown output type {gguf_type!r}: choose one of {', '.join(GGUF_TYPES)}")
@@ -409,6 +384,7 @@ def convert_checkpoint(
     check_tensors(checkpoint, config)
     check_tokenizer(checkpoint_dir, config.spec, config.shape.vocab)
     check_quantization(config.shape, gguf_type)
+    identity = checkpoint_identity(checkpoint_dir, config, model)
     check_output_dir(out_dir, checkpoint_dir, force)
     _remove_leftovers(out_dir)
     tokenizer_files = [checkpoint_dir / n for n in TOKENIZER_FILES if (checkpoint_dir / n).is_file()]
@@ -419,13 +395,14 @@ def convert_checkpoint(
     backbone_bytes = sum(
         checkpoint.tensors[checkpoint_tensor_name(n)].nbytes for n in qwen3_tensor_shapes(config.shape)
     )
-    progress = Progress(backbone_bytes + sum(checkpoint.tensors[n].nbytes for n in tables.values()), progress_stream)
-    progress.say(
+    progress = ConversionProgress(
+        backbone_bytes + sum(checkpoint.tensors[n].nbytes for n in tables.values()), progress_stream
+    )
+    progress.message(
         f"converting {checkpoint_dir} ({len(checkpoint.tensors)} tensors, {_gb(checkpoint.nbytes)}) into {out_dir} "
         f"as {gguf_type} (about {_gb(final_bytes)})"
     )
-    release = model_card_release(checkpoint_dir)
-    progress.say(_release_note(release))
+    progress.message(_identity_note(identity, config.spec.n_vq))
     for sub in (EMBEDDINGS_DIR, HEADS_DIR, TOKENIZER_DIR):
         (out_dir / sub).mkdir(parents=True, exist_ok=True)
     gguf_path = out_dir / gguf_name(gguf_type)
@@ -438,7 +415,9 @@ def convert_checkpoint(
             progress.advance(checkpoint.tensors[name].nbytes, relative)
         if quantized:
             partial = gguf_path.with_name(f".{gguf_path.name}.partial")
-            progress.say(f"quantizing to {gguf_type} with llama.cpp (the longest step; --verbose shows each tensor)")
+            progress.message(
+                f"quantizing to {gguf_type} with llama.cpp (the longest step; --verbose shows each tensor)"
+            )
             try:
                 with progress.watching(partial, estimate_gguf_bytes(config.shape, gguf_type), gguf_path.name):
                     quantize_gguf(direct_path, partial, gguf_type, n_threads)
@@ -450,18 +429,15 @@ def convert_checkpoint(
             direct_path.unlink(missing_ok=True)
     for path in tokenizer_files:
         shutil.copyfile(path, out_dir / TOKENIZER_DIR / path.name)
-    merged = {**config.raw, **config.spec.to_json()}  # the ModelSpec keys explicit, defaults included
-    if release is not None:
-        merged[RECORD_KEY] = {"release": release[0], "evidence": release[1]}
+    # the ModelSpec keys explicit, defaults included; the identity beside them
+    merged = {**config.raw, **config.spec.to_json(), RECORD_KEY: identity.to_record(config.spec.n_vq)}
     (out_dir / CONFIG_FILE).write_text(json.dumps(merged, indent=2) + "\n", encoding="utf-8")
-    progress.say(
-        f"done in {time.perf_counter() - progress.started:.1f} s: {gguf_path} ({_gb(gguf_path.stat().st_size)})"
-    )
+    progress.message(f"done in {progress.elapsed():.1f} s: {gguf_path} ({_gb(gguf_path.stat().st_size)})")
     return gguf_path
 
 
 def _write_backbone(
-    checkpoint: SafetensorsCheckpoint, shape: Qwen3Shape, path: Path, dtype: str, progress: Progress
+    checkpoint: SafetensorsCheckpoint, shape: Qwen3Shape, path: Path, dtype: str, progress: ConversionProgress
 ) -> None:
     """Stream the backbone into a GGUF, one tensor in memory at a time, in the file's own order."""
     matrix_dtype = np.float16 if dtype == "f16" else np.float32
@@ -475,16 +451,21 @@ def _write_backbone(
     write_qwen3_gguf(path, shape, tensors(), dtype=dtype, name="MOSS-TTS-Delay backbone")
 
 
-def _release_note(release: tuple[str, str] | None) -> str:
-    """What the conversion found out about the release, and what generation.pause_markers auto will do with it."""
-    if release is None:
-        return (
-            f"release unknown (no {MODEL_CARD_FILE} whose front matter lists the languages): generation.pause_markers "
-            "auto renders [pause X.Ys] as silence; set it to model for a v1.5 checkpoint"
-        )
-    name, evidence = release
-    meaning = "passes [pause X.Ys] to the model" if name == V1_5 else "renders [pause X.Ys] as silence"
-    return f"MOSS-TTS {name} ({evidence}): generation.pause_markers auto {meaning}"
+def _identity_note(identity: ModelIdentity, n_vq: int) -> str:
+    """What the conversion found out about the model, and what the runtime will do with it."""
+    template = identity.template
+    reads = f"prompt template of {template.source}" + (", with a Scene field" if template.has_scene else "")
+    note = f"{identity.name}, {n_vq} codebooks ({identity.evidence}); {reads}"
+    markers = identity.trained_on_pause_markers
+    if identity.model is MOSS_TTS:
+        meaning = {
+            True: "passes [pause X.Ys] to the model",
+            False: "renders [pause X.Ys] as silence",
+            None: "renders [pause X.Ys] as silence (no model card whose front matter lists the languages tells the "
+            "release); set it to model for a v1.5 checkpoint",
+        }[markers]
+        note += f"; generation.pause_markers auto {meaning}"
+    return note
 
 
 def _remove_leftovers(out_dir: Path) -> None:
@@ -518,6 +499,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--quantize", choices=list(GGUF_TYPES), default="Q4_K_M", help="backbone type (default: Q4_K_M, as published)"
     )
+    parser.add_argument(
+        "--model",
+        choices=list(FAMILY),
+        help="which model of the family the checkpoint is, where it cannot tell (docs/family.md): needed for "
+        "MOSS-TTSD without its processing code, and for MOSS-SoundEffect",
+    )
     parser.add_argument("--force", action="store_true", help="overwrite weights already in OUT_DIR")
     parser.add_argument("--threads", type=int, default=0, help="quantization threads (default: all cores)")
     parser.add_argument("--verbose", action="store_true", help="show llama.cpp's log, one line per quantized tensor")
@@ -536,6 +523,7 @@ def run(args: argparse.Namespace) -> int:
         force=args.force,
         n_threads=args.threads,
         progress_stream=sys.stderr,
+        model=args.model,
     )
     print(
         f"wrote {args.output}; in your params file set model.weights_dir: {args.output.resolve()} "

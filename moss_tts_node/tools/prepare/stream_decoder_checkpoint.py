@@ -7,7 +7,6 @@ the shape the config implies. No PyTorch.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ import numpy as np
 from moss_tts_node.codec.base import CODEBOOK_SIZE, AudioCodec
 from moss_tts_node.errors import WeightsError
 from moss_tts_node.model.rates import FRAMES_PER_SECOND
+from moss_tts_node.tools.prepare.config_reader import ConfigReader, read_json_object
 from moss_tts_node.tools.prepare.safetensors_io import SafetensorsCheckpoint
 
 _QUANTIZER_TYPES = ("rlfq", "random_prefix_rlfq")  # both decode codes the same way
@@ -86,17 +86,10 @@ class CodecSpec:
 
 def read_codec_config(path: Path) -> CodecSpec:
     """The decode path's shapes from the codec's config.json; WeightsError names any key it cannot use."""
-    if not path.is_file():
-        raise WeightsError(
-            f"{path} not found; point at the codec checkpoint directory (config.json + model.safetensors)"
-        )
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise WeightsError(f"{path}: not a readable JSON config ({error})") from error
-    if not isinstance(config, dict):
-        raise WeightsError(f"{path}: not a codec config (the JSON is not an object)")
-    reader = _ConfigReader(path)
+    config = read_json_object(
+        path, WeightsError, "point at the codec checkpoint directory (config.json + model.safetensors)"
+    )
+    reader = _ConfigReader(path, WeightsError)
     sampling_rate = reader.number(config, "sampling_rate", "")
     downsample_rate = reader.number(config, "downsample_rate", "")
     if downsample_rate != AudioCodec.samples_per_frame or sampling_rate / downsample_rate != FRAMES_PER_SECOND:
@@ -154,47 +147,18 @@ def read_codec_config(path: Path) -> CodecSpec:
     return CodecSpec(codebook_dim, rvq_dim, output_dim, tuple(modules))
 
 
-class _ConfigReader:
-    """Typed access to config.json values, each failure naming the key and what to do."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def _fail(self, key: str, problem: str) -> WeightsError:
-        return WeightsError(f"{self.path}: {key} {problem}")
-
-    def _value(self, mapping: Mapping[str, Any], key: str, where: str) -> Any:
-        if key not in mapping:
-            raise self._fail(f"{where}.{key}".lstrip("."), "is missing; is this a MOSS-Audio-Tokenizer config.json?")
-        return mapping[key]
-
-    def number(self, mapping: Mapping[str, Any], key: str, where: str) -> float:
-        value = self._value(mapping, key, where)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise self._fail(f"{where}.{key}".lstrip("."), f"must be a positive number, got {value!r}")
-        return value
-
-    def integer(self, mapping: Mapping[str, Any], key: str, where: str) -> int:
-        value = self.number(mapping, key, where)
-        if not isinstance(value, int):
-            raise self._fail(f"{where}.{key}", f"must be a positive integer, got {value!r}")
-        return value
-
-    def mapping(self, mapping: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
-        value = self._value(mapping, key, where)
-        if not isinstance(value, dict):
-            raise self._fail(f"{where}.{key}".lstrip("."), f"must be an object, got {type(value).__name__}")
-        return value
+class _ConfigReader(ConfigReader):
+    """The codec config's values, with what the stream decoder builder implements."""
 
     def entries(self, config: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
-        value = self._value(config, key, "")
+        value = self.value(config, key, "")
         if not isinstance(value, list) or not all(isinstance(entry, dict) for entry in value):
-            raise self._fail(key, "must be a list of module objects")
+            raise self.fail(key, "must be a list of module objects")
         return value
 
     def check_supported(self, key: str, value: Any, supported: tuple[Any, ...]) -> None:
         if value not in supported:
-            raise self._fail(
+            raise self.fail(
                 key,
                 f"= {value!r} is not supported by the stream decoder "
                 f"(it implements {', '.join(map(repr, supported))}); "
@@ -205,7 +169,7 @@ class _ConfigReader:
     def transformer(self, entry: Mapping[str, Any], where: str, prefix: str, context: int) -> TransformerStage:
         unknown = sorted(set(entry) - set(_TRANSFORMER_KEYS))
         if unknown:
-            raise self._fail(
+            raise self.fail(
                 f"{where}.{unknown[0]}",
                 "is a setting the stream decoder does not know, so it cannot reproduce it; "
                 "extend the stream decoder builder (moss_tts_node/tools/prepare/stream_decoder_*.py) "
@@ -217,11 +181,11 @@ class _ConfigReader:
         dims = {key: self.integer(entry, key, where) for key in ("input_dimension", "output_dimension", "d_model")}
         heads, layers = self.integer(entry, "num_heads", where), self.integer(entry, "num_layers", where)
         if dims["d_model"] % heads or (dims["d_model"] // heads) % 2:
-            raise self._fail(
+            raise self.fail(
                 f"{where}.num_heads", f"= {heads} must split d_model {dims['d_model']} into even head sizes"
             )
         if context < 1:
-            raise self._fail("causal_transformer_context_duration", f"gives {prefix} an attention span of {context}")
+            raise self.fail("causal_transformer_context_duration", f"gives {prefix} an attention span of {context}")
         return TransformerStage(
             prefix=prefix,
             input_dim=dims["input_dimension"],
