@@ -88,6 +88,16 @@ def codec_tiny_streaming_dir(codec_tiny_dir: Path, tmp_path_factory: pytest.Temp
 
 
 @pytest.fixture(scope="session")
+def stateful_synth(demo_config: Path, codec_tiny_streaming_dir: Path) -> Iterator[Synthesizer]:
+    """The demo model speaking through codec-tiny, whose stream decoder graph sits beside its ONNX graphs (a stream
+    is the offline decode); treat it as read-only."""
+    from moss_tts_node.synthesizer import Synthesizer
+
+    with Synthesizer.from_config_file(demo_config, {"model.codec_dir": str(codec_tiny_streaming_dir)}) as loaded:
+        yield loaded
+
+
+@pytest.fixture(scope="session")
 def demo_codec(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(encoder.onnx, decoder.onnx) of the tiny demo codec; read-only."""
     return write_demo_codec(tmp_path_factory.mktemp("demo_codec"))
