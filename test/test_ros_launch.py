@@ -21,7 +21,7 @@ from moss_tts_node.errors import ConfigError
 from moss_tts_node.ros.launch_params import choose_params_file, launch_parameters, start_failure
 
 ROOT = Path(__file__).resolve().parent.parent
-EXECUTABLES = {"moss_tts_node": "moss_tts_node.ros.node:main", "moss_tts_player": "moss_tts_node.ros.player:main"}
+EXECUTABLES = {"moss_tts_node": "moss_tts_node.ros.main:main", "moss_tts_player": "moss_tts_node.ros.player:main"}
 LAUNCH_FILES = sorted((ROOT / "launch").glob("*.launch.py"))
 
 

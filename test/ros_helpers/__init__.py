@@ -31,6 +31,17 @@ def node_params_file(demo_config: Path, path: Path, **values: Any) -> Path:
     return path
 
 
+def parameter_values(demo_config: Path, **changes: Any) -> dict[str, Any]:
+    """A value for every parameter of the node: the demo config's, the node options' defaults, then ``changes``
+    (``__`` for the dots of a key)."""
+    from moss_tts_node.config import flatten, load_config
+    from moss_tts_node.ros.parameters import NODE_OPTIONS
+
+    values: dict[str, Any] = dict(flatten(load_config(demo_config)))
+    values |= {o.key: o.default for o in NODE_OPTIONS}
+    return values | {key.replace("__", "."): value for key, value in changes.items()}
+
+
 def played_span(raw: Path) -> int:
     """Samples from the first to the last that is not silence, in a float32 recording."""
     loud = np.flatnonzero(np.abs(np.fromfile(raw, dtype="<f4")) > 1e-4)

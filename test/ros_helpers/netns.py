@@ -166,13 +166,13 @@ def loopback_namespace(log_dir: Path) -> LoopbackNamespace:
 
 
 class NodeProcess:
-    """``python -m moss_tts_node.ros.node`` in a namespace, its output kept in a log file."""
+    """``python -m moss_tts_node.ros.main`` (the node's executable) in a namespace, its output kept in a log file."""
 
     def __init__(self, netns: LoopbackNamespace, ros_args: list[str], name: str = "node", cwd: Path | None = None):
         self.log = netns.log_dir / f"{name}.log"
         self._log_file = self.log.open("w")
         self.process = netns.popen(
-            [sys.executable, "-m", "moss_tts_node.ros.node", "--ros-args", *ros_args],
+            [sys.executable, "-m", "moss_tts_node.ros.main", "--ros-args", *ros_args],
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
             cwd=cwd,
