@@ -45,13 +45,21 @@ LIVE = {
     "output_encoding",
     "languages",
 }
-STARTUP = {"queue_size", "autostart", "text_stream_max_open", "text_stream_max_chars", "text_stream_idle_timeout"}
+STARTUP = {
+    "queue_size",
+    "autostart",
+    "text_stream_max_open",
+    "text_stream_max_chars",
+    "text_stream_idle_timeout",
+    "text_stream_max_duration",
+}
 
 
 def test_every_config_key_and_node_option_is_declared_once_with_its_default() -> None:
     declared = declarations()
     node_options = ["queue_size", "autostart", "queue_policy", "output_encoding", "text_stream_max_open"]
-    node_options += ["text_stream_max_chars", "text_stream_idle_timeout", "languages", "max_response_seconds"]
+    node_options += ["text_stream_max_chars", "text_stream_idle_timeout", "text_stream_max_duration"]
+    node_options += ["languages", "max_response_seconds"]
     assert [name for name, _, _ in declared] == [*OPTIONS, *node_options]
     for name, default, described in declared:
         assert default == ALL_OPTIONS[name].default
@@ -75,7 +83,7 @@ def test_the_limits_and_the_voices_are_read_only_in_every_state() -> None:
     """Any participant of the domain may set a parameter that is not read-only (and, without SROS2, take the node
     through its lifecycle): it must not raise a limit, nor add a voice directory."""
     limits = [o for o in ALL_OPTIONS.values() if o.key.startswith(("limits.", "max_response_", "text_stream_"))]
-    assert len(limits) == 6
+    assert len(limits) == 7
     assert all(descriptor(o).read_only for o in limits)
     assert all(descriptor(o).read_only for o in ALL_OPTIONS.values() if o.key.startswith("voices."))
 
@@ -183,8 +191,9 @@ def test_the_startup_parameters_are_checked_on_their_own(demo_config: Path) -> N
         text_stream_max_open=4,
         text_stream_max_chars=20000,
         text_stream_idle_timeout=10.0,
+        text_stream_max_duration=300.0,
     )
-    assert startup.text_stream_limits == StreamLimits(4, 20000, 10.0)
+    assert startup.text_stream_limits == StreamLimits(4, 20000, 10.0, 300.0)
     with pytest.raises(ConfigError, match=re.escape(f"{SOURCE}: 'text_stream_idle_timeout' must be >= 0.1, got 0.0")):
         checked_startup(
             parameter_values(demo_config, text_stream_idle_timeout=0.0), SOURCE

@@ -159,7 +159,7 @@ def test_a_response_longer_than_max_response_seconds_is_refused_before_its_turn(
 
 def test_a_text_stream_ends_its_stream_when_its_request_ends_or_is_refused(node: Node) -> None:
     streams = TextStreams()
-    limits = StreamLimits(max_open=4, max_chars=1000, idle_timeout_s=5.0)
+    limits = StreamLimits(max_open=4, max_chars=1000, idle_timeout_s=5.0, max_duration_s=60.0)
     ended: dict[str, threading.Event] = {name: threading.Event() for name in ("spoken", "french")}
 
     def on_end(stream_id: str) -> None:

@@ -22,7 +22,7 @@ from moss_tts_node.ros.text_stream import (  # noqa: E402
     TextStreams,
 )
 
-LIMITS = StreamLimits(max_open=2, max_chars=40, idle_timeout_s=5.0)
+LIMITS = StreamLimits(max_open=2, max_chars=40, idle_timeout_s=5.0, max_duration_s=60.0)
 
 
 class Line:
@@ -74,7 +74,9 @@ def test_an_idle_stream_is_closed_and_spoken_and_an_ended_request_drops_its_late
     line.receive(chunk("quiet", "Half a sen"), now=0.0)
     line.receive(chunk("busy", "Still"), now=0.0)
     line.receive(chunk("busy", " going"), now=4.0)
-    assert streams.expire(LIMITS, now=5.0) == ["quiet"]
+    assert streams.expire(LIMITS, now=5.0) == [
+        "text stream 'quiet' got no chunk for 5 s (text_stream_idle_timeout): speaking what it received, then ending it"
+    ]
     assert line.text("quiet") == ("Half a sen", True)  # what it received is spoken
     with pytest.raises(ChunkDropped, match="'quiet' has ended"):
         line.receive(chunk("quiet", "tence."), now=5.1)
@@ -91,8 +93,26 @@ def test_empty_chunks_do_not_keep_a_stream_open() -> None:
     line.receive(chunk("held", "Hello"), now=0.0)
     for second in range(1, 5):
         line.receive(chunk("held"), now=float(second))
-    assert streams.expire(LIMITS, now=5.0) == ["held"]
+    assert len(streams.expire(LIMITS, now=5.0)) == 1
     assert line.text("held") == ("Hello", True)
+
+
+def test_a_stream_lives_at_most_max_duration_however_often_it_is_fed() -> None:
+    """One character every few seconds, each within the idle timeout: the stream, and its place in line, end once
+    it has been open for max_duration_s (at the defaults, 20,000 characters at 9.9 s each would hold it 55 hours)."""
+    line = Line(streams := TextStreams())
+    line.receive(chunk("slow", "a"), now=0.0)
+    for second in range(4, 60, 4):
+        line.receive(chunk("slow", "b"), now=float(second))
+        assert streams.expire(LIMITS, now=second + 3.9) == []
+    assert streams.expire(LIMITS, now=60.0) == [
+        "text stream 'slow' has been open for 60 s, as long as a stream may be (text_stream_max_duration): speaking "
+        "what it received, then ending it; send a longer reply as several streams, or raise text_stream_max_duration "
+        "in the node's parameter file"
+    ]
+    assert line.text("slow") == ("a" + "b" * 14, True)  # what it received is spoken
+    with pytest.raises(ChunkDropped, match="'slow' has ended"):
+        line.receive(chunk("slow", "c"), now=60.5)
 
 
 @pytest.mark.parametrize(
@@ -139,7 +159,7 @@ def test_a_stream_whose_request_is_refused_or_ends_at_once_drops_its_later_chunk
 
 def test_streams_from_several_threads_each_get_their_text_in_order() -> None:
     line = Line(TextStreams())
-    limits = StreamLimits(max_open=8, max_chars=10_000, idle_timeout_s=5.0)
+    limits = StreamLimits(max_open=8, max_chars=10_000, idle_timeout_s=5.0, max_duration_s=60.0)
     words = [f" w{number}" for number in range(200)]
     barrier = threading.Barrier(8)
 

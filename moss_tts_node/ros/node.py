@@ -69,7 +69,7 @@ from moss_tts_node.ros.text_stream import ChunkDropped, TextStreams
 from moss_tts_node.ros.voices import voice_infos
 
 DIAGNOSTICS_PERIOD_S = 1.0
-TEXT_STREAM_CHECK_S = 0.1  # how often open text streams are checked for their idle timeout
+TEXT_STREAM_CHECK_S = 0.1  # how often open text streams are checked for their idle timeout and their life
 # Chunks of text streams: one per LLM token, so a burst must not overflow the subscription's queue.
 TEXT_STREAM_QOS = QoSProfile(depth=1000)
 # One feedback per chunk for every goal on one topic: deep enough that a burst (the model can run
@@ -298,12 +298,8 @@ class TtsNode(LifecycleNode):
                 self._requests.text_stream(new, self._text_streams.ended)
 
     def _expire_text_streams(self) -> None:
-        limits = self._startup.text_stream_limits
-        for stream_id in self._text_streams.expire(limits, time.monotonic()):
-            self.get_logger().warning(
-                f"text stream {stream_id!r} got no chunk for {limits.idle_timeout_s:g} s "
-                "(text_stream_idle_timeout): speaking what it received, then ending it"
-            )
+        for reason in self._text_streams.expire(self._startup.text_stream_limits, time.monotonic()):
+            self.get_logger().warning(reason)
 
     def _on_synthesize(self, request: Synthesize.Request, response: Synthesize.Response) -> Synthesize.Response:
         response.sample_rate, response.encoding = self._model.sample_rate, self.get_parameter("output_encoding").value

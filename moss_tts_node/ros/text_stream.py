@@ -8,11 +8,12 @@ its line of requests (ros/requests.py: the first chunk's request, ``Synthesizer.
 is here:
 
 - a stream's first chunk starts it, with the request fields it carries (later chunks' fields are ignored);
-  its later chunks go into its feed, ``final`` closes it, and a stream that gets no chunk for
-  ``idle_timeout_s`` is closed by ``expire``: what it received is spoken;
+  its later chunks go into its feed, ``final`` closes it, and ``expire`` closes a stream that gets no chunk for
+  ``idle_timeout_s`` or has been open for ``max_duration_s``: what it received is spoken;
 - the network is untrusted, so what a stream may hold is bounded before any work: at most ``max_open``
   streams are open, a stream holds at most ``max_chars`` characters (the chunk that would pass it closes the
-  stream with what it had), and a stream id is 1 to ``MAX_ID_CHARS`` printable characters;
+  stream with what it had) and lives at most ``max_duration_s`` (a chunk every few seconds would otherwise keep
+  it, and its place in line, for days), and a stream id is 1 to ``MAX_ID_CHARS`` printable characters;
 - once a stream has ended (final, idle, cut at its limit, refused, or its request ended: spoken,
   interrupted, cancelled) its later chunks are dropped, with one warning per stream; the last
   ``REMEMBERED_ENDED`` ended ids are remembered for that.
@@ -47,6 +48,7 @@ class StreamLimits:
     max_open: int
     max_chars: int
     idle_timeout_s: float
+    max_duration_s: float
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ class NewStream:
 class _Open:
     feed: TextFeed
     chars: int
+    opened: float  # monotonic time of its first chunk
     last_chunk: float  # monotonic time of its last chunk
 
 
@@ -93,7 +96,7 @@ class TextStreams:
             stream = self._open.get(stream_id)
             if stream is None:
                 self._check_new(stream_id, chunk, limits)
-                stream = self._open[stream_id] = _Open(TextFeed(), 0, now)
+                stream = self._open[stream_id] = _Open(TextFeed(), 0, now, now)
                 self._append(stream_id, stream, chunk, now)
                 return NewStream(stream_id, chunk, stream.feed)
             if stream.chars + len(chunk.text) > limits.max_chars:
@@ -107,13 +110,26 @@ class TextStreams:
             return None
 
     def expire(self, limits: StreamLimits, now: float) -> list[str]:
-        """Close the streams that got no chunk for ``limits.idle_timeout_s`` (what they hold is spoken); their ids."""
+        """Close the streams that got no chunk for ``limits.idle_timeout_s`` or have been open for
+        ``limits.max_duration_s`` (what they hold is spoken); why each was closed, for the log."""
+        closed: dict[str, str] = {}
         with self._lock:
-            idle = [key for key, stream in self._open.items() if now - stream.last_chunk >= limits.idle_timeout_s]
-            for stream_id in idle:
+            for stream_id, stream in self._open.items():
+                if now - stream.last_chunk >= limits.idle_timeout_s:
+                    closed[stream_id] = (
+                        f"text stream {stream_id!r} got no chunk for {limits.idle_timeout_s:g} s "
+                        "(text_stream_idle_timeout): speaking what it received, then ending it"
+                    )
+                elif now - stream.opened >= limits.max_duration_s:
+                    closed[stream_id] = (
+                        f"text stream {stream_id!r} has been open for {limits.max_duration_s:g} s, as long as a stream "
+                        "may be (text_stream_max_duration): speaking what it received, then ending it; send a longer "
+                        "reply as several streams, or raise text_stream_max_duration in the node's parameter file"
+                    )
+            for stream_id in closed:
                 self._open[stream_id].feed.close()
                 self._end(stream_id)
-        return idle
+        return list(closed.values())
 
     def ended(self, stream_id: str) -> None:
         """The stream's request has ended (spoken, interrupted, cancelled, failed) or was refused: drop what comes
