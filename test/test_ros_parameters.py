@@ -45,14 +45,9 @@ LIVE = {
     "output_encoding",
     "languages",
 }
-STARTUP = {
-    "queue_size",
-    "autostart",
-    "text_stream_max_open",
-    "text_stream_max_chars",
-    "text_stream_idle_timeout",
-    "text_stream_max_duration",
-}
+# Read once, at start: the queue's size, autostart, and the text streams' bounds.
+TEXT_STREAM_BOUNDS = ("max_open", "max_chars", "idle_timeout", "max_duration")
+STARTUP = {"queue_size", "autostart", *(f"text_stream_{bound}" for bound in TEXT_STREAM_BOUNDS)}
 
 
 def test_every_config_key_and_node_option_is_declared_once_with_its_default() -> None:

@@ -12,6 +12,8 @@ import pytest
 
 from moss_tts_node.model.rates import SAMPLE_RATE as SAMPLE_RATE_HZ
 
+PARAMS_FILE_SEED = 5  # the sampling.seed of conftest's params_file, for a test to find
+
 
 def require_ros() -> None:
     """Skip unless rclpy and the built moss_tts_msgs import (``make test`` provides both)."""
