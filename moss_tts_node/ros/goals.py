@@ -1,6 +1,6 @@
 """The ``~/speak`` action's goals: each accepted, checked and put in line in the order the goals came, given
-feedback as its request moves, and ended succeeded, canceled or aborted with its request's reason (README
-"Requests").
+feedback as its request moves, and ended succeeded, canceled or aborted with its request's reason
+(docs/design.md, "Threads").
 
 The node wires these methods as the action server's callbacks, in a mutually exclusive group of their own: rclpy
 answers a goal request before ``accept`` runs, so without the group a client's next goal could overtake it;

@@ -1,5 +1,5 @@
-"""The node's requests from their arrival to their answer: checked, put in line, spoken, answered (README
-"Requests").
+"""The node's requests from their arrival to their answer: checked, put in line, spoken, answered
+(docs/design.md, "Threads").
 
 A callback of the node hands its message here and returns, so nothing holds the executor (README "Security").
 The check runs on the intake's thread (ros/intake.py), one request at a time in the order they arrived, which is
