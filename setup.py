@@ -45,7 +45,7 @@ setup(
     entry_points={
         "console_scripts": [
             f"moss_tts = {PACKAGE}.tools.cli.main:main",
-            f"moss_tts_node = {PACKAGE}.ros.node:main",
+            f"moss_tts_node = {PACKAGE}.ros.main:main",
             f"moss_tts_player = {PACKAGE}.ros.player:main",
         ],
     },

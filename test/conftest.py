@@ -1,6 +1,7 @@
 """Shared fixtures and helpers: one tiny random model (real file formats) per test session, the demo
 codec, codec-tiny (the real codec architecture), small vocabularies, weight directories with a file left
-out, the command line, and a sound output to record."""
+out, the command line, a sound output to record, and for the ROS tests a node params file and loopback-only
+network namespaces (ros_helpers/)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
+from ros_helpers import PARAMS_FILE_SEED, node_params_file
+from ros_helpers.netns import LoopbackNamespace, loopback_namespace
 
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.tools.dev.codec_fidelity import snr_db
@@ -93,6 +96,16 @@ def codec_tiny_streaming_dir(codec_tiny_dir: Path, tmp_path_factory: pytest.Temp
     directory = linked_copy(codec_tiny_dir, tmp_path_factory.mktemp(CODEC_TINY))
     build_stream_decoder(codec_tiny_dir, directory / STREAM_DECODER_FILE)
     return directory
+
+
+@pytest.fixture(scope="session")
+def stateful_synth(demo_config: Path, codec_tiny_streaming_dir: Path) -> Iterator[Synthesizer]:
+    """The demo model speaking through codec-tiny, whose stream decoder graph sits beside its ONNX graphs (a stream
+    is the offline decode); treat it as read-only."""
+    from moss_tts_node.synthesizer import Synthesizer
+
+    with Synthesizer.from_config_file(demo_config, {"model.codec_dir": str(codec_tiny_streaming_dir)}) as loaded:
+        yield loaded
 
 
 @pytest.fixture(scope="session")
@@ -222,6 +235,15 @@ class NullSink:
         got.append(np.fromfile(path, dtype="<f4"))
 
     @staticmethod
+    def wait_recorded(path: Path, samples: int, timeout: float = 60.0) -> None:
+        """Wait until the recording at ``path`` (in a ``recording`` block) holds ``samples``: that much of the sink's
+        own time, which plays in real time, has passed, however busy the machine is."""
+        deadline = time.monotonic() + timeout
+        while path.stat().st_size < samples * 4:
+            assert time.monotonic() < deadline, f"recorded {path.stat().st_size // 4} of {samples} samples"
+            time.sleep(0.05)
+
+    @staticmethod
     def snr_db(reference: np.ndarray, captured: np.ndarray) -> float:
         """How well ``captured`` holds ``reference`` at one offset: the SNR in dB of the best-aligned copy.
 
@@ -253,3 +275,27 @@ def null_sink(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NullSink]:
     sink = NullSink(tmp_path_factory.mktemp("pulse"))
     yield sink
     sink.close()
+
+
+@pytest.fixture(scope="session")
+def params_file(demo_config: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo config as a node params file: one llama thread, room for long requests, and a seed to find
+    (``PARAMS_FILE_SEED``); read-only."""
+    values = {"llama.n_threads": 1, "llama.n_ctx": 8192, "sampling.seed": PARAMS_FILE_SEED}
+    return node_params_file(demo_config, tmp_path_factory.mktemp("params") / "node.yaml", **values)
+
+
+@pytest.fixture(scope="module")
+def netns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackNamespace]:
+    """A loopback-only network namespace for a module's ROS processes (its node, its clients)."""
+    ns = loopback_namespace(tmp_path_factory.mktemp("ros"))
+    yield ns
+    ns.close()
+
+
+@pytest.fixture
+def own_netns(tmp_path: Path) -> Iterator[LoopbackNamespace]:
+    """A namespace of the test's own, for a node of its own: two nodes of one name in one domain would both answer."""
+    ns = loopback_namespace(tmp_path / "ros")
+    yield ns
+    ns.close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -75,13 +74,6 @@ def test_markers_that_cannot_be_rendered_are_refused_before_any_work(synth: Synt
         with pytest.raises(RequestError, match=r"'\[pause 90s\]' asks for more than 60 s"):
             synth.stream("Wait [pause 90s] go.", config=with_pauses(synth.config, mode))
     synth.stream("Wait [pause 90s] go.", config=with_pauses(synth.config, "text"))  # text is text
-
-
-@pytest.fixture(scope="module")
-def stateful_synth(demo_config: Path, codec_tiny_streaming_dir: Path) -> Iterator[Synthesizer]:
-    """The demo model speaking through codec-tiny, with its stream decoder (the stream equals the offline decode)."""
-    with Synthesizer.from_config_file(demo_config, {"model.codec_dir": str(codec_tiny_streaming_dir)}) as loaded:
-        yield loaded
 
 
 def test_a_rendered_pause_streams_in_chunks_and_equals_the_whole_utterance(

@@ -10,6 +10,7 @@ import itertools
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 
 from moss_tts_node.errors import PlaybackError
-from moss_tts_node.playback import BLOCK_S, Speaker, sound_output
+from moss_tts_node.playback import BLOCK_S, OpenStream, OutputStream, Speaker, sound_output
 
 if TYPE_CHECKING:
     from conftest import NullSink
@@ -114,12 +115,22 @@ def test_a_burst_plays_whole_in_blocks_without_gaps() -> None:
     assert out.kinds()[0] == "open" and out.kinds()[-2:] == ["stop", "close"] and "abort" not in out.kinds()
 
 
+def wait_until_waiting(speaker: Speaker) -> None:
+    """Wait until the player thread has looked at what it was fed last and waits for more. A feed's notify takes
+    the waiting thread off its condition's waiters (CPython's ``threading.Condition``); its next wait, once it has
+    looked, puts it back."""
+    deadline = time.monotonic() + 10
+    while not speaker._changed._waiters:  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline, "the player thread never waited again"
+        time.sleep(0.001)
+
+
 def test_it_waits_for_the_prebuffer_then_counts_a_dry_spell() -> None:
     out = FakeOutput()
     with Speaker(out.open, prebuffer_s=0.3) as speaker:
         speaker.feed("a", tone(0.1), RATE, final=False)
-        time.sleep(0.3)  # room for the player thread to (wrongly) start
-        assert out.writes() == []
+        wait_until_waiting(speaker)  # it has seen the 0.1 s, and did not start
+        assert out.kinds() == []
         speaker.feed("a", tone(0.25), RATE, final=False)  # 0.35 s queued: it starts
         out.wait_writes(round(0.35 / BLOCK_S))  # every queued block written: the utterance runs dry
         speaker.feed("a", tone(0.5), RATE, final=True)
@@ -186,17 +197,53 @@ def test_after_a_cancel_the_next_utterance_plays_from_its_first_sample(
     for name, value in null_sink.env.items():
         monkeypatch.setenv(name, value)
     second = tone(0.5, 660.0)
-    with Speaker(sound_output(None), prebuffer_s=0.3) as speaker:
+    output = Watched(sound_output(None))
+    with Speaker(output.open, prebuffer_s=0.3) as speaker:
         speaker.feed("a", tone(3.0), RATE, final=True)
-        time.sleep(1.0)
+        output.wait(lambda: output.blocks >= round(0.5 / BLOCK_S), "half a second of the first utterance")
         assert speaker.cancel("a")
-        time.sleep(1.0)
+        output.wait(lambda: output.closed, "the first utterance's stream closed")  # aborted: what it held dropped
         with null_sink.recording(tmp_path / "after.raw") as captured:
             speaker.feed("b", second, RATE, final=True)
             assert speaker.wait(timeout=10)
     loud = np.flatnonzero(np.abs(captured[0]) > 1e-4)
     assert loud.size and loud[-1] - loud[0] + 1 >= second.size - 5  # a sine's first sample is 0: below the bar
     assert null_sink.snr_db(second, captured[0]) > 40
+
+
+class Watched:
+    """The real output, its streams watched: the blocks written to the last one opened, and whether it closed."""
+
+    def __init__(self, open_stream: OpenStream) -> None:
+        self._open = open_stream
+        self._changed = threading.Condition()
+        self.blocks = 0
+        self.closed = False
+
+    def open(self, sample_rate: int) -> OutputStream:
+        stream = self._open(sample_rate)
+        write, close = stream.write, stream.close
+        with self._changed:
+            self.blocks, self.closed = 0, False
+
+        def written(data: np.ndarray) -> None:
+            write(data)
+            with self._changed:
+                self.blocks += 1
+                self._changed.notify_all()
+
+        def closed() -> None:
+            close()
+            with self._changed:
+                self.closed = True
+                self._changed.notify_all()
+
+        stream.write, stream.close = written, closed  # type: ignore[method-assign]
+        return stream
+
+    def wait(self, until: Callable[[], bool], what: str) -> None:
+        with self._changed:
+            assert self._changed.wait_for(until, timeout=30), f"never saw {what}"
 
 
 def test_each_utterance_plays_at_its_own_rate() -> None:

@@ -257,7 +257,7 @@ def voice_dir(tmp_path: Path) -> Path:
     codes(folder / "nurse.npy", 25)
     (folder / "README.txt").write_text("not a voice")
     (folder / "sub").mkdir()
-    return folder
+    return folder.resolve()  # as the configuration resolves it: a client's path is matched against that text
 
 
 def library(synth: Synthesizer, demo_config: Path, **overrides: Any) -> VoiceLibrary:
@@ -324,12 +324,16 @@ def test_find_takes_names_and_directory_paths_and_nothing_else(
     voices = library(synth, demo_config, files=[str(extra)], directories=[str(voice_dir)])
     assert voices.find("butler").name == "butler"
     assert voices.find(str(voice_dir / "nurse.npy")).name == "nurse"
+    # The text normalized: ".", "..", "//" collapsed as written (no link is read), a relative path taken from the
+    # working directory.
     assert voices.find(f"{voice_dir}/sub/../nurse.npy").name == "nurse"
-    (voice_dir / "alias.npy").symlink_to(voice_dir / "nurse.npy")  # a link that stays inside: the same voice
-    assert voices.find(str(voice_dir / "alias.npy")).name == "nurse"
+    assert voices.find(f"{voice_dir}//./nurse.npy").name == "nurse"
+    assert voices.find(os.path.relpath(voice_dir / "nurse.npy", Path.cwd())).name == "nurse"
 
     (voice_dir / "sub" / "etc").symlink_to("/etc")
     (voice_dir / "passwd.wav").symlink_to("/etc/passwd")  # made after the library was built
+    (voice_dir / "alias.npy").symlink_to(voice_dir / "nurse.npy")  # a link to a voice, made after the build too
+    (tmp_path / "elsewhere").symlink_to(voice_dir)  # a link outside every voice directory, into one
     relative_escape = os.path.relpath("/etc/passwd", Path.cwd())
     refused = [
         "/etc/passwd",
@@ -340,6 +344,8 @@ def test_find_takes_names_and_directory_paths_and_nothing_else(
         relative_escape,
         str(voice_dir / "sub" / "etc" / "passwd"),
         str(voice_dir / "passwd.wav"),
+        str(voice_dir / "alias.npy"),
+        str(tmp_path / "elsewhere" / "nurse.npy"),
         str(voice_dir / "absent.wav"),
         str(voice_dir / "README.txt"),
         str(extra),  # a voice by name, not by path: it is in no voice directory
@@ -361,31 +367,45 @@ def test_find_takes_names_and_directory_paths_and_nothing_else(
     }
 
 
-def test_find_never_opens_a_file(
-    synth: Synthesizer, demo_config: Path, voice_dir: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_link_in_a_voice_directory_when_it_loads_is_a_voice_of_its_own_name_and_path(
+    synth: Synthesizer, demo_config: Path, voice_dir: Path, tmp_path: Path
 ) -> None:
-    voices = library(synth, demo_config, directories=[str(voice_dir)])
-    opened: list[object] = []
-    real_open = os.open
-    monkeypatch.setattr(os, "open", lambda *args, **kwargs: opened.append(args) or real_open(*args, **kwargs))
-    monkeypatch.setattr("builtins.open", lambda *args, **kwargs: opened.append(args))
-    for value in ("/etc/passwd", str(voice_dir / "nurse.npy"), "butler", "/nonexistent"):
-        with contextlib.suppress(RequestError):
-            voices.find(value)
-    assert opened == []
+    """The owner's links are followed when the library is built: a link to a file of the directory is a voice
+    named and found by its own path, with the codes of the file it leads to; a directory configured through a link
+    is where the link led then, and its files are found there."""
+    (voice_dir / "alias.npy").symlink_to(voice_dir / "nurse.npy")
+    (tmp_path / "configured").symlink_to(voice_dir)
+    voices = library(synth, demo_config, directories=[str(tmp_path / "configured")])
+    assert voices.names == ["alias", "butler", "nurse"]
+    np.testing.assert_array_equal(voices["alias"].codes, voices["nurse"].codes)
+    assert voices.find(str(voice_dir / "alias.npy")).name == "alias"
+    assert voices.find(str(voice_dir / "nurse.npy")).name == "nurse"
+    with pytest.raises(RequestError, match="not a voice of this node"):
+        voices.find(str(tmp_path / "configured" / "nurse.npy"))
 
 
-def test_without_a_voice_directory_a_path_is_not_even_resolved(
+def test_find_touches_no_file_of_the_machine(
     synth: Synthesizer, demo_config: Path, voice_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Remote paths are off by default: a node whose voices are only named files reads no link for a path."""
-    voices = library(synth, demo_config, files=[str(voice_dir / "nurse.npy")])
-    resolved: list[str] = []
-    monkeypatch.setattr(os.path, "realpath", lambda path, *args, **kwargs: resolved.append(path) or path)
-    for value in ("/etc/passwd", str(voice_dir / "nurse.npy"), "../../etc/shadow"):
-        with pytest.raises(RequestError, match="not a voice of this node"):
-            voices.find(value)
-    assert resolved == [] and voices.find("nurse").name == "nurse"
+    """Nothing is opened, looked at (stat, lstat) or read as a link for a client's value, with a voice directory
+    or without one: what a client learns cannot depend on the files of the machine, links included."""
+    with_directory = library(synth, demo_config, directories=[str(voice_dir)])
+    files_only = library(synth, demo_config, files=[str(voice_dir / "nurse.npy")])
+    touched: list[tuple[str, object]] = []
+
+    def recording(name: str, real: Any) -> Any:
+        return lambda *args, **kwargs: touched.append((name, args[0])) or real(*args, **kwargs)
+
+    for name in ("open", "stat", "lstat", "readlink", "scandir", "listdir", "access"):
+        monkeypatch.setattr(os, name, recording(name, getattr(os, name)))
+    monkeypatch.setattr("builtins.open", recording("builtins.open", open))
+    values = ("/etc/passwd", str(voice_dir / "nurse.npy"), f"{voice_dir}/sub/../butler.wav", "butler", "../x/y")
+    for voices in (with_directory, files_only):
+        for value in values:
+            with contextlib.suppress(RequestError):
+                voices.find(value)
+    monkeypatch.undo()
+    assert touched == []
 
 
 # -- fuzzing the API's checks ------------------------------------------------------------------------------------

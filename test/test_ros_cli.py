@@ -17,13 +17,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from ros_helpers import require_ros
-from ros_helpers.netns import READY_LINE, UNCONFIGURED_LINE, LoopbackNamespace
+from ros_helpers.netns import READY_LINE, UNCONFIGURED_LINE, LoopbackNamespace, retry_until, wait_for_line
 
 ROOT = Path(__file__).resolve().parent.parent
 # Where README sends a user for the install route and the node.
@@ -122,18 +120,16 @@ class Workspace:
         assert process.returncode == 0, f"`{command}` exited with {process.returncode}:\n{out[-3000:]}"
         return out
 
-    def retry(self, command: str, expected: str, timeout: float = 30.0) -> str:
-        """Run until the output has ``expected``: the ros2 daemon may not see a fresh node yet (ros2cli's README)."""
-        deadline = time.monotonic() + timeout
-        while True:
+    def retry(self, command: str, expected: str) -> str:
+        """Run until the output has ``expected`` (``retry_until``); what it printed."""
+
+        def run() -> str:
             process = self.netns.popen(
                 self._argv(command), cwd=self.root, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
             )
-            out, _ = process.communicate(timeout=timeout)
-            if expected in out or time.monotonic() > deadline:
-                assert expected in out, f"`{command}` never printed {expected!r}:\n{out[-3000:]}"
-                return out
-            time.sleep(0.5)
+            return process.communicate(timeout=60)[0]
+
+        return retry_until(run, expected, command)
 
     def build(self, command: str) -> None:
         (self.root / "src" / "moss_tts_msgs").symlink_to(Path("moss_tts_node") / "moss_tts_msgs")  # LINK_MSGS
@@ -163,11 +159,7 @@ class Launch:
         return self.log.read_text()
 
     def wait_ready(self, timeout: float = 120.0, line: str = READY_LINE) -> None:
-        deadline = time.monotonic() + timeout
-        while line not in self.output():
-            assert self.process.poll() is None, f"the launch ended:\n{self.output()}"
-            assert time.monotonic() < deadline, f"the node was not ready after {timeout} s:\n{self.output()}"
-            time.sleep(0.2)
+        wait_for_line(self.output, line, lambda: self.process.poll() is None, "the launch", timeout)
 
     def wait(self, timeout: float = 60.0) -> int:
         try:
@@ -187,32 +179,22 @@ class Launch:
             raise AssertionError(f"ros2 launch did not stop within 60 s:\n{self.output()}") from None
 
 
-@pytest.fixture(scope="module")
-def user_files(demo_config: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """The docs' placeholders -> the demo model's config and a node params file for it (one llama thread)."""
-    from moss_tts_node.config import flatten, load_config, write_params_file
+@pytest.fixture(scope="module", autouse=True)
+def ros2_cli() -> None:
+    """Every test here runs the ros2 CLI and colcon: they skip, before any namespace is made, where those are not."""
+    require_ros2_cli()
 
-    values: dict[str, Any] = dict(flatten(load_config(demo_config))) | {"llama.n_threads": 1}
-    params = tmp_path_factory.mktemp("params") / "node.yaml"
-    write_params_file(params, values)
-    return {PARAMS_PLACEHOLDER: str(params), CONFIG_PLACEHOLDER: str(demo_config)}
+
+@pytest.fixture(scope="module")
+def user_files(demo_config: Path, params_file: Path) -> dict[str, str]:
+    """The docs' placeholders -> the demo model's config and a node params file for it."""
+    return {PARAMS_PLACEHOLDER: str(params_file), CONFIG_PLACEHOLDER: str(demo_config)}
 
 
 def as_user(command: str, files: dict[str, str]) -> str:
     for placeholder, path in files.items():
         command = command.replace(placeholder, path)
     return command
-
-
-@pytest.fixture(scope="module")
-def netns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackNamespace]:
-    require_ros2_cli()
-    try:
-        ns = LoopbackNamespace(tmp_path_factory.mktemp("ros_cli"))
-    except (RuntimeError, OSError) as err:
-        pytest.skip(f"no loopback-only network namespace here: {err}")
-    yield ns
-    ns.close()
 
 
 def installed_bridge_sources(workspace: Workspace) -> tuple[str, str]:

@@ -21,7 +21,7 @@ from moss_tts_node.errors import ConfigError
 from moss_tts_node.ros.launch_params import choose_params_file, launch_parameters, start_failure
 
 ROOT = Path(__file__).resolve().parent.parent
-EXECUTABLES = {"moss_tts_node": "moss_tts_node.ros.node:main", "moss_tts_player": "moss_tts_node.ros.player:main"}
+EXECUTABLES = {"moss_tts_node": "moss_tts_node.ros.main:main", "moss_tts_player": "moss_tts_node.ros.player:main"}
 LAUNCH_FILES = sorted((ROOT / "launch").glob("*.launch.py"))
 
 
@@ -54,31 +54,24 @@ def test_what_a_launch_file_names_exists(launch_file: Path) -> None:
 
 
 def test_the_node_console_script_says_why_it_cannot_start_in_the_words_the_launch_file_reads(
-    tmp_path: Path,
+    own_netns: LoopbackNamespace,
 ) -> None:
     """The executable the launch file starts, run as it runs it: a node that cannot start exits 2, and the
     launch file's ``start_failure`` finds the node's reason in what it printed (log prefix and all)."""
     require_ros()
     script = Path(sys.executable).with_name("moss_tts_node")  # setup.py's console script, beside the interpreter
     assert script.is_file(), f"{script} not found: pip install -e . installs it"
+    node = own_netns.popen(
+        [str(script), "--ros-args", "-p", "model.weights_dir:=/nonexistent"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
-        netns = LoopbackNamespace(tmp_path)
-    except (RuntimeError, OSError) as err:
-        pytest.skip(f"no loopback-only network namespace here: {err}")
-    try:
-        node = netns.popen(
-            [str(script), "--ros-args", "-p", "model.weights_dir:=/nonexistent"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            output, _ = node.communicate(timeout=120)
-        finally:
-            if node.poll() is None:
-                node.kill()
-                node.wait()
+        output, _ = node.communicate(timeout=120)
     finally:
-        netns.close()
+        if node.poll() is None:
+            node.kill()
+            node.wait()
     assert node.returncode == 2, output
     reason = start_failure(output)
     assert reason is not None and reason.endswith("'model.weights_dir' directory not found: /nonexistent"), output

@@ -9,24 +9,14 @@ from __future__ import annotations
 
 import importlib.util
 import shlex
-import signal
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
-from ros_helpers import node_params_file, played_span, require_ros, wait_played
-from ros_helpers.netns import (
-    SECURITY_CLIENT,
-    UNCONFIGURED_LINE,
-    LoopbackNamespace,
-    NodeProcess,
-    loopback_namespace,
-)
+from ros_helpers import played_span, require_ros, wait_played
+from ros_helpers.netns import SECURITY_CLIENT, LoopbackNamespace, NodeProcess, playing, retry_until, wait_for_line
 
 from moss_tts_node.model.rates import SAMPLE_RATE
 
@@ -67,23 +57,10 @@ CLEANUP_GROWTH_KIB = 4 * 1024
 CYCLES = 20
 
 
-@pytest.fixture(scope="module")
-def params_file(demo_config: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    values = {"llama.n_threads": 1, "llama.n_ctx": 8192}
-    return node_params_file(demo_config, tmp_path_factory.mktemp("params") / "node.yaml", **values)
-
-
-@pytest.fixture
-def netns(tmp_path: Path) -> Iterator[LoopbackNamespace]:
-    ns = loopback_namespace(tmp_path / "ros")
-    yield ns
-    ns.close()
-
-
 def start(netns: LoopbackNamespace, params_file: Path, *ros_args: str) -> NodeProcess:
-    """A node started with ``ros_args``; returns once it serves, or is up unconfigured (autostart false)."""
+    """A node of the test's own started with ``ros_args``, once it is up (it serves, or waits unconfigured)."""
     node = NodeProcess(netns, ["--params-file", str(params_file), *ros_args])
-    node.wait_ready(line=UNCONFIGURED_LINE if "autostart:=false" in ros_args else "ready: model loaded")
+    node.wait_ready()
     return node
 
 
@@ -92,18 +69,9 @@ def require_ros2_cli() -> None:
         pytest.skip("the ros2 CLI with ros2lifecycle is not installed: `make msgs` installs it from ../shared/ros2cli/")
 
 
-def ros2(netns: LoopbackNamespace, command: str, expected: str, timeout: float = 60.0) -> str:
-    """Run a ``ros2`` command in the namespace until its output has ``expected`` (the ros2 daemon may not see a
-    fresh node yet: ../shared/ros2cli/README.md); returns what it printed."""
-    env = {**netns.env, "PATH": f"{Path(sys.executable).parent}:{netns.env['PATH']}", "AMENT_PREFIX_PATH": sys.prefix}
-    deadline = time.monotonic() + timeout
-    while True:
-        process = netns.popen(shlex.split(command), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        out, _ = process.communicate(timeout=timeout)
-        if expected in out or time.monotonic() > deadline:
-            assert expected in out, f"`{command}` never printed {expected!r}:\n{out[-3000:]}"
-            return out
-        time.sleep(0.5)
+def ros2(netns: LoopbackNamespace, command: str, expected: str) -> str:
+    """Run a ``ros2`` command in the namespace until its output has ``expected``; what it printed."""
+    return retry_until(lambda: netns.ros2(*shlex.split(command)[1:]).stdout, expected, command)
 
 
 def test_every_command_run_here_is_in_the_docs() -> None:
@@ -113,13 +81,13 @@ def test_every_command_run_here_is_in_the_docs() -> None:
     assert not missing, f"docs/ros.md does not give these commands as the tests run them: {missing}"
 
 
-def test_every_transition_with_the_ros2_lifecycle_command_line(netns: LoopbackNamespace, params_file: Path) -> None:
+def test_every_transition_with_the_ros2_lifecycle_command_line(own_netns: LoopbackNamespace, params_file: Path) -> None:
     require_ros2_cli()
-    node = start(netns, params_file, *UNMANAGED)
+    node = start(own_netns, params_file, *UNMANAGED)
     try:
-        assert "/moss_tts_node" in ros2(netns, NODES, "/moss_tts_node")
-        ros2(netns, GET, "unconfigured [1]")
-        available = ros2(netns, LIST, "configure [1]")
+        assert "/moss_tts_node" in ros2(own_netns, NODES, "/moss_tts_node")
+        ros2(own_netns, GET, "unconfigured [1]")
+        available = ros2(own_netns, LIST, "configure [1]")
         assert "shutdown [5]" in available and "activate" not in available
         for transition, state, offered in (
             ("configure", "inactive [2]", ("activate [3]", "cleanup [2]", "shutdown [6]")),
@@ -129,11 +97,11 @@ def test_every_transition_with_the_ros2_lifecycle_command_line(netns: LoopbackNa
             ("configure", "inactive [2]", ("activate [3]",)),
             ("activate", "active [3]", ("deactivate [4]",)),
         ):
-            ros2(netns, SET.format(transition), "Transitioning successful")
-            ros2(netns, GET, state)
-            available = ros2(netns, LIST, offered[0])
+            ros2(own_netns, SET.format(transition), "Transitioning successful")
+            ros2(own_netns, GET, state)
+            available = ros2(own_netns, LIST, offered[0])
             assert all(label in available for label in offered), (transition, available)
-        ros2(netns, SET.format("shutdown"), "Transitioning successful")
+        ros2(own_netns, SET.format("shutdown"), "Transitioning successful")
         assert node.wait() == 0, node.output()
     finally:
         node.stop()
@@ -145,40 +113,40 @@ def test_every_transition_with_the_ros2_lifecycle_command_line(netns: LoopbackNa
 
 @pytest.mark.parametrize(("transitions", "state"), [([], "unconfigured [1]"), (["configure"], "inactive [2]")])
 def test_shutdown_from_an_idle_state_ends_the_process(
-    netns: LoopbackNamespace, params_file: Path, transitions: list[str], state: str
+    own_netns: LoopbackNamespace, params_file: Path, transitions: list[str], state: str
 ) -> None:
     require_ros2_cli()
-    node = start(netns, params_file, *UNMANAGED)
+    node = start(own_netns, params_file, *UNMANAGED)
     try:
-        assert all(step["success"] for step in netns.client("transitions", transitions=transitions)["steps"])
-        ros2(netns, GET, state)
-        ros2(netns, SET.format("shutdown"), "Transitioning successful")
+        assert all(step["success"] for step in own_netns.client("transitions", transitions=transitions)["steps"])
+        ros2(own_netns, GET, state)
+        ros2(own_netns, SET.format("shutdown"), "Transitioning successful")
         assert node.wait() == 0, node.output()
     finally:
         node.stop()
     assert ("unconfigured: model freed" in node.output()) is bool(transitions)
 
 
-def test_requests_and_parameter_changes_in_each_state(netns: LoopbackNamespace, params_file: Path) -> None:
+def test_requests_and_parameter_changes_in_each_state(own_netns: LoopbackNamespace, params_file: Path) -> None:
     """Refused with the state and the way out while unconfigured or inactive, served while active; a load-time
     parameter changes only while unconfigured; every interface is there in every state."""
-    node = start(netns, params_file, *UNMANAGED)
+    node = start(own_netns, params_file, *UNMANAGED)
     try:
         for refusal, before in ((UNCONFIGURED, []), (INACTIVE, ["configure"])):
-            assert all(step["success"] for step in netns.client("transitions", transitions=before)["steps"])
-            call = netns.client("synthesize", requests=[{"text": "Hello."}])["responses"][0]
+            assert all(step["success"] for step in own_netns.client("transitions", transitions=before)["steps"])
+            call = own_netns.client("synthesize", requests=[{"text": "Hello."}])["responses"][0]
             assert (call["success"], call["message"], call["bytes"]) == (False, refusal, 0)
-            goal = netns.client("speak", goals=[{"text": "Hello."}])["goals"][0]
+            goal = own_netns.client("speak", goals=[{"text": "Hello."}])["goals"][0]
             assert (goal["status"], goal["message"]) == (ABORTED, refusal)
-            netns.client("text", texts=["Hello."], finals=0)
+            own_netns.client("text", texts=["Hello."], finals=0)
             wait_for_log(node, f"~/text request refused: {refusal}")
             stream = f"stream-{len(before)}"
             # A stream is checked on the intake's thread: its second chunk is sent once the first was refused.
-            netns.client("text_stream", steps=[{"chunk": {"stream_id": stream, "text": "Hello"}}])
+            own_netns.client("text_stream", steps=[{"chunk": {"stream_id": stream, "text": "Hello"}}])
             wait_for_log(node, f"~/text_stream request refused: text stream {stream!r} refused: {refusal}")
-            netns.client("text_stream", steps=[{"chunk": {"stream_id": stream, "text": " there."}}])
+            own_netns.client("text_stream", steps=[{"chunk": {"stream_id": stream, "text": " there."}}])
             wait_for_log(node, f"text stream {stream!r} has ended: its later chunks are dropped")
-            voices = netns.client("voices", script=SECURITY_CLIENT)  # known from configure on
+            voices = own_netns.client("voices", script=SECURITY_CLIENT)  # known from configure on
             assert (voices["success"], voices["message"]) == (
                 (True, "")
                 if before
@@ -188,42 +156,41 @@ def test_requests_and_parameter_changes_in_each_state(netns: LoopbackNamespace, 
                     "(ros2 lifecycle set /moss_tts_node configure)",
                 )
             )
-        changes = netns.client("params", set=[["llama.n_ctx", 4096], ["sampling.seed", 3], ["queue_size", 3]])["set"]
+        changes = own_netns.client("params", set=[["llama.n_ctx", 4096], ["sampling.seed", 3], ["queue_size", 3]])[
+            "set"
+        ]
         assert [verdict["successful"] for verdict in changes] == [False, True, False]
         assert (
             changes[0]["reason"].startswith("'llama.n_ctx' is read when the model loads")
             and "inactive" in (changes[0]["reason"])
         )
-        assert netns.client("transitions", transitions=["activate"])["steps"][0]["success"]
-        assert netns.client("synthesize", requests=[{"text": "Hello."}])["responses"][0]["success"]
-        assert netns.client("speak", goals=[{"text": "Hello."}])["goals"][0]["status"] == SUCCEEDED
-        assert len(netns.client("text", texts=["Hello."])["chunks"]) > 0
-        values = netns.client("diagnostics", where={"lifecycle_state": "active"})["values"]
+        assert own_netns.client("transitions", transitions=["activate"])["steps"][0]["success"]
+        assert own_netns.client("synthesize", requests=[{"text": "Hello."}])["responses"][0]["success"]
+        assert own_netns.client("speak", goals=[{"text": "Hello."}])["goals"][0]["status"] == SUCCEEDED
+        assert len(own_netns.client("text", texts=["Hello."])["chunks"]) > 0
+        values = own_netns.client("diagnostics", where={"lifecycle_state": "active"})["values"]
         assert (values["requests_refused"], values["requests_completed"]) == ("8", "3")
-        steps = netns.client("transitions", transitions=["deactivate", "cleanup"])["steps"]
+        steps = own_netns.client("transitions", transitions=["deactivate", "cleanup"])["steps"]
         assert [step["state"] for step in steps] == ["inactive", "unconfigured"]
-        changes = netns.client("params", set=[["llama.n_ctx", 4096]])["set"]
+        changes = own_netns.client("params", set=[["llama.n_ctx", 4096]])["set"]
         assert changes[0]["successful"], changes  # takes effect at the next configure
     finally:
         node.stop()
 
 
 def wait_for_log(node: NodeProcess, line: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while line not in node.output():
-        assert time.monotonic() < deadline, f"the node never logged {line!r}:\n{node.output()[-3000:]}"
-        time.sleep(0.05)
+    wait_for_line(node.output, line, lambda: node.process.poll() is None, "the node", timeout)
 
 
 def test_deactivate_while_speaking_ends_each_request_once_with_its_reason(
-    netns: LoopbackNamespace, params_file: Path
+    own_netns: LoopbackNamespace, params_file: Path
 ) -> None:
     """A goal speaking, a service call and a goal waiting: the deactivate ends all three as aborted with the
     reason, each once (one result, one "done" feedback); requests then are refused as inactive; activated again,
     the node speaks."""
-    node = start(netns, params_file, "-p", "queue_size:=2")
+    node = start(own_netns, params_file, "-p", "queue_size:=2")
     try:
-        answer = netns.client("deactivate", params=LONG)
+        answer = own_netns.client("deactivate", params=LONG)
     finally:
         node.stop()
     assert (answer["deactivated"], answer["state"], answer["activated"]) == (True, "inactive", True)
@@ -242,15 +209,17 @@ def test_deactivate_while_speaking_ends_each_request_once_with_its_reason(
     assert node.output().count(f"request {speaking['id'][:8]}: {DEACTIVATING}") == 1
 
 
-def test_deactivate_ends_a_text_stream_that_waits_for_more_text(netns: LoopbackNamespace, params_file: Path) -> None:
+def test_deactivate_ends_a_text_stream_that_waits_for_more_text(
+    own_netns: LoopbackNamespace, params_file: Path
+) -> None:
     """A stream spoken as far as its text goes, waiting for the rest: the deactivate ends it as any request, and
     its later chunks are dropped, once activated again too."""
-    node = start(netns, params_file)
+    node = start(own_netns, params_file)
     try:
         first = {"chunk": {"stream_id": "talker", "text": "Hello there. And then"}}
-        netns.client("text_stream", steps=[first, {"wait_chunks": ["talker", 1]}])
-        assert netns.client("transitions", transitions=["deactivate", "activate"])["steps"][0]["success"]
-        netns.client("text_stream", steps=[{"chunk": {"stream_id": "talker", "text": " more.", "final": True}}])
+        own_netns.client("text_stream", steps=[first, {"wait_chunks": ["talker", 1]}])
+        assert own_netns.client("transitions", transitions=["deactivate", "activate"])["steps"][0]["success"]
+        own_netns.client("text_stream", steps=[{"chunk": {"stream_id": "talker", "text": " more.", "final": True}}])
         wait_for_log(node, "text stream 'talker' has ended: its later chunks are dropped")
     finally:
         node.stop()
@@ -258,13 +227,13 @@ def test_deactivate_ends_a_text_stream_that_waits_for_more_text(netns: LoopbackN
 
 
 def test_cleanup_then_configure_again_speaks_the_same_audio_for_the_same_seed(
-    netns: LoopbackNamespace, params_file: Path
+    own_netns: LoopbackNamespace, params_file: Path
 ) -> None:
-    node = start(netns, params_file)  # autostart: active, as `ros2 run` has it
+    node = start(own_netns, params_file)  # autostart: active, as `ros2 run` has it
     try:
-        before = netns.client("synthesize", requests=[{"text": "Hello there, robot.", "seed": 7}])["responses"][0]
-        steps = netns.client("transitions", transitions=["deactivate", "cleanup", "configure", "activate"])["steps"]
-        after = netns.client("synthesize", requests=[{"text": "Hello there, robot.", "seed": 7}])["responses"][0]
+        before = own_netns.client("synthesize", requests=[{"text": "Hello there, robot.", "seed": 7}])["responses"][0]
+        steps = own_netns.client("transitions", transitions=["deactivate", "cleanup", "configure", "activate"])["steps"]
+        after = own_netns.client("synthesize", requests=[{"text": "Hello there, robot.", "seed": 7}])["responses"][0]
     finally:
         node.stop()
     assert [(s["success"], s["state"]) for s in steps] == [
@@ -278,24 +247,24 @@ def test_cleanup_then_configure_again_speaks_the_same_audio_for_the_same_seed(
 
 
 def test_a_failed_configure_is_recovered_after_fixing_the_parameter(
-    netns: LoopbackNamespace, params_file: Path, demo_config: Path
+    own_netns: LoopbackNamespace, params_file: Path, demo_config: Path
 ) -> None:
     """The route of docs/ros.md, "Lifecycle": configure fails with the reason in the log and in diagnostics, the
     process stays up, the parameter is fixed with ros2 param set, and configure succeeds."""
     require_ros2_cli()
-    node = start(netns, params_file, *UNMANAGED, "-p", "model.weights_dir:=/nonexistent")
+    node = start(own_netns, params_file, *UNMANAGED, "-p", "model.weights_dir:=/nonexistent")
     reason = "moss_tts_node parameters: 'model.weights_dir' directory not found: /nonexistent"
     try:
-        ros2(netns, SET.format("configure"), "Transitioning failed")
-        ros2(netns, GET, "unconfigured [1]")
-        status = netns.client("diagnostics", where={"lifecycle_state": "unconfigured"})
+        ros2(own_netns, SET.format("configure"), "Transitioning failed")
+        ros2(own_netns, GET, "unconfigured [1]")
+        status = own_netns.client("diagnostics", where={"lifecycle_state": "unconfigured"})
         assert (status["level"], status["message"]) == (2, f"configure failed: {reason}")
         weights = str(demo_config.parent.resolve())
-        ros2(netns, PARAM_SET_WEIGHTS.replace("/path/to/MOSS-TTS-GGUF", weights), "Set parameter successful")
-        ros2(netns, SET.format("configure"), "Transitioning successful")
-        ros2(netns, SET.format("activate"), "Transitioning successful")
-        assert "success=True" in ros2(netns, SERVICE_CALL, "response:")
-        status = netns.client("diagnostics", where={"lifecycle_state": "active"})
+        ros2(own_netns, PARAM_SET_WEIGHTS.replace("/path/to/MOSS-TTS-GGUF", weights), "Set parameter successful")
+        ros2(own_netns, SET.format("configure"), "Transitioning successful")
+        ros2(own_netns, SET.format("activate"), "Transitioning successful")
+        assert "success=True" in ros2(own_netns, SERVICE_CALL, "response:")
+        status = own_netns.client("diagnostics", where={"lifecycle_state": "active"})
         assert (status["level"], status["message"]) == (0, "ready")
         assert node.process.poll() is None
     finally:
@@ -303,11 +272,11 @@ def test_a_failed_configure_is_recovered_after_fixing_the_parameter(
     assert f"configure failed: {reason}; the node stays unconfigured" in node.output()
 
 
-def test_cleanup_gives_the_memory_back_over_cycles(netns: LoopbackNamespace, params_file: Path) -> None:
+def test_cleanup_gives_the_memory_back_over_cycles(own_netns: LoopbackNamespace, params_file: Path) -> None:
     """20 rounds of configure, activate, a request, deactivate, cleanup: after the last cleanup the node holds no
     more than a node that never loaded plus the code the first configure loaded, after each one much less than
     while loaded, it does not grow from one round to the next, and every round speaks the same audio."""
-    node = start(netns, params_file, *UNMANAGED)
+    node = start(own_netns, params_file, *UNMANAGED)
     never_loaded = node.rss_kib()
     cleaned: list[int] = []
     loaded: list[int] = []
@@ -320,7 +289,7 @@ def test_cleanup_gives_the_memory_back_over_cycles(netns: LoopbackNamespace, par
 
     try:
         request = {"text": "Hello there, robot.", "seed": 3}
-        answer = netns.client("cycles", timeout=600, on_line=sample, cycles=CYCLES, request=request)
+        answer = own_netns.client("cycles", timeout=600, on_line=sample, cycles=CYCLES, request=request)
     finally:
         node.stop()
     print(f"node RSS (KiB): never loaded {never_loaded}; loaded {loaded}; after each cleanup {cleaned}")
@@ -333,7 +302,7 @@ def test_cleanup_gives_the_memory_back_over_cycles(netns: LoopbackNamespace, par
 
 
 def test_the_player_goes_quiet_when_the_node_deactivates_and_plays_once_it_is_active_again(
-    netns: LoopbackNamespace, params_file: Path, null_sink: NullSink, tmp_path: Path
+    own_netns: LoopbackNamespace, params_file: Path, null_sink: NullSink, tmp_path: Path
 ) -> None:
     """An utterance the node has finished speaking, still playing: the player stops it when the node leaves the
     active state (a ~/text request has no goal status to follow), then plays the next one after activate.
@@ -341,49 +310,38 @@ def test_the_player_goes_quiet_when_the_node_deactivates_and_plays_once_it_is_ac
     Greedy text makes the demo model speak to max_new_tokens: 120 steps are several seconds of audio, made in a
     fraction of a second, so the utterance is still playing when the deactivate comes, whatever the machine.
     """
-    node = start(netns, params_file, "-p", "sampling.text_temperature:=0.0", "-p", "generation.max_new_tokens:=120")
-    netns.env["PULSE_SERVER"] = null_sink.env["PULSE_SERVER"]
+    node = start(own_netns, params_file, "-p", "sampling.text_temperature:=0.0", "-p", "generation.max_new_tokens:=120")
     log = tmp_path / "player.log"
-    with log.open("w") as out:
-        player = netns.popen(
-            [sys.executable, "-m", "moss_tts_node.ros.player"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    env = {**own_netns.env, "PULSE_SERVER": null_sink.env["PULSE_SERVER"]}
     try:
-        wait_for_file_line(log, "playing /moss_tts_node/audio", player)
-        with null_sink.recording(tmp_path / "playing.raw"):
-            sent = netns.client("text", texts=["Hello there, robot."], save=str(tmp_path / "a.npy"))
-            deadline = time.monotonic() + 60
-            while played_span(tmp_path / "playing.raw") == 0:  # it plays
-                assert player.poll() is None and time.monotonic() < deadline, log.read_text()
-                time.sleep(0.02)
-            assert netns.client("transitions", transitions=["deactivate"])["steps"][0]["success"]
-            wait_for_file_line(log, "the node left the active state (deactivating): its audio stopped", player)
-        assert "(1 utterances playing or waiting)" in log.read_text()
-        utterance = np.load(tmp_path / "a.npy").size
-        with null_sink.recording(tmp_path / "inactive.raw"):
-            time.sleep(1.0)  # what would still play, were it not stopped: the utterance is longer than this
-        assert utterance > 2 * SAMPLE_RATE and len(sent["chunks"]) > 1
-        # Stopped means cut within the device's buffer: far less than the rest of the utterance plays on.
-        assert played_span(tmp_path / "inactive.raw") < SAMPLE_RATE // 4, log.read_text()
-        assert netns.client("transitions", transitions=["activate"])["steps"][0]["success"]
-        with null_sink.recording(tmp_path / "again.raw") as captured:
-            netns.client(
-                "text", texts=["Hello robot."], save=str(tmp_path / "b.npy"), params={"generation.max_new_tokens": 60}
-            )
-            again = np.load(tmp_path / "b.npy")
-            wait_played(tmp_path / "again.raw", again.size, player, log)
-        assert null_sink.snr_db(again, captured[0]) > 15, log.read_text()  # see test_cli's play test
+        with playing(own_netns, log, env=env) as player:
+            with null_sink.recording(tmp_path / "playing.raw"):
+                sent = own_netns.client("text", texts=["Hello there, robot."], save=str(tmp_path / "a.npy"))
+                deadline = time.monotonic() + 60
+                while played_span(tmp_path / "playing.raw") == 0:  # it plays
+                    assert player.poll() is None and time.monotonic() < deadline, log.read_text()
+                    time.sleep(0.02)
+                assert own_netns.client("transitions", transitions=["deactivate"])["steps"][0]["success"]
+                stopped = "the node left the active state (deactivating): its audio stopped"
+                wait_for_line(log.read_text, stopped, lambda: player.poll() is None, "the player", 60.0)
+            assert "(1 utterances playing or waiting)" in log.read_text()
+            utterance = np.load(tmp_path / "a.npy").size
+            assert utterance > 2 * SAMPLE_RATE and len(sent["chunks"]) > 1
+            with null_sink.recording(tmp_path / "inactive.raw"):
+                # As long as the whole utterance, in the sink's own time: what would still play, were it not stopped.
+                null_sink.wait_recorded(tmp_path / "inactive.raw", utterance)
+            # Stopped means cut within the device's buffer: far less than the rest of the utterance plays on.
+            assert played_span(tmp_path / "inactive.raw") < SAMPLE_RATE // 4, log.read_text()
+            assert own_netns.client("transitions", transitions=["activate"])["steps"][0]["success"]
+            with null_sink.recording(tmp_path / "again.raw") as captured:
+                own_netns.client(
+                    "text",
+                    texts=["Hello robot."],
+                    save=str(tmp_path / "b.npy"),
+                    params={"generation.max_new_tokens": 60},
+                )
+                again = np.load(tmp_path / "b.npy")
+                wait_played(tmp_path / "again.raw", again.size, player, log)
+            assert null_sink.snr_db(again, captured[0]) > 15, log.read_text()  # see test_cli's play test
     finally:
-        player.send_signal(signal.SIGINT)
-        assert player.wait(30) == 0, log.read_text()
         node.stop()
-
-
-def wait_for_file_line(log: Path, line: str, process: subprocess.Popen[str], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while line not in log.read_text():
-        assert process.poll() is None and time.monotonic() < deadline, log.read_text()
-        time.sleep(0.05)

@@ -21,21 +21,31 @@ from moss_tts_node.ros.lifecycle import (  # noqa: E402
     SHUTTING_DOWN,
     Loan,
     Phase,
+    check_serving,
     parameter_refusal,
-    request_refusal,
 )
+from moss_tts_node.ros.queue import Refused  # noqa: E402
 
 NODE = "/robot1/moss_tts_node"
 
 
+def refusal(phase: Phase) -> str | None:
+    """Why a request is refused in ``phase``; None when it is served."""
+    try:
+        check_serving(phase, NODE)
+    except Refused as refused:
+        return str(refused)
+    return None
+
+
 def test_only_an_active_node_serves_and_the_others_say_how_to_get_there() -> None:
-    assert request_refusal(Phase.ACTIVE, NODE) is None
-    assert request_refusal(Phase.DEACTIVATING, NODE) == DEACTIVATING == "the node is deactivating"
-    assert request_refusal(Phase.SHUTTING_DOWN, NODE) == request_refusal(Phase.FINALIZED, NODE) == SHUTTING_DOWN
+    assert refusal(Phase.ACTIVE) is None
+    assert refusal(Phase.DEACTIVATING) == DEACTIVATING == "the node is deactivating"
+    assert refusal(Phase.SHUTTING_DOWN) == refusal(Phase.FINALIZED) == SHUTTING_DOWN
     inactive = "the node is inactive: it serves once activated (ros2 lifecycle set /robot1/moss_tts_node activate)"
-    assert request_refusal(Phase.INACTIVE, NODE) == request_refusal(Phase.ACTIVATING, NODE) == inactive
+    assert refusal(Phase.INACTIVE) == refusal(Phase.ACTIVATING) == inactive
     for phase in (Phase.UNCONFIGURED, Phase.CONFIGURING, Phase.CLEANING_UP, Phase.ERROR_PROCESSING):
-        assert request_refusal(phase, NODE) == (
+        assert refusal(phase) == (
             f"the node is {phase.value}: it serves once configured and activated "
             "(ros2 lifecycle set /robot1/moss_tts_node configure, then activate)"
         )

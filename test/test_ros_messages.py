@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 require_ros()
 
+from builtin_interfaces.msg import Time as TimeMsg  # noqa: E402
 from diagnostic_msgs.msg import DiagnosticStatus  # noqa: E402
 from moss_tts_msgs.action import Speak  # noqa: E402
 from moss_tts_msgs.msg import TextChunk, Timing  # noqa: E402
@@ -27,10 +28,11 @@ from moss_tts_msgs.srv import Synthesize  # noqa: E402
 
 from moss_tts_node.ros.messages import (  # noqa: E402
     NodeStatus,
+    RequestCounts,
     diagnostic_status,
+    diagnostics,
     speak_feedback,
     speech_request,
-    text_request,
     timing_message,
 )
 
@@ -63,11 +65,6 @@ def test_the_fields_a_request_gives_reach_the_speech_request(message: type) -> N
     )
     assert speech_request(message(text="Hi.", seed=2**63 - 1), None).seed == 2**63 - 1
     assert speech_request(message(text="Hi.", seed=-7), None).seed == -7  # kept, for the synthesizer to refuse
-
-
-def test_a_text_message_is_a_request_of_its_text_alone() -> None:
-    assert fields_of(text_request("Hello robot.")) == fields_of(SpeechRequest("Hello robot."))
-    assert text_request("").text == ""  # kept, for the synthesizer to refuse with its reason
 
 
 def test_timing_is_nan_where_nothing_was_measured() -> None:
@@ -131,21 +128,22 @@ def test_speak_feedback_carries_the_tickets_state_and_progress() -> None:
         )
 
 
+COUNTS = [f.name for f in dataclasses.fields(RequestCounts)]
+
+
 def status(**changes: object) -> NodeStatus:
+    """An active, idle node's status with ``changes``, of its own fields and of its requests' counts."""
+    counts = RequestCounts(queue_depth=0, busy=False, completed=0, refused=0, last=None)
     idle = NodeStatus(
         lifecycle_state="active",
         model_loaded=True,
         model_load_s=1.23456,
         configure_failure=None,
-        queue_depth=0,
         queue_size=2,
-        busy=False,
         queue_policy="queue",
-        completed=0,
-        refused=0,
-        last=None,
+        requests=replace(counts, **{key: value for key, value in changes.items() if key in COUNTS}),
     )
-    return dataclasses.replace(idle, **changes)
+    return replace(idle, **{key: value for key, value in changes.items() if key not in COUNTS})
 
 
 NOT_LOADED = {"model_loaded": False, "model_load_s": None}
@@ -213,3 +211,10 @@ def test_diagnostics_of_a_node_without_a_model() -> None:
         kv.key: kv.value for kv in diagnostic_status("tts", status(lifecycle_state="unconfigured", **NOT_LOADED)).values
     }
     assert (values["lifecycle_state"], values["model_loaded"], values["model_load_s"]) == ("unconfigured", "false", "")
+
+
+def test_the_diagnostics_message_holds_the_status_stamped() -> None:
+    stamp = TimeMsg(sec=12, nanosec=34)
+    message = diagnostics("tts", status(busy=True), stamp)
+    assert message.header.stamp == stamp
+    assert [(diagnosed.name, diagnosed.message) for diagnosed in message.status] == [("tts: synthesizer", "speaking")]

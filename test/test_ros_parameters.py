@@ -9,17 +9,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ros_helpers import require_ros
+from ros_helpers import parameter_values, require_ros
 
-from moss_tts_node.config import OPTIONS, flatten, load_config
+from moss_tts_node.config import OPTIONS, load_config
 
 require_ros()
 
 from moss_tts_node.errors import ConfigError, RequestError  # noqa: E402
+from moss_tts_node.ros.lifecycle import Phase, change_refusal  # noqa: E402
 from moss_tts_node.ros.parameters import (  # noqa: E402
     ALL_OPTIONS,
     LOAD_TIME_CONSTRAINT,
-    NODE_OPTIONS,
     OWNER_KEYS,
     STARTUP_KEYS,
     Settings,
@@ -45,21 +45,16 @@ LIVE = {
     "output_encoding",
     "languages",
 }
-STARTUP = {"queue_size", "autostart", "text_stream_max_open", "text_stream_max_chars", "text_stream_idle_timeout"}
-
-
-def values_of(demo_config: Path, **changes: Any) -> dict[str, Any]:
-    """A value for every parameter: the demo config's, the node options' defaults, then ``changes``
-    (``__`` for the dots of a key)."""
-    values: dict[str, Any] = dict(flatten(load_config(demo_config)))
-    values |= {o.key: o.default for o in NODE_OPTIONS}
-    return values | {key.replace("__", "."): value for key, value in changes.items()}
+# Read once, at start: the queue's size, autostart, and the text streams' bounds.
+TEXT_STREAM_BOUNDS = ("max_open", "max_chars", "idle_timeout", "max_duration")
+STARTUP = {"queue_size", "autostart", *(f"text_stream_{bound}" for bound in TEXT_STREAM_BOUNDS)}
 
 
 def test_every_config_key_and_node_option_is_declared_once_with_its_default() -> None:
     declared = declarations()
     node_options = ["queue_size", "autostart", "queue_policy", "output_encoding", "text_stream_max_open"]
-    node_options += ["text_stream_max_chars", "text_stream_idle_timeout", "languages", "max_response_seconds"]
+    node_options += ["text_stream_max_chars", "text_stream_idle_timeout", "text_stream_max_duration"]
+    node_options += ["languages", "max_response_seconds"]
     assert [name for name, _, _ in declared] == [*OPTIONS, *node_options]
     for name, default, described in declared:
         assert default == ALL_OPTIONS[name].default
@@ -83,7 +78,7 @@ def test_the_limits_and_the_voices_are_read_only_in_every_state() -> None:
     """Any participant of the domain may set a parameter that is not read-only (and, without SROS2, take the node
     through its lifecycle): it must not raise a limit, nor add a voice directory."""
     limits = [o for o in ALL_OPTIONS.values() if o.key.startswith(("limits.", "max_response_", "text_stream_"))]
-    assert len(limits) == 6
+    assert len(limits) == 7
     assert all(descriptor(o).read_only for o in limits)
     assert all(descriptor(o).read_only for o in ALL_OPTIONS.values() if o.key.startswith("voices."))
 
@@ -119,7 +114,7 @@ def test_ranges_and_choices_reach_the_descriptor() -> None:
 
 def test_a_full_set_of_values_becomes_the_settings(demo_config: Path) -> None:
     settings = checked_settings(
-        values_of(demo_config, queue_size=2, languages=["en", "zh"], sampling__text_temperature=1),
+        parameter_values(demo_config, queue_size=2, languages=["en", "zh"], sampling__text_temperature=1),
         SOURCE,
         Path.cwd(),
     )
@@ -136,7 +131,7 @@ def test_a_full_set_of_values_becomes_the_settings(demo_config: Path) -> None:
 
 def test_relative_paths_are_taken_from_the_base_directory(demo_config: Path) -> None:
     weights = demo_config.parent.resolve()
-    settings = checked_settings(values_of(demo_config, model__weights_dir=weights.name), SOURCE, weights.parent)
+    settings = checked_settings(parameter_values(demo_config, model__weights_dir=weights.name), SOURCE, weights.parent)
     assert settings.config.model.weights_dir == str(weights)
 
 
@@ -164,12 +159,12 @@ def test_bad_values_are_refused_with_the_config_files_messages(
     demo_config: Path, changes: dict[str, Any], message: str
 ) -> None:
     with pytest.raises(ConfigError) as refused:
-        checked_settings(values_of(demo_config, **changes), SOURCE, Path.cwd())
+        checked_settings(parameter_values(demo_config, **changes), SOURCE, Path.cwd())
     assert str(refused.value).startswith(message)
 
 
 def test_the_languages_parameter_bounds_what_a_request_may_ask_for(demo_config: Path) -> None:
-    settings = checked_settings(values_of(demo_config, languages=["en", "Chinese", "zh"]), SOURCE, Path.cwd())
+    settings = checked_settings(parameter_values(demo_config, languages=["en", "Chinese", "zh"]), SOURCE, Path.cwd())
     assert settings.languages == ("en", "zh")  # codes, each once, whatever spelling the parameter used
     settings.check_language("zh")
     settings.check_language("english")  # a name stands for its code
@@ -179,11 +174,11 @@ def test_the_languages_parameter_bounds_what_a_request_may_ask_for(demo_config: 
     with pytest.raises(RequestError) as refused:
         settings.check_language("fr")
     assert str(refused.value) == "unknown language 'fr': this node accepts en, zh (parameter 'languages')"
-    checked_settings(values_of(demo_config), SOURCE, Path.cwd()).check_language("fr")  # empty: any
+    checked_settings(parameter_values(demo_config), SOURCE, Path.cwd()).check_language("fr")  # empty: any
 
 
 def test_the_startup_parameters_are_checked_on_their_own(demo_config: Path) -> None:
-    values = values_of(demo_config, queue_size=3, autostart=False, model__weights_dir="/nowhere")
+    values = parameter_values(demo_config, queue_size=3, autostart=False, model__weights_dir="/nowhere")
     startup = checked_startup(values, SOURCE)  # whatever else is wrong
     assert startup == Startup(
         queue_size=3,
@@ -191,14 +186,17 @@ def test_the_startup_parameters_are_checked_on_their_own(demo_config: Path) -> N
         text_stream_max_open=4,
         text_stream_max_chars=20000,
         text_stream_idle_timeout=10.0,
+        text_stream_max_duration=300.0,
     )
-    assert startup.text_stream_limits == StreamLimits(4, 20000, 10.0)
+    assert startup.text_stream_limits == StreamLimits(4, 20000, 10.0, 300.0)
     with pytest.raises(ConfigError, match=re.escape(f"{SOURCE}: 'text_stream_idle_timeout' must be >= 0.1, got 0.0")):
-        checked_startup(values_of(demo_config, text_stream_idle_timeout=0.0), SOURCE)  # at start, not at a stream
+        checked_startup(
+            parameter_values(demo_config, text_stream_idle_timeout=0.0), SOURCE
+        )  # at start, not at a stream
     with pytest.raises(ConfigError, match=re.escape(f"{SOURCE}: 'queue_size' must be <= 64, got 65")):
-        checked_startup(values_of(demo_config, queue_size=65), SOURCE)
+        checked_startup(parameter_values(demo_config, queue_size=65), SOURCE)
     with pytest.raises(ConfigError, match=re.escape(f"{SOURCE}: 'autostart' must be bool, got str 'no'")):
-        checked_startup(values_of(demo_config, autostart="no"), SOURCE)
+        checked_startup(parameter_values(demo_config, autostart="no"), SOURCE)
 
 
 def test_single_values_are_checked_alone_and_the_files_with_the_whole_set(demo_config: Path) -> None:
@@ -209,4 +207,22 @@ def test_single_values_are_checked_alone_and_the_files_with_the_whole_set(demo_c
     with pytest.raises(ConfigError, match=re.escape(f"{SOURCE}: 'llama.n_ctx' must be >= 64, got 10")):
         checked_values({"llama.n_ctx": 10}, SOURCE)
     with pytest.raises(ConfigError, match=re.escape("'model.weights_dir' directory not found: /nowhere")):
-        checked_settings(values_of(demo_config) | alone, SOURCE, Path.cwd())
+        checked_settings(parameter_values(demo_config) | alone, SOURCE, Path.cwd())
+
+
+def test_a_change_is_checked_alone_while_unconfigured_and_with_the_whole_set_once_loaded(demo_config: Path) -> None:
+    """What the node answers ``ros2 param set``: a load-time key waits for an unconfigured node; then, with no model
+    loaded, the value alone (a missing file is for the configure to find), with one the whole set as it would be."""
+    now = parameter_values(demo_config)
+    node = "/moss_tts_node"
+    assert change_refusal({"model.weights_dir": "/nowhere"}, now, Phase.UNCONFIGURED, node, SOURCE) is None
+    assert change_refusal({"llama.n_ctx": 10}, now, Phase.UNCONFIGURED, node, SOURCE) == (
+        f"{SOURCE}: 'llama.n_ctx' must be >= 64, got 10"
+    )
+    held = change_refusal({"llama.n_ctx": 4096}, now, Phase.ACTIVE, node, SOURCE)
+    assert held is not None and held.startswith("'llama.n_ctx' is read when the model loads")
+    assert change_refusal({"sampling.seed": 3}, now, Phase.ACTIVE, node, SOURCE) is None
+    missing = now | {"model.weights_dir": "/nowhere"}  # a whole set that no longer holds: every change is refused
+    assert "'model.weights_dir' directory not found" in (
+        change_refusal({"sampling.seed": 3}, missing, Phase.INACTIVE, node, SOURCE) or ""
+    )

@@ -21,7 +21,7 @@ from moss_tts_node.ros.queue import (
     INTERRUPTED,
     POLICIES,
     Outcome,
-    Rejected,
+    Refused,
     RequestQueue,
     State,
     Ticket,
@@ -86,7 +86,7 @@ def test_a_full_queue_refuses_with_the_reason(line: RequestQueue[FakeJob]) -> No
     assert running.job.started.wait(WAIT)
     for t in waiting:
         line.submit(t)
-    with pytest.raises(Rejected, match=r"queue is full: 2 requests are waiting.*queue_size 2"):
+    with pytest.raises(Refused, match=r"queue is full: 2 requests are waiting.*queue_size 2"):
         line.submit(ticket("d"))
     for t in (running, *waiting):
         t.job.release.set()
@@ -144,7 +144,7 @@ def test_close_answers_everyone_and_refuses_newcomers() -> None:
     line.close("the node is shutting down")
     assert current.wait(0) == Outcome(False, "the node is shutting down")
     assert waiting.wait(0) == Outcome(False, "the node is shutting down")
-    with pytest.raises(Rejected, match="shutting down"):
+    with pytest.raises(Refused, match="shutting down"):
         line.submit(ticket("c"))
 
 
@@ -163,7 +163,7 @@ def test_back_to_back_requests_on_an_idle_line_both_fit() -> None:
         line.submit(first)
         line.submit(second)
         assert (first.state, second.state, second.ahead) == (State.GENERATING, State.QUEUED, 1)
-        with pytest.raises(Rejected, match=r"queue is full: 1 requests are waiting.*queue_size 1"):
+        with pytest.raises(Refused, match=r"queue is full: 1 requests are waiting.*queue_size 1"):
             line.submit(ticket("c"))
         first.job.release.set()
         second.job.release.set()
@@ -177,7 +177,7 @@ def test_queue_size_0_speaks_when_idle_and_refuses_while_speaking() -> None:
     first, second = ticket("a"), ticket("b")
     try:
         line.submit(first)
-        with pytest.raises(Rejected, match=r"queue is full: 0 requests are waiting.*queue_size 0"):
+        with pytest.raises(Refused, match=r"queue is full: 0 requests are waiting.*queue_size 0"):
             line.submit(ticket("refused"))
         first.job.release.set()
         assert first.wait(WAIT) == Outcome(True, "a spoken")
@@ -214,7 +214,7 @@ def test_submits_from_many_threads_are_spoken_in_the_order_accepted() -> None:
         for t in mine:
             try:
                 line.submit(t)
-            except Rejected as err:
+            except Refused as err:
                 refusals.append(str(err))
 
     threads = [threading.Thread(target=submit_all, args=(mine,)) for mine in tickets]
@@ -303,7 +303,7 @@ class LineRules(RuleBasedStateMachine):
         new = Ticket(job, threading.Event(), on_update)
         line = self.live
         if line.policy == "queue" and self.current is not None and len(self.waiting) >= line.size:
-            with pytest.raises(Rejected) as refused:
+            with pytest.raises(Refused) as refused:
                 line.submit(new)
             # More than size wait only after a spell of the interrupt policy.
             assert str(refused.value) == FULL.format(waiting=len(self.waiting), size=line.size)

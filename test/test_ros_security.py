@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ros_helpers import require_ros
-from ros_helpers.netns import SECURITY_CLIENT, LoopbackNamespace, NodeProcess, loopback_namespace
+from ros_helpers.netns import SECURITY_CLIENT, LoopbackNamespace, NodeProcess, playing, serving
 
 from moss_tts_node.codec.audio_io import write_wav
 from moss_tts_node.config import flatten, load_config, write_params_file
@@ -54,7 +53,7 @@ def voice_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     np.save(folder / "butler.npy", np.random.default_rng(1).integers(0, 1024, (25, 32)))
     (folder / "etc").symlink_to("/etc")
     (folder / "README.txt").write_text("the robot's voices")
-    return folder
+    return folder.resolve()  # as the node's configuration resolves it: a client's path is matched against that text
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +65,8 @@ def guide(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def params_file(demo_config: Path, voice_dir: Path, guide: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def voices_params(demo_config: Path, voice_dir: Path, guide: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The node's params file here: the voices of ``voice_dir`` and ``guide``, butler the default."""
     values: dict[str, Any] = dict(flatten(load_config(demo_config)))
     values |= {
         "llama.n_threads": 1,
@@ -81,18 +81,9 @@ def params_file(demo_config: Path, voice_dir: Path, guide: Path, tmp_path_factor
 
 
 @pytest.fixture(scope="module")
-def netns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackNamespace]:
-    ns = loopback_namespace(tmp_path_factory.mktemp("ros"))
-    yield ns
-    ns.close()
-
-
-@pytest.fixture(scope="module")
-def node(netns: LoopbackNamespace, params_file: Path) -> Iterator[NodeProcess]:
-    process = NodeProcess(netns, ["--params-file", str(params_file), "-p", "queue_size:=2"])
-    process.wait_ready()
-    yield process
-    process.stop()
+def node(netns: LoopbackNamespace, voices_params: Path) -> Iterator[NodeProcess]:
+    with serving(netns, ["--params-file", str(voices_params), "-p", "queue_size:=2"]) as up:
+        yield up
 
 
 def synthesize(netns: LoopbackNamespace, *requests: dict[str, Any]) -> list[dict[str, Any]]:
@@ -169,24 +160,18 @@ def test_no_file_outside_the_voices(netns: LoopbackNamespace, node: NodeProcess,
 
 
 def test_paths_are_refused_unless_the_owner_allows_a_directory(
-    demo_config: Path, voice_dir: Path, tmp_path: Path
+    own_netns: LoopbackNamespace, demo_config: Path, voice_dir: Path, tmp_path: Path
 ) -> None:
     values: dict[str, Any] = dict(flatten(load_config(demo_config))) | {"voices.files": [str(voice_dir / "nurse.wav")]}
     params = tmp_path / "files_only.yaml"
     write_params_file(params, values)
-    ns = loopback_namespace(tmp_path)  # a node of its own: two of one name in a domain would both answer
-    process = NodeProcess(ns, ["--params-file", str(params)], name="files_only")
-    try:
-        process.wait_ready()
+    with serving(own_netns, ["--params-file", str(params)], name="files_only"):
         answers = synthesize(
-            ns,
+            own_netns,
             {"text": "Hello.", "voice": "nurse"},
             {"text": "Hello.", "reference_audio": str(voice_dir / "nurse.wav")},  # the very file, by path
             {"text": "Hello.", "reference_audio": "/etc/passwd"},
         )
-    finally:
-        process.stop()
-        ns.close()
     assert answers[0]["success"], answers[0]
     assert answers[1]["message"] == answers[2]["message"] == f"{UNKNOWN_VOICE}give one of its voice names (nurse)"
 
@@ -226,17 +211,11 @@ def test_a_text_with_nothing_to_say_on_the_topic_is_logged_and_counted(
     assert int(netns.client("diagnostics")["values"]["requests_refused"]) == before + 1
 
 
-def test_a_response_holds_at_most_max_response_seconds(params_file: Path, tmp_path: Path) -> None:
+def test_a_response_holds_at_most_max_response_seconds(own_netns: LoopbackNamespace, voices_params: Path) -> None:
     """Refused when the text is expected to take longer; cut there when the model runs on (greedy text)."""
-    ns = loopback_namespace(tmp_path)
     greedy = [f"{key}:={value}" for key, value in {**LONG, "max_response_seconds": 2.0}.items()]
-    process = NodeProcess(ns, ["--params-file", str(params_file), *(a for p in greedy for a in ("-p", p))])
-    try:
-        process.wait_ready()
-        long_text, runs_on = synthesize(ns, {"text": "Hello there, robot. " * 12}, {"text": "Hi.", "seed": 3})
-    finally:
-        process.stop()
-        ns.close()
+    with serving(own_netns, ["--params-file", str(voices_params), *(a for p in greedy for a in ("-p", p))]):
+        long_text, runs_on = synthesize(own_netns, {"text": "Hello there, robot. " * 12}, {"text": "Hi.", "seed": 3})
     assert not long_text["success"] and "parameter 'max_response_seconds' (2 s)" in long_text["message"]
     assert runs_on["success"] and runs_on["stop_reason"] == "max_new_tokens", runs_on
     assert 1.5 < runs_on["duration"] <= 2.0
@@ -256,28 +235,13 @@ def test_no_client_can_raise_a_limit(netns: LoopbackNamespace, node: NodeProcess
 # -- the executor is never held -----------------------------------------------------------------------------------
 
 
-def test_a_long_check_holds_nothing_up(params_file: Path, tmp_path: Path) -> None:
+def test_a_long_check_holds_nothing_up(own_netns: LoopbackNamespace, voices_params: Path) -> None:
     """With a limit far above the default, a text takes seconds to check: meanwhile a parameter change, a bad
     request, a goal's acceptance and its cancel are answered and diagnostics go on, all before that text
     speaks (event order, not time)."""
-    ns = loopback_namespace(tmp_path)
-    process = NodeProcess(
-        ns,
-        [
-            "--params-file",
-            str(params_file),
-            "-p",
-            "limits.max_text_chars:=400000",
-            "-p",
-            "generation.max_new_tokens:=33",
-        ],
-    )
-    try:
-        process.wait_ready()
-        answer = secure(ns, "order", unit="你好。", times=100_000)  # 300,000 characters: seconds of checking
-    finally:
-        process.stop()
-        ns.close()
+    limits = ["-p", "limits.max_text_chars:=400000", "-p", "generation.max_new_tokens:=33"]
+    with serving(own_netns, ["--params-file", str(voices_params), *limits]):
+        answer = secure(own_netns, "order", unit="你好。", times=100_000)  # 300,000 characters: seconds of checking
     first_chunk = answer["first_chunk"]
     assert set(answer["answered"]) == {"parameter", "bad request", "goal accepted", "cancel"}
     assert all(answer["sent"] < at < first_chunk for at in answer["answered"].values()), answer
@@ -326,14 +290,7 @@ def ros2(netns: LoopbackNamespace, *args: str, cwd: Path) -> subprocess.Complete
     """The real ``ros2`` command line, in the namespace (it is a ROS process like any other)."""
     if shutil.which("ros2", path=str(Path(sys.executable).parent)) is None:
         pytest.skip("the ros2 CLI is not installed: `make test` installs it from ../shared/ros2cli/ (with sros2)")
-    env = {
-        **netns.env,
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        "AMENT_PREFIX_PATH": sys.prefix,
-    }
-    process = netns.popen(["ros2", *args], env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    out, _ = process.communicate(timeout=120)
-    return subprocess.CompletedProcess(process.args, process.returncode, out)
+    return netns.ros2(*args, cwd=cwd)
 
 
 def granted(permissions: Path) -> dict[str, set[str]]:
@@ -422,43 +379,29 @@ def test_the_shipped_policy_grants_the_player_exactly_what_it_uses(
     netns: LoopbackNamespace, node: NodeProcess, keystore: Path, null_sink: NullSink, tmp_path: Path
 ) -> None:
     env = {**netns.env, "PULSE_SERVER": null_sink.env["PULSE_SERVER"]}
-    log = tmp_path / "player.log"
-    with log.open("w") as out:
-        player = netns.popen(
-            [sys.executable, "-m", "moss_tts_node.ros.player"],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
+    with playing(netns, tmp_path / "player.log", env=env):
         graph = secure(netns, "graph", node="moss_tts_player", expect=["/moss_tts_node/speak/_action/status"])
-    finally:
-        player.send_signal(signal.SIGINT)
-        assert player.wait(30) == 0, log.read_text()
     not_used = {"publish": set(), "subscribe": {"rt/clock", "rt/parameter_events"}}
     assert_grants_exactly(keystore / "enclaves" / "moss_tts" / "player" / "permissions.xml", graph, not_used)
 
 
-def test_an_enforced_run_needs_a_fast_dds_with_security(params_file: Path, keystore: Path, tmp_path: Path) -> None:
+def test_an_enforced_run_needs_a_fast_dds_with_security(
+    own_netns: LoopbackNamespace, voices_params: Path, keystore: Path
+) -> None:
     """The node under ROS_SECURITY_ENABLE, with the shipped policy's /moss_tts/node enclave: it serves where Fast
     DDS has its security plugins; the PyPI one has none, and the node then says so and exits 2 (no traceback)."""
-    ns = loopback_namespace(tmp_path)
-    ns.env |= {
+    own_netns.env |= {
         "ROS_SECURITY_ENABLE": "true",
         "ROS_SECURITY_STRATEGY": "Enforce",
         "ROS_SECURITY_KEYSTORE": str(keystore),
     }
-    process = NodeProcess(ns, ["--params-file", str(params_file), "--enclave", "/moss_tts/node"])
+    process = NodeProcess(own_netns, ["--params-file", str(voices_params), "--enclave", "/moss_tts/node"])
     try:
-        try:
-            process.wait_ready()
-            served = True
-        except AssertionError:
-            served = False
-        code = process.stop()
-    finally:
-        ns.close()
+        process.wait_ready()
+        served = True
+    except AssertionError:
+        served = False
+    code = process.stop()
     output = process.output()
     if served:  # a Fast DDS with security: the node runs in its enclave
         assert code == 0, output

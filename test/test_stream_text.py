@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import asdict, replace
 
@@ -19,7 +20,9 @@ from moss_tts_node.synthesis.feed import TextFeed
 from moss_tts_node.synthesis.pipeline import PlanSource
 from moss_tts_node.synthesis.request import SpeechRequest
 from moss_tts_node.synthesis.results import AudioChunk, AudioStream
+from moss_tts_node.synthesis.text_stream import CutPieces
 from moss_tts_node.synthesizer import Synthesizer
+from moss_tts_node.text.cutter import TextCutter
 from moss_tts_node.text.pieces import Piece
 from moss_tts_node.text.prompt import PromptFields
 
@@ -213,6 +216,34 @@ def test_a_pause_in_the_input_closes_the_piece_at_its_last_word(synth: Synthesiz
     list(chunks)
     assert stream.report is not None
     assert stream.report.prompt_rows == prompt_rows(synth, "I think that the", "answer is here.")
+
+
+class _ArrivingFeed(TextFeed):
+    """A feed whose producer puts its next fragment just as the synthesis finds the input silent for a whole
+    pause: right after that take, before anything the synthesis reads next."""
+
+    def __init__(self, late: str) -> None:
+        super().__init__()
+        self.late = [late]
+
+    def take(self, timeout: float) -> tuple[str, bool]:
+        text, ended = super().take(timeout)
+        if timeout == 0 and not text and not ended and self.late:  # a pause is being cut
+            self.put(self.late.pop())
+        return text, ended
+
+
+def test_a_fragment_that_arrives_as_a_pause_is_cut_has_a_pause_of_its_own() -> None:
+    """The pause cut is marked with the fragment count read with the silence it ends: a count read after the
+    take took in the late fragment too, and the silence after that fragment never closed its piece."""
+    feed = _ArrivingFeed("wer is here")
+    feed.put("I think that the ans")
+    deadline = time.monotonic() + WAIT_S
+    pieces = CutPieces(
+        feed, TextCutter(str, max_run=1000), lambda text: [text], lambda: time.monotonic() > deadline, 0.01
+    )
+    assert pieces.next_item() == "I think that the"
+    assert pieces.next_item() == "answer is"  # closed at its last word by the pause after "wer is here"
 
 
 class _Source(PlanSource):

@@ -65,13 +65,6 @@ def test_whole_utterance_is_the_codecs_offline_decode_on_codec_tiny(
     assert np.abs(audio - one_call).max() > 1e-3  # stitched chunks are not what the codec decodes
 
 
-@pytest.fixture(scope="module")
-def stateful_synth(demo_config: Path, codec_tiny_streaming_dir: Path) -> Iterator[Synthesizer]:
-    """The demo model speaking through codec-tiny, whose stream decoder graph sits beside its ONNX graphs."""
-    with Synthesizer.from_config_file(demo_config, {"model.codec_dir": str(codec_tiny_streaming_dir)}) as loaded:
-        yield loaded
-
-
 def streamed_audio(synth: Synthesizer, text: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """A stream's audio and its codes, with the checks every stateful stream must pass on the way."""
     stream = synth.stream(text, seed=seed)

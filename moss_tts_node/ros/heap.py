@@ -1,7 +1,7 @@
 """The node's memory given back: one malloc heap for the process, trimmed when the model is freed.
 
 Importing this module gives the process one glibc heap (``mallopt(M_ARENA_MAX, 1)``, unless ``MALLOC_ARENA_MAX``
-says otherwise), which takes effect only for the threads that do not exist yet: node.py imports it before
+says otherwise), which takes effect only for the threads that do not exist yet: main.py imports it before
 anything else, because importing rclpy already starts threads with heaps of their own. With glibc's
 per-thread heaps, what the model allocated on the threads that load it and speak with it stays spread
 over heaps that ``malloc_trim`` gives back only in part: measured over configure / cleanup cycles (docs/ros.md,

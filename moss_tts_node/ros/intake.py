@@ -18,7 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
-from moss_tts_node.ros.queue import Rejected
+from moss_tts_node.ros.queue import Refused
 
 BUSY = (
     "the node is busy: {pending} requests are waiting to be checked; retry later (at most {capacity} wait, "
@@ -39,12 +39,12 @@ class Intake:
         self._closed: str | None = None  # why it refuses every check, once closed
 
     def submit(self, check: Callable[[], _Result]) -> Future[_Result]:
-        """Queue ``check``; raises Rejected, with the reason, when ``capacity`` checks wait already."""
+        """Queue ``check``; raises Refused, with the reason, when ``capacity`` checks wait already."""
         with self._lock:
             if self._closed is not None:
-                raise Rejected(self._closed)
+                raise Refused(self._closed)
             if self._pending >= self.capacity:
-                raise Rejected(BUSY.format(pending=self._pending, capacity=self.capacity))
+                raise Refused(BUSY.format(pending=self._pending, capacity=self.capacity))
             self._pending += 1
             return self._pool.submit(self._run, check)
 

@@ -1,8 +1,8 @@
 """What the launch file needs: the params file to use, and its values for the node.
 
-Kept apart from node.py so that ``ros2 launch`` can read them with nothing but PyYAML: on an apt ROS
-install the ``ros2`` command runs the system Python, which does not see the virtualenv that holds the
-node's pip-only dependencies (only the node's own entry point runs with that venv's interpreter).
+Kept apart from the node (ros/node.py, ros/main.py) so that ``ros2 launch`` can read them with nothing but
+PyYAML: on an apt ROS install the ``ros2`` command runs the system Python, which does not see the virtualenv that
+holds the node's pip-only dependencies (only the node's own entry point runs with that venv's interpreter).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 from moss_tts_node.config import OPTIONS, read_params_file
 from moss_tts_node.errors import ConfigError
 
-# How the node's log line begins when it exits without serving (node.main); the launch file quotes its reason.
+# How the node's log line begins when it exits without serving (main.main); the launch file quotes its reason.
 START_FAILURE = "cannot start: "
 _TERMINAL_COLOURS = re.compile(r"\x1b\[[0-9;]*m")  # rcutils colours its lines on a terminal (emulate_tty)
 

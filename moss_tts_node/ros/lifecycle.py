@@ -2,19 +2,21 @@
 it takes, why it refuses the others, and how the loaded model is shared until cleanup frees it.
 
 Pure (no node), so the rules are tested without a middleware (``test/test_ros_lifecycle_rules.py``); node.py
-calls them from its transition callbacks and request callbacks.
+calls them from its transition and parameter callbacks, ros/requests.py from a request's check.
 """
 
 from __future__ import annotations
 
 import enum
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Generic, TypeVar
+from pathlib import Path
+from typing import Any, Generic, TypeVar
 
-from moss_tts_node.errors import MossTTSError
-from moss_tts_node.ros.parameters import ALL_OPTIONS, load_time
+from moss_tts_node.errors import ConfigError, MossTTSError
+from moss_tts_node.ros.parameters import ALL_OPTIONS, checked_settings, checked_values, load_time
+from moss_tts_node.ros.queue import Refused
 
 # How the requests in line end when the node leaves the active state, and how those that arrive then are refused.
 DEACTIVATING = "the node is deactivating"
@@ -45,20 +47,20 @@ class ConfigureFailed(MossTTSError):
     """Configuring (parameters checked, model loaded, voice prepared) failed; ``str()`` is the reason."""
 
 
-def request_refusal(phase: Phase, node: str) -> str | None:
-    """Why a request is refused in ``phase`` (None: it is served), with the way to a node that serves.
+def check_serving(phase: Phase, node: str) -> None:
+    """Raise Refused unless the node serves requests in ``phase``, with the way to a node that serves.
 
     ``node`` is the node's full name, as the ``ros2 lifecycle set`` command in the reason needs it.
     """
     if phase is Phase.ACTIVE:
-        return None
+        return
     if phase is Phase.DEACTIVATING:
-        return DEACTIVATING
+        raise Refused(DEACTIVATING)
     if phase in (Phase.SHUTTING_DOWN, Phase.FINALIZED):
-        return SHUTTING_DOWN
+        raise Refused(SHUTTING_DOWN)
     if phase.loaded:
-        return f"the node is inactive: it serves once activated (ros2 lifecycle set {node} activate)"
-    return (
+        raise Refused(f"the node is inactive: it serves once activated (ros2 lifecycle set {node} activate)")
+    raise Refused(
         f"the node is {phase.value}: it serves once configured and activated "
         f"(ros2 lifecycle set {node} configure, then activate)"
     )
@@ -91,6 +93,26 @@ def parameter_refusal(names: Iterable[str], phase: Phase, node: str) -> str | No
         f"{quoted} {verb} read when the model loads, so {changes} only while the node is unconfigured, and the "
         f"node is {phase.value}: {way}, set {it}, then configure and activate"
     )
+
+
+def change_refusal(
+    changed: Mapping[str, Any], values: Mapping[str, Any], phase: Phase, node: str, source: str
+) -> str | None:
+    """Why this change of parameters is refused in ``phase`` (None: it may change), ``values`` being every
+    parameter now: a load-time one only while no model is loaded (``parameter_refusal``); then, with no model
+    loaded, each value alone (the whole set is checked at configure, so parameters that are wrong together can be
+    fixed one at a time), and with a model loaded the whole set as it would be. ``source`` begins a reason."""
+    refusal = parameter_refusal(changed, phase, node)
+    if refusal is not None:
+        return refusal
+    try:
+        if phase.loaded:
+            checked_settings({**values, **changed}, source, Path.cwd())
+        else:
+            checked_values(changed, source)
+    except ConfigError as err:
+        return str(err)
+    return None
 
 
 Lent = TypeVar("Lent")

@@ -9,10 +9,12 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from diagnostic_msgs.msg import DiagnosticStatus, KeyValue
+from builtin_interfaces.msg import Time as TimeMsg
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from moss_tts_msgs.action import Speak
 from moss_tts_msgs.msg import TextChunk, Timing
 from moss_tts_msgs.srv import Synthesize
+from std_msgs.msg import Header
 
 from moss_tts_node.config import NODE_NAME
 from moss_tts_node.ros.queue import State
@@ -35,11 +37,6 @@ def speech_request(msg: Speak.Goal | Synthesize.Request | TextChunk, voice: np.n
         voice=voice,
         seed=None if msg.seed == -1 else msg.seed,
     )
-
-
-def text_request(text: str) -> SpeechRequest:
-    """A ``~/text`` message's string as a SpeechRequest: the text, every other field the node's default."""
-    return SpeechRequest(text)
 
 
 def timing_message(report: TimingReport | None, queue_wait_s: float | None) -> Timing:
@@ -80,6 +77,17 @@ def speak_feedback(state: State, queue_position: int, audio_s: float, chunks: in
 
 
 @dataclass(frozen=True)
+class RequestCounts:
+    """What the node's requests report on ``/diagnostics``, read at one moment (ros/requests.py)."""
+
+    queue_depth: int  # requests waiting, the one being spoken not included
+    busy: bool  # a request is being spoken
+    completed: int  # requests spoken to their end
+    refused: int  # bad requests, and those the line or the node's state turned away
+    last: TimingReport | None  # the last request's figures, None before the first one ends
+
+
+@dataclass(frozen=True)
 class NodeStatus:
     """What the node reports on ``/diagnostics``, read at one moment."""
 
@@ -87,14 +95,15 @@ class NodeStatus:
     model_loaded: bool
     model_load_s: float | None  # how long the loaded model took to configure; None when none is loaded
     configure_failure: str | None  # why the last configure failed, until one succeeds
-    queue_depth: int  # requests waiting, the one being spoken not included
     queue_size: int
-    busy: bool  # a request is being spoken
     queue_policy: str
-    completed: int  # requests spoken to their end
-    refused: int  # bad requests, and those the line or the node's state turned away
-    last: TimingReport | None  # the last request's figures, None before the first one ends
+    requests: RequestCounts
     text_streams_open: int = 0  # ~/text_stream streams receiving text
+
+
+def diagnostics(node_name: str, status: NodeStatus, stamp: TimeMsg) -> DiagnosticArray:
+    """The node's ``/diagnostics`` message, stamped."""
+    return DiagnosticArray(header=Header(stamp=stamp), status=[diagnostic_status(node_name, status)])
 
 
 def diagnostic_status(node_name: str, status: NodeStatus) -> DiagnosticStatus:
@@ -103,18 +112,19 @@ def diagnostic_status(node_name: str, status: NodeStatus) -> DiagnosticStatus:
     Active, it says ready, speaking or (WARN) queue full; in another state, the state's label; after a failed
     configure (ERROR), why it failed, until a configure succeeds.
     """
+    requests = status.requests
     active = status.lifecycle_state == "active"
-    full = active and status.busy and status.queue_depth >= status.queue_size
-    last = status.last
+    full = active and requests.busy and requests.queue_depth >= status.queue_size
+    last = requests.last
     values = {
         "lifecycle_state": status.lifecycle_state,
         "model_loaded": str(status.model_loaded).lower(),
         "model_load_s": _figure(status.model_load_s),
-        "queue_depth": status.queue_depth,
+        "queue_depth": requests.queue_depth,
         "queue_size": status.queue_size,
         "queue_policy": status.queue_policy,
-        "requests_completed": status.completed,
-        "requests_refused": status.refused,
+        "requests_completed": requests.completed,
+        "requests_refused": requests.refused,
         "text_streams_open": status.text_streams_open,
         "last_real_time_factor": _figure(last.real_time_factor if last else None),
         "last_time_to_first_audio_s": _figure(last.time_to_first_audio_s if last else None),
@@ -126,7 +136,7 @@ def diagnostic_status(node_name: str, status: NodeStatus) -> DiagnosticStatus:
         level, message = DiagnosticStatus.WARN, "queue full"
     else:
         level = DiagnosticStatus.OK
-        message = ("speaking" if status.busy else "ready") if active else status.lifecycle_state
+        message = ("speaking" if requests.busy else "ready") if active else status.lifecycle_state
     return DiagnosticStatus(
         name=f"{node_name}: synthesizer",
         hardware_id=NODE_NAME,

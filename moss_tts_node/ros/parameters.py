@@ -109,6 +109,16 @@ NODE_OPTIONS = (
         max=3600.0,
     ),
     _node_option(
+        "text_stream_max_duration",
+        300.0,
+        "Seconds a ~/text_stream stream may stay open from its first chunk, however often chunks come; then what "
+        "it received is spoken and it ends (a reply of 5,000 characters takes about 1.5 minutes at 15 tokens a "
+        "second).",
+        per_request=False,
+        min=1.0,
+        max=86400.0,
+    ),
+    _node_option(
         "languages",
         [],
         "Languages a request may ask for, codes or English names, e.g. [en, zh]; empty accepts all 31. An empty "
@@ -132,6 +142,7 @@ STARTUP_KEYS = (
     "text_stream_max_open",
     "text_stream_max_chars",
     "text_stream_idle_timeout",
+    "text_stream_max_duration",
 )
 OWNER_KEYS = ("limits.", "max_response_seconds", "voices.")  # prefixes, or whole keys
 LOAD_TIME_CONSTRAINT = "changeable only while the node is unconfigured (read when the model loads, on configure)"
@@ -146,10 +157,16 @@ class Startup:
     text_stream_max_open: int
     text_stream_max_chars: int
     text_stream_idle_timeout: float
+    text_stream_max_duration: float
 
     @property
     def text_stream_limits(self) -> StreamLimits:
-        return StreamLimits(self.text_stream_max_open, self.text_stream_max_chars, self.text_stream_idle_timeout)
+        return StreamLimits(
+            self.text_stream_max_open,
+            self.text_stream_max_chars,
+            self.text_stream_idle_timeout,
+            self.text_stream_max_duration,
+        )
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,10 @@ DROPPED = "dropped from the queue by a newer request (queue_policy interrupt)"
 Job = TypeVar("Job")
 
 
-class Rejected(Exception):
-    """The line refused a request (full, or the node is shutting down); ``str()`` says why."""
+class Refused(Exception):
+    """A request turned away before its turn: a bad request, a full line, a busy intake, the node's state, a text
+    stream's bound. ``str()`` is the reason its sender gets. Every part of the node that refuses raises this one,
+    and ros/requests.py counts and logs it."""
 
 
 class State(enum.IntEnum):
@@ -113,7 +115,7 @@ class RequestQueue(Generic[Job]):
     - tickets become current in the order ``submit`` accepted them;
     - with policy ``interrupt``, ``submit`` cancels the current ticket and drops the waiting ones;
     - every ticket accepted ends exactly once (``Ticket.finish``), with the outcome of its work or
-      the reason it was cancelled, dropped or closed; a refused one raises ``Rejected`` instead.
+      the reason it was cancelled, dropped or closed; a refused one raises ``Refused`` instead.
 
     ``work`` streams the job and returns its Outcome; it must check ``ticket.cancel_flag`` often
     (the synthesizer does, every step). An exception from it ends that ticket as failed and the
@@ -147,16 +149,16 @@ class RequestQueue(Generic[Job]):
             return self._current is not None
 
     def submit(self, ticket: Ticket[Job]) -> None:
-        """Put a ticket in line, or raise Rejected with the reason."""
+        """Put a ticket in line, or raise Refused with the reason."""
         with self._lock:
             if self._closed is not None:
-                raise Rejected(self._closed)
+                raise Refused(self._closed)
             if self.policy == "interrupt":
                 if self._current is not None:
                     self._current.cancel(INTERRUPTED)
                 self._drop_waiting(DROPPED)
             elif self._current is not None and len(self._waiting) >= self.size:
-                raise Rejected(FULL.format(waiting=len(self._waiting), size=self.size))
+                raise Refused(FULL.format(waiting=len(self._waiting), size=self.size))
             if self._current is None:
                 self._make_current(ticket)
                 self._lock.notify()

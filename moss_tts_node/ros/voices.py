@@ -1,9 +1,10 @@
 """The node's voices over ROS: ``~/list_voices`` says what they are, and a request's voice becomes one of them.
 
 A request names a voice (its ``voice`` field, or ``reference_audio`` for clients older than that field); a
-value with a "/" is a path, used only when it resolves to a file of a voice directory, and nothing is ever
-opened for it (``VoiceLibrary.find``, docs/security.md, "Request checks"). The voices were encoded when the node was
-configured.
+value with a "/" is a path, used only when its text, normalized, is the path of a voice directory's file, and
+nothing of the file system is read for it (``VoiceLibrary.find``, docs/security.md,
+"Request checks"). The voices were encoded
+when the node was configured.
 """
 
 from __future__ import annotations

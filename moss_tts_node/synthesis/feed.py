@@ -29,7 +29,7 @@ class TextFeed:
         self._error: BaseException | None = None
         self.abandoned = False
         self._last_arrival = time.monotonic()
-        self.arrivals = 0  # fragments put so far
+        self._arrivals = 0  # fragments put so far
 
     @classmethod
     def reading(cls, fragments: Iterable[str]) -> TextFeed:
@@ -61,7 +61,7 @@ class TextFeed:
                 raise RequestError("the text feed is closed: put every fragment before close()")
             self._parts.append(text)
             self._last_arrival = time.monotonic()
-            self.arrivals += 1
+            self._arrivals += 1
             self._condition.notify_all()
 
     def close(self) -> None:
@@ -93,7 +93,8 @@ class TextFeed:
                 raise self._error
             return text, self._closed and self._error is None
 
-    def idle_s(self) -> float:
-        """Seconds since the last fragment arrived (or since the feed was made)."""
+    def silence(self) -> tuple[int, float]:
+        """The fragments put so far and the seconds since the last of them (or since the feed was made), read
+        together under the lock: the silence they give belongs to that count of fragments."""
         with self._condition:
-            return time.monotonic() - self._last_arrival
+            return self._arrivals, time.monotonic() - self._last_arrival

@@ -59,13 +59,16 @@ class CutPieces(PlanSource):
 
     def next_item(self) -> Piece | Pause | None:
         while not self._ready and not self._ended and not self._cancelled():
-            # A pause is cut once per silence: the word it leaves may still be being written.
-            pause_due = self._paused_at != self._feed.arrivals
-            pause_left = self._input_pause_s - self._feed.idle_s() if pause_due else _CANCEL_POLL_S
+            # A pause is cut once per silence: the word it leaves may still be being written. The cut is marked
+            # with the count read with its silence: a fragment put after that read (even during the take) has a
+            # silence of its own to come, which a count read later would mark as cut already.
+            arrivals, silent_s = self._feed.silence()
+            pause_due = self._paused_at != arrivals
+            pause_left = self._input_pause_s - silent_s if pause_due else _CANCEL_POLL_S
             text, ended = self._feed.take(timeout=min(max(pause_left, 0.0), _CANCEL_POLL_S))
             paused = pause_due and pause_left <= 0 and not text and not ended
             if paused:
-                self._paused_at = self._feed.arrivals
+                self._paused_at = arrivals
             self._cut(text, ended, paused)
         return self._ready.popleft() if self._ready and not self._cancelled() else None
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +27,7 @@ from moss_tts_node.model.spec import ModelSpec
 
 CODES_SUFFIX = ".npy"
 CLIP_SUFFIXES = (".wav", ".flac", ".ogg")
-# Longer than any path the file system takes (PATH_MAX): such a value names no voice, and is not resolved.
+# Longer than any path the file system takes (PATH_MAX): such a value names no voice, and is not normalized.
 _MAX_PATH_CHARS = 4096
 _NAMES_SHOWN = 12  # voice names an unknown-voice reason lists
 
@@ -141,7 +141,7 @@ class VoiceLibrary:
 
     def __init__(self, voices: dict[str, LibraryVoice], default: str | None) -> None:
         self._voices = voices
-        self._by_path = {voice.resolved: voice for voice in voices.values() if voice.in_directory}
+        self._by_path = _client_paths(voices.values())
         self.default_name = default
 
     @classmethod
@@ -208,19 +208,14 @@ class VoiceLibrary:
         return None if self.default_name is None else self._voices[self.default_name]
 
     def find(self, value: str) -> LibraryVoice:
-        """The voice an untrusted client asks for: a name is that voice, and a path (it has a "/") is the voice
-        whose file it resolves to, links followed, when that file is one of the voice directories'. Nothing is
-        opened, and every other value gets the same RequestError, so a client learns nothing about the files of
-        the machine.
+        """The voice an untrusted client asks for: a name is that voice, and a path (it has a "/") is the voice of
+        a voice directory's file when its text, normalized, is that file's path (``_client_paths``). Nothing of the
+        file system is read for it, no link followed (``os.path`` normalizes text alone), and every other value
+        gets the same RequestError, so a client learns nothing about the files of the machine, links included.
         """
         voice = self._voices.get(value)
-        # Resolving reads links on the way (lstat, readlink): done only where a voice directory makes a path
-        # a possible voice, so a node without one touches nothing of its file system for a request.
         if voice is None and self._by_path and "/" in value and len(value) <= _MAX_PATH_CHARS:
-            try:
-                voice = self._by_path.get(Path(os.path.realpath(value)))
-            except (OSError, ValueError):  # a NUL byte, a loop of links
-                voice = None
+            voice = self._by_path.get(_normalized(value))
         if voice is None:
             raise RequestError(self._unknown())
         return voice
@@ -234,6 +229,25 @@ class VoiceLibrary:
             shown += f" and {len(names) - _NAMES_SHOWN} more"
         paths = " or the path of a file in one of its voice directories" if self._by_path else ""
         return f"not a voice of this node: give one of its voice names ({shown}){paths}"
+
+
+def _client_paths(voices: Iterable[LibraryVoice]) -> dict[str, LibraryVoice]:
+    """The voice directories' files by the path a client may give, normalized: the file's path in its directory
+    as the configuration resolved it (links followed) when the library was built. That is the owner's doing, at
+    load time: a link in a voice directory (to a file of it, ``_directory_voices``) is a voice of its own name,
+    found by its own path, and a path that leads to a voice only through a link (one outside the voice
+    directories, a directory's own path through a link, a link made after the load) names none."""
+    return {os.path.abspath(voice.source): voice for voice in voices if voice.in_directory}
+
+
+def _normalized(path: str) -> str | None:
+    """``path`` made absolute (a relative one from the working directory) with ".", ".." and repeated "/"
+    collapsed as written: text alone, so a ".." after a link is not where the link leads. None when a relative
+    path has no working directory to start from (it was removed)."""
+    try:
+        return os.path.abspath(path)
+    except OSError:
+        return None
 
 
 def _configured(config: Config) -> Iterator[tuple[str, Path, bool]]:

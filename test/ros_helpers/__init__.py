@@ -12,6 +12,8 @@ import pytest
 
 from moss_tts_node.model.rates import SAMPLE_RATE as SAMPLE_RATE_HZ
 
+PARAMS_FILE_SEED = 5  # the sampling.seed of conftest's params_file, for a test to find
+
 
 def require_ros() -> None:
     """Skip unless rclpy and the built moss_tts_msgs import (``make test`` provides both)."""
@@ -29,6 +31,17 @@ def node_params_file(demo_config: Path, path: Path, **values: Any) -> Path:
 
     write_params_file(path, dict(flatten(load_config(demo_config))) | values)
     return path
+
+
+def parameter_values(demo_config: Path, **changes: Any) -> dict[str, Any]:
+    """A value for every parameter of the node: the demo config's, the node options' defaults, then ``changes``
+    (``__`` for the dots of a key)."""
+    from moss_tts_node.config import flatten, load_config
+    from moss_tts_node.ros.parameters import NODE_OPTIONS
+
+    values: dict[str, Any] = dict(flatten(load_config(demo_config)))
+    values |= {o.key: o.default for o in NODE_OPTIONS}
+    return values | {key.replace("__", "."): value for key, value in changes.items()}
 
 
 def played_span(raw: Path) -> int:

@@ -245,9 +245,11 @@ def run_text_stream(client: Client, args: dict[str, Any]) -> dict[str, Any]:
     A step is ``{"chunk": {TextChunk fields}}`` (publish it on ~/text_stream), ``{"text": s}`` (publish on ~/text),
     ``{"publish": [topic, s]}`` (a std_msgs/String on another topic, once it has a subscriber),
     ``{"wait_publishers": [topic, n]}`` (until n publishers of that topic are known),
-    ``{"wait_chunks": [request_id, n]}`` (wait until that request has published n audio chunks) or
-    ``{"wait_open": n}`` (wait until /diagnostics counts n open text streams). ``final_count``: also wait for that
-    many final chunks in all. The answer also holds the last diagnostics values seen.
+    ``{"wait_chunks": [request_id, n]}`` (wait until that request has published n audio chunks),
+    ``{"wait_refused": n}`` (until /diagnostics counts n requests refused: a stream refused on the intake has left
+    the open streams by then) or ``{"wait_open": n}`` (wait until /diagnostics counts n open text streams).
+    ``final_count``: also wait for that many final chunks in all. The answer also holds the last diagnostics values
+    seen.
     """
     qos = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
     chunks = client.create_publisher(TextChunk, f"{NODE}/text_stream", qos)
@@ -286,6 +288,13 @@ def run_text_stream(client: Client, args: dict[str, Any]) -> dict[str, Any]:
         elif "wait_chunks" in step:
             request_id, count = step["wait_chunks"]
             client.wait_chunks(request_id, count, timeout)
+        elif "wait_refused" in step:
+            refused = step["wait_refused"]
+            client.spin_until(
+                lambda refused=refused: bool(diagnostics) and int(diagnostics[-1]["requests_refused"]) >= refused,
+                timeout,
+                f"{refused} requests refused",
+            )
         else:
             wanted = str(step["wait_open"])
             client.spin_until(
@@ -338,7 +347,9 @@ def run_speak(client: Client, args: dict[str, Any]) -> dict[str, Any]:
     """Send goals in order, each once the previous one is accepted, and collect everything.
 
     A goal's ``wait_chunks``: send it only once the previous goal has published that many chunks;
-    its ``params``: set them just before sending it (restored at the end).
+    its ``params``: set them just before sending it (restored at the end), once the previous goal is in line
+    (its first feedback: the node checks a goal on its intake's thread after accepting it, with the parameters
+    in force then).
     ``then``: ``{"goal": i, "chunks": n, "do": "cancel" | "SIGINT" | "SIGTERM", "pid": node pid}``:
     once goal i has published n chunks, cancel every goal, or those listed in ``"cancel"`` (the
     last first, so the waiting ones leave the line before the current one stops), or send the
@@ -353,6 +364,9 @@ def run_speak(client: Client, args: dict[str, Any]) -> dict[str, Any]:
     for request in args["goals"]:
         if goals and request.get("wait_chunks"):
             client.wait_chunks(goals[-1]["id"], request["wait_chunks"], timeout)
+        if goals and request.get("params"):
+            before = goals[-1]["id"]
+            client.spin_until(lambda before=before: bool(client.feedback[before]), timeout, "the goal before in line")
         client.set_params_or_fail(request.get("params", {}))
         goals.append(client.send_goal(action, request))
     then = args.get("then")
@@ -398,15 +412,23 @@ def run_diagnostics(client: Client, args: dict[str, Any]) -> dict[str, Any]:
     """The first /diagnostics status of the node whose values include ``where`` (default: the model loaded)."""
     where = args.get("where", {"model_loaded": "true"})
     statuses: list[dict[str, Any]] = []
+    seen: list[dict[str, str]] = []  # the node's last values, for the reason of a timeout
 
     def on_diagnostics(msg: DiagnosticArray) -> None:
         for status in msg.status:
             values = {kv.key: kv.value for kv in status.values}
-            if status.name.startswith("moss_tts_node") and where.items() <= values.items():
-                statuses.append({"level": int.from_bytes(status.level), "message": status.message, "values": values})
+            if status.name.startswith("moss_tts_node"):
+                seen[:] = [values]
+                if where.items() <= values.items():
+                    statuses.append(
+                        {"level": int.from_bytes(status.level), "message": status.message, "values": values}
+                    )
 
     client.create_subscription(DiagnosticArray, "/diagnostics", on_diagnostics, 10)
-    client.spin_until(lambda: statuses, args.get("timeout", 10), f"diagnostics with {where}")
+    try:
+        client.spin_until(lambda: statuses, args.get("timeout", 10), f"diagnostics with {where}")
+    except TimeoutError as timeout:
+        raise TimeoutError(f"{timeout}; the last values seen: {seen}") from None
     return statuses[-1]
 
 
@@ -662,8 +684,8 @@ def run_soak(client: Client, args: dict[str, Any]) -> dict[str, Any]:
         soak.call(Synthesize.Request(text="Hello.", voice="../" * 20 + "proc/self/environ"), refusal=NOT_A_VOICE)
         soak.bad_text("  ")
         print(json.dumps({"progress": soak.counts["requests"]}), flush=True)
-    # The node checks requests in the order they come: once this one is answered, so is every text before it
-    # (whose refusals only the diagnostics count).
+    # A last good request. The refusals of the texts before it are only counted by the node's diagnostics, which
+    # the test waits for: a topic's message may reach the node after a later service request.
     soak.call(Synthesize.Request(text="The end."))
     return {"counts": soak.counts, "unexpected": soak.unexpected}
 

@@ -17,7 +17,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +29,32 @@ CLIENT = HELPERS / "client.py"
 SECURITY_CLIENT = HELPERS / "security_client.py"
 READY_LINE = "ready: model loaded"
 UNCONFIGURED_LINE = "unconfigured, every interface up"  # what a node started with autostart false logs
+PLAYING_LINE = "playing /moss_tts_node/audio"  # what the player logs once it subscribes
 DAEMON_COMMAND = b"ros2cli.daemon"  # in the command line of the daemon that `ros2` commands start
 DAEMON_STOP_S = 5.0
+POLL_S = 0.05  # how often a wait looks at what it waits for
+
+
+def wait_for_line(output: Callable[[], str], line: str, running: Callable[[], bool], what: str, timeout: float) -> None:
+    """Wait until ``output()`` holds ``line``; fail with that output if ``what`` stops ``running()`` first, or
+    ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while line not in output():
+        assert running(), f"{what} ended before it printed {line!r}:\n{output()[-3000:]}"
+        assert time.monotonic() < deadline, f"{what} did not print {line!r} within {timeout} s:\n{output()[-3000:]}"
+        time.sleep(POLL_S)
+
+
+def retry_until(run: Callable[[], str], expected: str, what: str, timeout: float = 60.0) -> str:
+    """Run ``run`` until what it prints holds ``expected`` (a ``ros2`` command: the ros2 daemon may not see a fresh
+    node yet, ../shared/ros2cli/README.md); what it printed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        out = run()
+        if expected in out or time.monotonic() > deadline:
+            assert expected in out, f"`{what}` never printed {expected!r}:\n{out[-3000:]}"
+            return out
+        time.sleep(0.5)  # between tries of a command that takes about a second itself
 
 
 def _namespace(pid: int) -> tuple[int, int]:
@@ -134,6 +159,18 @@ class LoopbackNamespace:
             raise AssertionError(f"client {command} failed ({process.returncode}):\n{err[-3000:]}")
         return answer
 
+    def ros2(self, *args: str, cwd: Path | None = None, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+        """The real ``ros2`` command line in the namespace, found as ``source /opt/ros/<distro>/setup.bash`` would
+        have it: the venv's bin on PATH and its prefix in AMENT_PREFIX_PATH."""
+        env = {
+            **self.env,
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{self.env['PATH']}",
+            "AMENT_PREFIX_PATH": sys.prefix,
+        }
+        process = self.popen(["ros2", *args], env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        out, _ = process.communicate(timeout=timeout)
+        return subprocess.CompletedProcess(process.args, process.returncode, out)
+
     def close(self) -> None:
         """End the ros2 daemon a ``ros2`` command started here (it outlives the command), then the namespace."""
         if self._holder.poll() is None:
@@ -166,13 +203,15 @@ def loopback_namespace(log_dir: Path) -> LoopbackNamespace:
 
 
 class NodeProcess:
-    """``python -m moss_tts_node.ros.node`` in a namespace, its output kept in a log file."""
+    """``python -m moss_tts_node.ros.main`` (the node's executable) in a namespace, its output kept in a log file."""
 
     def __init__(self, netns: LoopbackNamespace, ros_args: list[str], name: str = "node", cwd: Path | None = None):
+        # What it logs once up: it serves, or (autostart false) it waits unconfigured for a lifecycle manager.
+        self.up_line = UNCONFIGURED_LINE if "autostart:=false" in ros_args else READY_LINE
         self.log = netns.log_dir / f"{name}.log"
         self._log_file = self.log.open("w")
         self.process = netns.popen(
-            [sys.executable, "-m", "moss_tts_node.ros.node", "--ros-args", *ros_args],
+            [sys.executable, "-m", "moss_tts_node.ros.main", "--ros-args", *ros_args],
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
             cwd=cwd,
@@ -189,15 +228,9 @@ class NodeProcess:
                 return int(line.split()[1])
         raise AssertionError(f"no VmRSS for process {self.process.pid}")
 
-    def wait_ready(self, timeout: float = 60.0, line: str = READY_LINE) -> None:
-        """Wait until the node has logged ``line``: it serves (by default), or is up unconfigured."""
-        deadline = time.monotonic() + timeout
-        while line not in self.output():
-            if self.process.poll() is not None:
-                raise AssertionError(f"the node exited with {self.process.returncode}:\n{self.output()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"the node was not ready after {timeout} s:\n{self.output()}")
-            time.sleep(0.1)
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Wait until the node is up: it serves, or (autostart false) waits unconfigured."""
+        wait_for_line(self.output, self.up_line, lambda: self.process.poll() is None, "the node", timeout)
 
     def wait(self, timeout: float = 30.0) -> int:
         try:
@@ -215,3 +248,36 @@ class NodeProcess:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
             raise AssertionError(f"the node did not stop within {timeout} s:\n{self.output()}") from None
+
+
+@contextmanager
+def serving(netns: LoopbackNamespace, ros_args: list[str], name: str = "node") -> Iterator[NodeProcess]:
+    """A node started with ``ros_args``, once it is up (``NodeProcess.wait_ready``); stopped after the block."""
+    node = NodeProcess(netns, ros_args, name)
+    try:
+        node.wait_ready()
+        yield node
+    finally:
+        node.stop()
+
+
+@contextmanager
+def playing(
+    netns: LoopbackNamespace, log: Path, *ros_args: str, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[str]]:
+    """The player (``moss_tts_player``) in the namespace, its output in ``log``, once it subscribes to the node's
+    audio; after the block, Ctrl-C, from which it must exit 0."""
+    with log.open("w") as out:
+        player = netns.popen(
+            [sys.executable, "-m", "moss_tts_node.ros.player", *(["--ros-args", *ros_args] if ros_args else [])],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        wait_for_line(log.read_text, PLAYING_LINE, lambda: player.poll() is None, "the player", 60.0)
+        yield player
+    finally:
+        player.send_signal(signal.SIGINT)
+        assert player.wait(30) == 0, log.read_text()
