@@ -15,7 +15,8 @@ from ros_helpers import require_ros
 require_ros()
 
 # Modules of this package the player may not load, by prefix; model/ and codec/ only for their file-name
-# facts (config.py names the weight and graph files in its key descriptions), text/ only for its table of
+# facts (config.py names the weight and graph files in its key descriptions) and the family's table of
+# recommended sampling (config.py resolves the sampling keys left to the model), text/ only for its table of
 # languages (config.py checks generation.language against it).
 FORBIDDEN_PACKAGE_PREFIXES = (
     "moss_tts_node.synthesizer",
@@ -30,6 +31,7 @@ FORBIDDEN_PACKAGE_PREFIXES = (
 )
 FACT_MODULES = {
     "moss_tts_node.model.layout",
+    "moss_tts_node.model.family",
     "moss_tts_node.codec.layout",
     "moss_tts_node.text",
     "moss_tts_node.text.languages",

@@ -46,8 +46,8 @@ def wait_for_line(output: Callable[[], str], line: str, running: Callable[[], bo
 
 
 def retry_until(run: Callable[[], str], expected: str, what: str, timeout: float = 60.0) -> str:
-    """Run ``run`` until what it prints holds ``expected`` (a ``ros2`` command: the ros2 daemon may not see a fresh
-    node yet, ../shared/ros2cli/README.md); what it printed."""
+    """Run ``run`` until what it prints holds ``expected`` (a ``ros2`` command: the ros2 daemon, started by the first
+    command, may not have discovered a fresh node or topic yet); what it printed."""
     deadline = time.monotonic() + timeout
     while True:
         out = run()
