@@ -22,11 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from moss_tts_node.choices import PAUSE_TEXT
 from moss_tts_node.config import Config, GenerationConfig, load_config
 from moss_tts_node.errors import Cancelled, RequestError
 from moss_tts_node.model.layout import TOKENIZER_DIR
-from moss_tts_node.model.rates import FRAMES_PER_SECOND, frames_for_seconds
+from moss_tts_node.model.rates import frames_for_seconds
 from moss_tts_node.model.sampling import SamplingParams
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.synthesis.feed import TextFeed
@@ -40,8 +39,8 @@ from moss_tts_node.synthesis.voices import VoiceLibrary, VoiceLimit, load_voice
 from moss_tts_node.text.cutter import TextCutter
 from moss_tts_node.text.languages import language_tag
 from moss_tts_node.text.normalize import has_something_to_say, normalize_text
-from moss_tts_node.text.pauses import find_markers, resolve_pause_mode
-from moss_tts_node.text.pieces import FRAMES_PER_TEXT_TOKEN, Piece, PiecePlanner
+from moss_tts_node.text.pauses import resolve_pause_mode
+from moss_tts_node.text.pieces import Piece, PiecePlanner
 from moss_tts_node.text.prompt import PromptBuilder, PromptFields
 
 CancelFlag = threading.Event | Callable[[], bool] | None
@@ -126,6 +125,7 @@ class Synthesizer:
         streaming: bool = True,
         config: Config | None = None,
         max_audio_s: float | None = None,
+        max_expected_s: float | None = None,
         **fields: Any,
     ) -> AudioStream:
         """Validate the request now (errors raise here, not mid-stream), then stream its audio.
@@ -149,29 +149,28 @@ class Synthesizer:
         The checks come cheapest first: the fields and ``limits.max_text_chars`` (``check_request``), then a
         text with nothing to say once cleaned, the voice (its length read before it is decoded), the prompt.
         ``max_audio_s`` bounds the audio of the whole request: generation stops there (stop reason
-        max_new_tokens); ``AudioStream.estimated_seconds`` says beforehand what the text is expected to take.
+        max_new_tokens); ``AudioStream.estimated_seconds`` says beforehand what the text is expected to take, and a
+        request expected to take more than ``max_expected_s`` is refused then, before its pieces are planned.
         """
         request = _request(request, fields)
         config = config if config is not None else self.config
         check_request(request, config.limits)
         gen = config.generation
         prompt_fields = _prompt_fields(gen, request, self._clean_text(request.text, gen.normalize_text))
-        max_new_tokens = request.max_new_tokens or gen.max_new_tokens
-        pause_markers = self._pause_mode(gen)
-        plan = self.planner.plan(prompt_fields, self._voice(request.voice, config), max_new_tokens, pause_markers)
+        measured = self.planner.measure(prompt_fields, self._voice(request.voice, config), self._pause_mode(gen))
+        expected_s = measured.expected_seconds
+        if max_expected_s is not None and expected_s > max_expected_s:
+            raise RequestError(
+                f"the speech is expected to take {expected_s:.1f} s, more than the {max_expected_s:g} s this request "
+                "may take: split the text, or stream it"
+            )
+        plan = self.planner.pieces(measured, request.max_new_tokens or gen.max_new_tokens)
         max_frames = None if max_audio_s is None else frames_for_seconds(max_audio_s)
         chunks = self.pipeline.run(
             plan, _sampling_params(request, config), config.audio, _flag(cancel), streaming, max_frames
         )
         prompt = next(item.prompt for item in plan if isinstance(item, Piece))
-        return AudioStream(prompt, chunks, self._estimated_seconds(prompt_fields, pause_markers))
-
-    def _estimated_seconds(self, fields: PromptFields, pause_markers: str) -> float:
-        """What the request is expected to take: its tokens field, or FRAMES_PER_TEXT_TOKEN frames per text
-        token (generous for speech at a normal pace), and its pause markers' seconds unless they are text."""
-        frames = fields.tokens or self.planner.count_tokens(fields.text) * FRAMES_PER_TEXT_TOKEN
-        pauses = 0.0 if pause_markers == PAUSE_TEXT else sum(marker.seconds for marker in find_markers(fields.text))
-        return frames / FRAMES_PER_SECOND + pauses
+        return AudioStream(prompt, chunks, expected_s)
 
     def stream_text(
         self,

@@ -14,7 +14,7 @@ frames the model will spend on it (a ``[pause 3.2s]`` is 40 frames in a few toke
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -24,7 +24,7 @@ from moss_tts_node.errors import RequestError
 from moss_tts_node.model.rates import FRAMES_PER_SECOND, frames_for_seconds
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.text.pauses import check_pause_lengths, find_markers, split_at_markers
-from moss_tts_node.text.prompt import PromptBuilder, PromptFields
+from moss_tts_node.text.prompt import Prompt, PromptBuilder, PromptFields
 from moss_tts_node.text.split import split_text
 
 # Speech frames (80 ms) per text token, to plan how much of the context a text will need:
@@ -47,8 +47,37 @@ class Pause:
     samples: int
 
 
+@dataclass(frozen=True)
+class Measured:
+    """A request's text measured for planning, before any piece is cut: its parts in order (speech, and the
+    seconds of each pause rendered as silence), each speech part's prompt as the request's fields make it, and
+    the seconds its pause markers ask for unless they are text."""
+
+    fields: PromptFields
+    references: tuple[np.ndarray | None, ...]
+    pause_markers: str
+    parts: list[str | float]
+    prompts: list[Prompt]  # one per speech part, in order
+    pause_seconds: float
+
+    @property
+    def speech_tokens(self) -> int:
+        return sum(prompt.text_tokens for prompt in self.prompts)
+
+    @property
+    def expected_seconds(self) -> float:
+        """What the request is expected to take: its tokens field, or FRAMES_PER_TEXT_TOKEN frames per text
+        token (generous for speech at a normal pace), and its pauses."""
+        frames = self.fields.tokens or self.speech_tokens * FRAMES_PER_TEXT_TOKEN
+        return frames / FRAMES_PER_SECOND + self.pause_seconds
+
+
 class PiecePlanner:
-    """Plans the pieces of requests for one model's context size and codec window."""
+    """Plans the pieces of requests for one model's context size and codec window.
+
+    A text is tokenized once per piece, in that piece's prompt: the counts the plan needs come from there. Only a
+    text that must be split is measured again, sentence by sentence, where the splitter looks for its cuts.
+    """
 
     def __init__(self, prompts: PromptBuilder, spec: ModelSpec, n_ctx: int, max_codec_seconds: float) -> None:
         self.prompts = prompts
@@ -57,16 +86,23 @@ class PiecePlanner:
         self.codec_frames = frames_for_seconds(max_codec_seconds)
 
     def plan(
-        self, fields: PromptFields, voice: list[np.ndarray], max_new_tokens: int, pause_markers: str = PAUSE_TEXT
+        self,
+        fields: PromptFields,
+        references: Sequence[np.ndarray | None],
+        max_new_tokens: int,
+        pause_markers: str = PAUSE_TEXT,
     ) -> list[Piece | Pause]:
         """The request as one piece, or split at sentence boundaries when its speech would not fit, with its pause
-        markers taken as ``pause_markers`` (a resolved mode of ``text/pauses.py``) says.
+        markers taken as ``pause_markers`` (a resolved mode of ``text/pauses.py``) says: ``pieces(measure(...))``."""
+        return self.pieces(self.measure(fields, references, pause_markers), max_new_tokens)
 
-        ``max_new_tokens`` applies to each piece and is clamped to what n_ctx leaves after its prompt; a prompt that
-        leaves no room for one frame is refused (RequestError), and so are a marker longer than the pauses allow and
-        a text that is only markers to be rendered as silence.
-        """
-        if pause_markers in (PAUSE_MODEL, PAUSE_SILENCE):
+    def measure(
+        self, fields: PromptFields, references: Sequence[np.ndarray | None], pause_markers: str = PAUSE_TEXT
+    ) -> Measured:
+        """The request's text in parts, each speech part in its prompt. Refuses (RequestError) a marker longer
+        than the pauses allow and a text that is only markers to be rendered as silence."""
+        markers_are_pauses = pause_markers in (PAUSE_MODEL, PAUSE_SILENCE)
+        if markers_are_pauses:
             try:
                 check_pause_lengths(fields.text)
             except ValueError as error:
@@ -75,38 +111,55 @@ class PiecePlanner:
         speech = [part for part in parts if isinstance(part, str)]
         if not speech:
             raise RequestError("the text is only pause markers: give at least one word to speak with them")
-        prompt = self.prompts.build(fields, voice)
-        speech_tokens = sum(self.count_tokens(text) for text in speech)
+        references = tuple(references)
+        prompts = [self.prompts.encode(replace(fields, text=text), references) for text in speech]
+        pause_seconds = sum(marker.seconds for marker in find_markers(fields.text)) if markers_are_pauses else 0.0
+        return Measured(fields, references, pause_markers, parts, prompts, pause_seconds)
+
+    def pieces(self, measured: Measured, max_new_tokens: int) -> list[Piece | Pause]:
+        """The pieces and pauses of a measured request. ``max_new_tokens`` applies to each piece and is clamped
+        to what n_ctx leaves after its prompt; a prompt that leaves no room for one frame is refused
+        (RequestError)."""
+        fields, references = measured.fields, measured.references
+        speech_tokens = measured.speech_tokens
         per_token = fields.tokens / speech_tokens if fields.tokens else FRAMES_PER_TEXT_TOKEN
-        other_rows = prompt.shape[0] - self.count_tokens(fields.text)
+        first = measured.prompts[0]
+        other_rows = first.rows.shape[0] - first.text_tokens
         limit = int(min((self.n_ctx - other_rows - self.spec.n_vq) / (1 + per_token), self.codec_frames / per_token))
-        measure = self._with_pause_frames(per_token) if pause_markers == PAUSE_MODEL else self.count_tokens
+        model_pauses = measured.pause_markers == PAUSE_MODEL
+
+        def pause_tokens(text: str) -> int:
+            """A text's pauses, when the model makes them, as the tokens their frames are worth."""
+            frames = sum(marker.seconds for marker in find_markers(text)) * FRAMES_PER_SECOND
+            return math.ceil(frames / per_token) if model_pauses else 0
+
+        def measure(text: str) -> int:
+            return self.count_tokens(text) + pause_tokens(text)
+
+        prompts = iter(measured.prompts)
         pieces: list[Piece | Pause] = []
-        for part in parts:
+        for part in measured.parts:
             if not isinstance(part, str):
                 samples = round(part * self.spec.sampling_rate)
                 if samples:
                     pieces.append(Pause(samples))
                 continue
-            # fits, or cannot fit even split (step_budget says why): one piece
-            texts = [part] if measure(part) <= limit or limit < 1 else split_text(part, limit, measure)
-            for text in texts:
-                share = (
-                    max(1, round(fields.tokens * self.count_tokens(text) / speech_tokens)) if fields.tokens else None
-                )
-                piece_fields = replace(fields, text=text, tokens=share)
-                piece_prompt = prompt if piece_fields == fields else self.prompts.build(piece_fields, voice)
-                pieces.append(Piece(piece_prompt, self.step_budget(piece_prompt, max_new_tokens)))
+            measured_prompt = next(prompts)
+            # fits, or cannot fit even split (step_budget says why): one piece, in the prompt it was measured in
+            if measured_prompt.text_tokens + pause_tokens(part) <= limit or limit < 1:
+                texts = [(part, measured_prompt)]
+            else:
+                texts = [(text, None) for text in split_text(part, limit, measure)]
+            for text, known in texts:
+                share = None
+                if fields.tokens:
+                    tokens = known.text_tokens if known is not None else self.count_tokens(text)
+                    share = max(1, round(fields.tokens * tokens / speech_tokens))
+                prompt = known.rows if known is not None and share == fields.tokens else None
+                if prompt is None:
+                    prompt = self.prompts.build(replace(fields, text=text, tokens=share), references)
+                pieces.append(Piece(prompt, self.step_budget(prompt, max_new_tokens)))
         return pieces
-
-    def _with_pause_frames(self, per_token: float) -> Callable[[str], int]:
-        """A text's cost in tokens when the model makes its pauses: its tokens, plus its pauses' frames as tokens."""
-
-        def measure(text: str) -> int:
-            frames = sum(marker.seconds for marker in find_markers(text)) * FRAMES_PER_SECOND
-            return self.count_tokens(text) + math.ceil(frames / per_token)
-
-        return measure
 
     def count_tokens(self, text: str) -> int:
         return len(self.prompts.tokenizer.encode(text, add_special_tokens=False).ids)
