@@ -9,6 +9,11 @@ return value: ``_frames`` returns what the piece generated (``Generated``), ``ru
 
 The plan comes from a ``PlanSource``: a list planned from a whole text, or pieces cut while their text still
 arrives (``synthesis/text_stream.py``), which the pipeline takes one at a time, when it is ready for the next.
+
+A piece that continues a recording (its prompt ends inside that recording's audio: docs/continuation.md) starts its
+frames with the recording's: those its prompt completes, then those whose last codebooks the model generates in
+its first steps. They are the decoder's left context, never emitted nor counted; the piece's audio starts at its
+first new frame.
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ from moss_tts_node.text.pieces import Pause, Piece
 from moss_tts_node.timing import StageClock, StopReason, TimingReport
 
 # A piece's frames as they complete: (n_vq,) codes, or None for a gap (an all-pad frame, which ends an
-# audio segment); the generator's return value is what the piece generated.
+# audio segment), the frames of a recording it continues first; the generator's return value is what the piece
+# generated.
 Frames = Generator[np.ndarray | None, None, "Generated"]
 # How a request's pieces get their frames: a piece and its number in the request (its seed derives from it).
 FramesOf = Callable[["Piece", int], Frames]
@@ -266,7 +272,8 @@ class Pipeline:
                 spoken.done.append((item, generated))
             else:
                 decoder = SegmentDecoder(decoding, chunk_frames, self.spec.n_vq)
-                generated = yield from self._decoded(frames_of(item, spoken.pieces), decoder, out)
+                frames = frames_of(item, spoken.pieces)
+                generated = yield from self._decoded(frames, item.prefix_frames, decoder, out)
                 spoken.done.append((item, generated))
                 spoken.codes.append(decoder.codes())
                 if generated.stop is not StopReason.CANCELLED:
@@ -337,13 +344,21 @@ class Pipeline:
         return Generated(np.empty((0, self.spec.channels), dtype=np.int64), stop)
 
     @staticmethod
-    def _decoded(frames: Frames, decoder: SegmentDecoder, out: _ChunkMaker) -> Generator[AudioChunk, None, Generated]:
-        """A chunk whenever the frames so far make one due; returns what the piece generated."""
+    def _decoded(
+        frames: Frames, context: int, decoder: SegmentDecoder, out: _ChunkMaker
+    ) -> Generator[AudioChunk, None, Generated]:
+        """A chunk whenever the frames so far make one due, the first ``context`` frames (a continued recording's)
+        taken as left context only; returns what the piece generated."""
         while True:
             try:
                 frame = next(frames)
             except StopIteration as end:
                 return end.value
+            if context:  # never a gap: a recording's codes are codes
+                assert frame is not None
+                decoder.push_context(frame)
+                context -= 1
+                continue
             with out.clock.stage("codec"):
                 samples = decoder.end_segment() if frame is None else decoder.push(frame)
             if samples is not None:
@@ -375,13 +390,19 @@ class Pipeline:
         cancelled: Callable[[], bool],
         clock: StageClock,
     ) -> Frames:
-        """Generate ``piece`` within what ``budget`` leaves: each frame as it completes, None for a gap; returns
-        what it generated."""
+        """Generate ``piece`` within what ``budget`` leaves: each frame as it completes, None for a gap, the frames of
+        a recording it continues first (not counted in the budget); returns what it generated."""
         spec = self.spec
         steps = budget.steps(piece)
         state = DelayState(spec, piece.prompt)
         sampler = Sampler(sampling, spec, piece.prompt)
-        assembler = FrameAssembler(spec.n_vq, spec.audio_pad_code, capacity=steps)
+        context = piece.prefix_frames
+        assembler = FrameAssembler(spec.n_vq, spec.audio_pad_code, capacity=context + steps)
+        # The recording's rows as the prompt holds them, delayed: its frames complete here, or in the first steps.
+        for row in piece.prompt[piece.prompt.shape[0] - context :, 1:]:
+            frame = assembler.push(row)
+            if frame is not None:
+                yield frame
         rows: list[np.ndarray] = []
         generation = generate_rows(
             stage.backbone,
@@ -403,7 +424,8 @@ class Pipeline:
             rows.append(row)
             frame = assembler.push(row[1:])
             if frame is not None:
-                budget.spend()
+                if assembler.frames > context:
+                    budget.spend()
                 yield None if assembler.is_gap(frame) else frame
         return Generated(np.stack(rows) if rows else np.empty((0, spec.channels), dtype=np.int64), stop)
 

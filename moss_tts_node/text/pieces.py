@@ -9,6 +9,11 @@ with the same instruction and voice. The synthesizer speaks the pieces one after
 Pause markers (``text/pauses.py``) change the plan by what they mean: rendered as silence, each becomes a
 ``Pause`` of exactly its length between the speech pieces around it; passed to the model, each counts as the
 frames the model will spend on it (a ``[pause 3.2s]`` is 40 frames in a few tokens); as text, as its tokens.
+
+A request that continues a recording (a ``Continuation``, docs/continuation.md) has every piece continue it: each
+piece's prompt holds the recording's codes, and its text follows the recording's transcript, so each piece is what
+upstream's processor makes of a continuation request; the recording's rows and transcript count as the piece's
+prompt, and its frames as the codec window's.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from moss_tts_node.choices import PAUSE_MODEL, PAUSE_SILENCE, PAUSE_TEXT
 from moss_tts_node.errors import RequestError
 from moss_tts_node.model.rates import FRAMES_PER_SECOND, frames_for_seconds
 from moss_tts_node.model.spec import ModelSpec
+from moss_tts_node.text.normalize import normalize_text
 from moss_tts_node.text.pauses import check_pause_lengths, find_markers, split_at_markers
 from moss_tts_node.text.prompt import Prompt, PromptBuilder, PromptFields
 from moss_tts_node.text.split import split_text
@@ -34,10 +40,31 @@ FRAMES_PER_TEXT_TOKEN = 4
 
 @dataclass(frozen=True)
 class Piece:
-    """One part of a request's text: its prompt and step budget."""
+    """One part of a request's text: its prompt and step budget. A piece that continues a recording ends its prompt
+    inside that recording's audio, on its ``prefix_frames``-th frame (docs/model.md, "Continuation")."""
 
     prompt: np.ndarray
     max_steps: int
+    prefix_frames: int = 0
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: codes are an array, which has no truth value to compare by
+class Continuation:
+    """The recording a request's speech continues: its (T, n_vq) codes and its transcript (``normalize``: cleaned as
+    the request's text is), which every piece's text follows; None where the request's text begins with it
+    already, which is then spoken as one piece."""
+
+    codes: np.ndarray
+    transcript: str | None
+    normalize: bool
+
+    def text(self, piece: str) -> str:
+        """A piece's text as its prompt holds it: the transcript, a space, the piece; cleaned together, as upstream
+        cleans the text it is given whole (the space goes where the clean-up takes it out, between CJK)."""
+        if not self.transcript:
+            return piece
+        joined = f"{self.transcript} {piece}"
+        return normalize_text(joined) if self.normalize else joined
 
 
 @dataclass(frozen=True)
@@ -55,14 +82,16 @@ class Measured:
 
     fields: PromptFields
     references: tuple[np.ndarray | None, ...]
+    continuation: Continuation | None
     pause_markers: str
     parts: list[str | float]
     prompts: list[Prompt]  # one per speech part, in order
+    tokens: list[int]  # each speech part's own tokens (its prompt's text tokens but a transcript's before it)
     pause_seconds: float
 
     @property
     def speech_tokens(self) -> int:
-        return sum(prompt.text_tokens for prompt in self.prompts)
+        return sum(self.tokens)
 
     @property
     def expected_seconds(self) -> float:
@@ -91,13 +120,18 @@ class PiecePlanner:
         references: Sequence[np.ndarray | None],
         max_new_tokens: int,
         pause_markers: str = PAUSE_TEXT,
+        continuation: Continuation | None = None,
     ) -> list[Piece | Pause]:
         """The request as one piece, or split at sentence boundaries when its speech would not fit, with its pause
         markers taken as ``pause_markers`` (a resolved mode of ``text/pauses.py``) says: ``pieces(measure(...))``."""
-        return self.pieces(self.measure(fields, references, pause_markers), max_new_tokens)
+        return self.pieces(self.measure(fields, references, pause_markers, continuation), max_new_tokens)
 
     def measure(
-        self, fields: PromptFields, references: Sequence[np.ndarray | None], pause_markers: str = PAUSE_TEXT
+        self,
+        fields: PromptFields,
+        references: Sequence[np.ndarray | None],
+        pause_markers: str = PAUSE_TEXT,
+        continuation: Continuation | None = None,
     ) -> Measured:
         """The request's text in parts, each speech part in its prompt. Refuses (RequestError) a marker longer
         than the pauses allow and a text that is only markers to be rendered as silence."""
@@ -112,20 +146,38 @@ class PiecePlanner:
         if not speech:
             raise RequestError("the text is only pause markers: give at least one word to speak with them")
         references = tuple(references)
-        prompts = [self.prompts.encode(replace(fields, text=text), references) for text in speech]
+        prompts = [self._prompt(fields, text, references, continuation) for text in speech]
+        transcript = continuation.transcript if continuation is not None else None
+        before = self.count_tokens(continuation.text("")) if transcript else 0  # the transcript, in every prompt
+        tokens = [max(prompt.text_tokens - before, 0) for prompt in prompts]
         pause_seconds = sum(marker.seconds for marker in find_markers(fields.text)) if markers_are_pauses else 0.0
-        return Measured(fields, references, pause_markers, parts, prompts, pause_seconds)
+        return Measured(fields, references, continuation, pause_markers, parts, prompts, tokens, pause_seconds)
+
+    def _prompt(
+        self,
+        fields: PromptFields,
+        text: str,
+        references: Sequence[np.ndarray | None],
+        continuation: Continuation | None,
+        tokens: int | None = None,
+    ) -> Prompt:
+        """The prompt of a piece of ``text`` (with the ``tokens`` field, if given, instead of the request's)."""
+        if continuation is None:
+            return self.prompts.encode(replace(fields, text=text, tokens=tokens or fields.tokens), references)
+        piece_fields = replace(fields, text=continuation.text(text), tokens=tokens or fields.tokens)
+        return self.prompts.encode(piece_fields, references, continuation.codes)
 
     def pieces(self, measured: Measured, max_new_tokens: int) -> list[Piece | Pause]:
         """The pieces and pauses of a measured request. ``max_new_tokens`` applies to each piece and is clamped
         to what n_ctx leaves after its prompt; a prompt that leaves no room for one frame is refused
         (RequestError)."""
-        fields, references = measured.fields, measured.references
+        fields, references, continuation = measured.fields, measured.references, measured.continuation
         speech_tokens = measured.speech_tokens
         per_token = fields.tokens / speech_tokens if fields.tokens else FRAMES_PER_TEXT_TOKEN
-        first = measured.prompts[0]
-        other_rows = first.rows.shape[0] - first.text_tokens
-        limit = int(min((self.n_ctx - other_rows - self.spec.n_vq) / (1 + per_token), self.codec_frames / per_token))
+        other_rows = measured.prompts[0].rows.shape[0] - measured.tokens[0]
+        prefix_frames = 0 if continuation is None else continuation.codes.shape[0]
+        codec_frames = self.codec_frames - prefix_frames  # a continuation decodes with its prefix before it
+        limit = int(min((self.n_ctx - other_rows - self.spec.n_vq) / (1 + per_token), codec_frames / per_token))
         model_pauses = measured.pause_markers == PAUSE_MODEL
 
         def pause_tokens(text: str) -> int:
@@ -136,7 +188,9 @@ class PiecePlanner:
         def measure(text: str) -> int:
             return self.count_tokens(text) + pause_tokens(text)
 
-        prompts = iter(measured.prompts)
+        if continuation is not None:
+            self._check_continuation_room(measured, limit, other_rows, per_token)
+        measured_parts = iter(zip(measured.prompts, measured.tokens, strict=True))
         pieces: list[Piece | Pause] = []
         for part in measured.parts:
             if not isinstance(part, str):
@@ -144,22 +198,41 @@ class PiecePlanner:
                 if samples:
                     pieces.append(Pause(samples))
                 continue
-            measured_prompt = next(prompts)
+            part_prompt, part_tokens = next(measured_parts)
             # fits, or cannot fit even split (step_budget says why): one piece, in the prompt it was measured in
-            if measured_prompt.text_tokens + pause_tokens(part) <= limit or limit < 1:
-                texts = [(part, measured_prompt)]
+            if part_tokens + pause_tokens(part) <= limit or limit < 1:
+                texts: list[tuple[str, int | None]] = [(part, part_tokens)]
             else:
                 texts = [(text, None) for text in split_text(part, limit, measure)]
-            for text, known in texts:
+            for text, known_tokens in texts:
                 share = None
                 if fields.tokens:
-                    tokens = known.text_tokens if known is not None else self.count_tokens(text)
+                    tokens = known_tokens if known_tokens is not None else self.count_tokens(text)
                     share = max(1, round(fields.tokens * tokens / speech_tokens))
-                prompt = known.rows if known is not None and share == fields.tokens else None
-                if prompt is None:
-                    prompt = self.prompts.build(replace(fields, text=text, tokens=share), references)
-                pieces.append(Piece(prompt, self.step_budget(prompt, max_new_tokens)))
+                reuse = known_tokens is not None and share == fields.tokens
+                prompt = part_prompt.rows if reuse else self._prompt(fields, text, references, continuation, share).rows
+                pieces.append(Piece(prompt, self.step_budget(prompt, max_new_tokens), prefix_frames))
         return pieces
+
+    def _check_continuation_room(self, measured: Measured, limit: int, other_rows: int, per_token: float) -> None:
+        """Refuse (RequestError, with the numbers) a continuation whose prefix leaves no room for its text, and one
+        whose text begins with the prefix's transcript (none given) and would need more than one piece."""
+        continuation = measured.continuation
+        assert continuation is not None
+        frames = continuation.codes.shape[0]
+        if limit < 1:
+            raise RequestError(
+                f"the continuation's prompt takes {other_rows} rows of the {self.n_ctx}-row context before its text "
+                f"(the prefix's {frames} frames among them), with a codec window of {self.codec_frames} frames, "
+                f"which leaves room for no text at {per_token:g} frames a token: use a shorter prefix, or raise "
+                "llama.n_ctx (and audio.max_codec_seconds)"
+            )
+        if continuation.transcript is None and (len(measured.tokens) > 1 or measured.tokens[0] > limit):
+            raise RequestError(
+                f"the text ({measured.speech_tokens} tokens, the prefix's transcript first) needs more than one piece "
+                f"(at most {limit} tokens each beside this prefix), and each piece continues the prefix: give its "
+                "transcript (prefix_text) apart, so that it goes before each piece, or a shorter text"
+            )
 
     def count_tokens(self, text: str) -> int:
         return len(self.prompts.tokenizer.encode(text, add_special_tokens=False).ids)

@@ -1,8 +1,9 @@
 """Prompt building: text fields and reference codes into the (S, 33) matrix the backbone reads.
 
 The layout follows docs/model.md ("Prompt format") exactly: a ChatML user turn holding the
-``<user_inst>`` block, the assistant header, then one ``audio_start`` row. Special tokens are
-looked up in the tokenizer by the ids of the model config, never by name.
+``<user_inst>`` block, the assistant header, then one ``audio_start`` row; in continuation mode the assistant
+turn goes on with the prefix recording's codes, cut where upstream's processor cuts them (docs/model.md,
+"Continuation"). Special tokens are looked up in the tokenizer by the ids of the model config, never by name.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from moss_tts_node.errors import RequestError, WeightsError
 from moss_tts_node.model.delay import apply_delay
 from moss_tts_node.model.layout import TOKENIZER_DIR, TOKENIZER_FILE
 from moss_tts_node.model.spec import ModelSpec
+from moss_tts_node.text.speakers import speaker_label
 
 AUDIO_PLACEHOLDER = "<|audio|>"
 
@@ -69,7 +71,7 @@ class PromptBuilder:
     @staticmethod
     def _content_before_text(fields: PromptFields, references: Sequence[np.ndarray | None]) -> str:
         # A None reference is a speaker without a clip: no line, and the next speaker keeps its number.
-        lines = [f"[S{i + 1}]:\n{AUDIO_PLACEHOLDER}" for i, codes in enumerate(references) if codes is not None]
+        lines = [f"{speaker_label(i)}:\n{AUDIO_PLACEHOLDER}" for i, codes in enumerate(references) if codes is not None]
         ref = "\n".join(lines) if references else None
         return (
             f"<user_inst>\n- Reference(s):\n{ref}\n- Instruction:\n{fields.instruction}\n"
@@ -78,14 +80,21 @@ class PromptBuilder:
             "- Text:\n"
         )
 
-    def build(self, fields: PromptFields, references: Sequence[np.ndarray | None] = ()) -> np.ndarray:
+    def build(
+        self, fields: PromptFields, references: Sequence[np.ndarray | None] = (), prefix: np.ndarray | None = None
+    ) -> np.ndarray:
         """The (S, 1 + n_vq) int64 prompt; ``references`` are the (T, n_vq) code matrices of [S1], [S2] ...,
-        None for a speaker without one."""
-        return self.encode(fields, references).rows
+        None for a speaker without one. ``prefix``: the (T, n_vq) codes of a recording the speech continues
+        (continuation mode): the assistant turn holds them delayed, as generated audio, and the prompt ends on
+        their T-th gen-slot row; ``fields.text`` must then begin with what the recording says."""
+        return self.encode(fields, references, prefix).rows
 
-    def encode(self, fields: PromptFields, references: Sequence[np.ndarray | None] = ()) -> Prompt:
+    def encode(
+        self, fields: PromptFields, references: Sequence[np.ndarray | None] = (), prefix: np.ndarray | None = None
+    ) -> Prompt:
         """``build``'s rows, and the number of tokens of ``fields.text`` among them."""
         self._refuse_control_tokens(fields)
+        spec = self.spec
         tok = self._token_text
         before_text = f"{tok['im_start_token_id']}user\n{self._content_before_text(fields, references)}"
         chat = (
@@ -93,7 +102,14 @@ class PromptBuilder:
         )
         clips = [codes for codes in references if codes is not None]
         text_start = len(self._with_clip_blocks(before_text, clips))
-        rows, offsets = self._rows(chat, clips, self.spec.audio_start_token_id)
+        frames = 0 if prefix is None else prefix.shape[0]
+        # The assistant turn opens its audio; a prefix's rows follow as generated ones, gen slots over its codes.
+        opening = [spec.audio_start_token_id] + [spec.audio_assistant_gen_slot_token_id] * frames
+        rows, offsets = self._rows(chat, clips, opening)
+        if prefix is not None:
+            # Upstream lays the turn out whole (T gen slots, n_vq - 1 delay slots, audio_end, im_end) and cuts all
+            # after the T-th gen slot: the delayed codes of those T rows stay, the flush's rows go.
+            rows[rows.shape[0] - frames :, 1:] = apply_delay(prefix, spec.audio_pad_code)[:frames]
         text_end = text_start + len(fields.text)
         return Prompt(rows, sum(1 for start, _ in offsets if text_start <= start < text_end))
 
@@ -105,7 +121,7 @@ class PromptBuilder:
         """
         self._refuse_control_tokens(replace(fields, text=""))
         chat = f"{self._token_text['im_start_token_id']}user\n{self._content_before_text(fields, references)}"
-        return self._rows(chat, [codes for codes in references if codes is not None], None)[0]
+        return self._rows(chat, [codes for codes in references if codes is not None], ())[0]
 
     def _with_clip_blocks(self, chat: str, clips: Sequence[np.ndarray]) -> str:
         """``chat`` with each placeholder replaced by its clip's block of user slots."""
@@ -117,15 +133,13 @@ class PromptBuilder:
         return chat
 
     def _rows(
-        self, chat: str, clips: Sequence[np.ndarray], last_token: int | None
+        self, chat: str, clips: Sequence[np.ndarray], last_tokens: Sequence[int]
     ) -> tuple[np.ndarray, list[tuple[int, int]]]:
-        """The chat's tokens as rows (audio columns padded), then ``last_token``'s row if given, with each
+        """The chat's tokens as rows (audio columns padded), then a row for each of ``last_tokens``, with each
         reference clip's codes in its slots; and each token's character span in the chat with its clip blocks."""
         spec = self.spec
         encoding = self.tokenizer.encode(self._with_clip_blocks(chat, clips), add_special_tokens=False)
-        ids = encoding.ids
-        if last_token is not None:
-            ids.append(last_token)
+        ids = [*encoding.ids, *last_tokens]
         rows = np.full((len(ids), spec.channels), spec.audio_pad_code, dtype=np.int64)
         rows[:, 0] = ids
         self._place_reference_codes(rows, clips)
