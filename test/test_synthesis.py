@@ -401,3 +401,39 @@ def test_timing_report_warns_when_the_codec_cannot_keep_up_with_a_stream(
     assert report.codec_stalls is warned
     assert f"({decode}, real-time factor {codec_s / 0.96:.2f})" in report.format()
     assert ("warning" in report.format()) is warned
+
+
+def test_a_continuation_reuses_what_comes_before_its_text_and_generates_what_a_full_prefill_does(
+    exact_synth: Synthesizer,
+) -> None:
+    """docs/continuation.md, "What is reused": the prefix's rows follow the text, the fields and voices precede it."""
+    rng = np.random.default_rng(6)
+    voice, prefix = rng.integers(0, 1024, size=(8, 32)), rng.integers(0, 1024, size=(10, 32))
+    said = {"voice": voice, "language": "en", "prefix": prefix, "prefix_text": "Good evening, sir."}
+    requests: list[dict[str, Any]] = [
+        {"text": TEXT, "voice": voice, "language": "en"},
+        {"text": TEXT, **said},  # the rows before the text are the first request's
+        {"text": "Another text.", **said},  # the transcript's rows too
+        {"text": "Another text.", **said},  # all of it but the last row
+    ]
+
+    def run(request: dict[str, Any], fresh: bool) -> tuple[np.ndarray, int, int]:
+        if fresh:
+            with exact_synth.stages.generation() as stage:
+                stage.backbone.clear()
+        stream = exact_synth.stream(SpeechRequest(**request, seed=3))
+        list(stream)
+        assert stream.report is not None and stream.generated is not None and stream.prompt is not None
+        return stream.generated, stream.report.prefilled_rows, stream.prompt.shape[0]
+
+    reused = [run(request, fresh=False) for request in requests]
+    fresh = [run(request, fresh=True) for request in requests]
+    for number, ((rows, _, _), (expected, full, prompt_rows)) in enumerate(zip(reused, fresh, strict=True)):
+        assert np.array_equal(rows, expected), f"request {number} generated other rows with the prefix reused"
+        assert full == prompt_rows
+    before_text = exact_synth.prompts.voice_prefix(PromptFields(text="", language="en"), [voice]).shape[0]
+    (_, second, second_rows), (_, third, third_rows), (_, fourth, _) = reused[1:]
+    assert second == second_rows - before_text
+    transcript = len(exact_synth.prompts.tokenizer.encode("Good evening, sir.", add_special_tokens=False).ids)
+    assert third <= third_rows - before_text - transcript  # the transcript's rows were kept too
+    assert fourth == 1
