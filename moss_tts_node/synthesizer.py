@@ -31,7 +31,7 @@ from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.synthesis.feed import TextFeed
 from moss_tts_node.synthesis.pipeline import Pipeline
 from moss_tts_node.synthesis.release import read_release, trained_on_pause_markers
-from moss_tts_node.synthesis.request import SpeechRequest, Voice, Voices, check_request
+from moss_tts_node.synthesis.request import SpeechRequest, Voice, Voices, check_request, no_voice
 from moss_tts_node.synthesis.results import AudioStream, Synthesis
 from moss_tts_node.synthesis.stages import Stages, open_stages
 from moss_tts_node.synthesis.text_stream import DEFAULT_INPUT_PAUSE_S, PACK_TOKENS, RUN_TOKENS, CutPieces
@@ -113,8 +113,8 @@ class Synthesizer:
         if voices is None:
             return [] if self.voices.default is None else [self.voices.default]
         if isinstance(voices, list | tuple):
-            return [None if _no_voice(voice) else voice for voice in voices]
-        return [] if _no_voice(voices) else [voices]
+            return [None if no_voice(voice) else voice for voice in voices]
+        return [] if no_voice(voices) else [voices]
 
     def _voices(self, request: SpeechRequest, config: Config) -> tuple[list[np.ndarray | None], np.ndarray | None]:
         """The codes of a request's references (None for a speaker without one) and of its prefix (None: it
@@ -123,7 +123,7 @@ class Synthesizer:
         reference and as the prefix) is read once."""
         limit = self._voice_limit(config)
         references = self._references(request.voice)
-        prefix = None if _no_voice(request.prefix) else request.prefix
+        prefix = None if no_voice(request.prefix) else request.prefix
         voices = [voice for voice in (*references, prefix) if voice is not None]
         if len(voices) > 1:
             frames = [_frames(voice) for voice in references if voice is not None]
@@ -351,10 +351,6 @@ class Synthesizer:
         return text
 
 
-def _no_voice(voice: Voice) -> bool:
-    return voice is None or (isinstance(voice, str | Path) and str(voice) == "")
-
-
 def _frames(voice: Voice) -> int:
     """A voice's frames, read without decoding it."""
     if isinstance(voice, LibraryVoice):
@@ -365,10 +361,8 @@ def _frames(voice: Voice) -> int:
 
 def _transcript(request: SpeechRequest) -> str | None:
     """What the request's prefix says, as given: its prefix_text, else a library voice's own transcript; None where
-    the text begins with it. A prefix_text without a prefix is refused."""
+    the text begins with it (``check_request`` refused a prefix_text without a prefix)."""
     if request.prefix_text is not None:
-        if _no_voice(request.prefix):
-            raise RequestError("the request gives prefix_text but no prefix: give the recording it transcribes")
         return request.prefix_text
     return request.prefix.transcript if isinstance(request.prefix, LibraryVoice) else None
 

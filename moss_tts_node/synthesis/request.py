@@ -81,6 +81,8 @@ def check_request(request: SpeechRequest, limits: LimitsConfig) -> None:
             raise RequestError(f"the request's {name} must be a whole number from 1 to {_COUNT_MAX}, got {value!r}")
     _check_voices(request.voice)
     _check_voice(request.prefix, "prefix")
+    if request.prefix_text is not None and no_voice(request.prefix):
+        raise RequestError("the request gives prefix_text but no prefix: give the recording it transcribes")
     if request.sampling is not None:
         _check_sampling(request.sampling)
 
@@ -96,8 +98,13 @@ def _check_voices(voices: Voices) -> None:
         )
     for index, voice in enumerate(voices):
         _check_voice(voice, f"voice of {speaker_label(index)}")
-    if all(voice is None or (isinstance(voice, str) and not voice) for voice in voices):
+    if all(no_voice(voice) for voice in voices):
         raise RequestError("the request's list of voices holds no voice: give at least one, or '' alone for none")
+
+
+def no_voice(voice: Voice) -> bool:
+    """Whether ``voice`` names none: None (for a speaker of a list, or the configured voice alone) or ""."""
+    return voice is None or (isinstance(voice, str | Path) and str(voice) == "")
 
 
 def _check_voice(voice: Voice, what: str) -> None:
