@@ -84,3 +84,26 @@ def test_table_has_a_column_per_run() -> None:
     table = format_table([run, {**run, "label": "8b / gguf"}]).splitlines()
     assert table[0].count("|") == 4 and "8b / gguf" in table[0]
     assert any(line.startswith("| overhead (step - decode) / decode | 5.0% | 5.0% |") for line in table)
+
+
+def test_clone_puts_the_voice_as_reference_prefix_or_both_and_the_summary_compares_them() -> None:
+    import numpy as np
+
+    from moss_tts_node.tools.dev.bench import PREFIX_TEXT, clone_fields, format_clone_summary
+
+    voice = np.zeros((125, 32), dtype=np.int64)
+    assert clone_fields("reference", voice)["voice"] is voice and "prefix" not in clone_fields("reference", voice)
+    assert clone_fields("continuation", voice) == {"voice": "", "prefix": voice, "prefix_text": PREFIX_TEXT}
+    assert clone_fields("both", voice)["voice"] is voice and clone_fields("both", voice)["prefix"] is voice
+    assert clone_fields("both", voice[:0]) == {"voice": ""}
+    args = build_parser().parse_args(["bench", "--clone", "reference", "--clone", "continuation", "--rounds", "2"])
+    assert args.clone == ["reference", "continuation"] and args.rounds == 2
+    runs = [
+        {"clone": "reference", "ttfa_ms": 1000.0, "steps_per_s": 10.0, "prompt_rows": 300},
+        {"clone": "continuation", "ttfa_ms": 1500.0, "steps_per_s": 9.0, "prompt_rows": 250},
+        {"clone": "reference", "ttfa_ms": 1200.0, "steps_per_s": 12.0, "prompt_rows": 300},
+        {"clone": "continuation", "ttfa_ms": 1800.0, "steps_per_s": 10.0, "prompt_rows": 250},
+    ]
+    summary = format_clone_summary(runs).splitlines()
+    assert summary[2] == "| reference | 2 | 300 | 1100 (1.00) | 11.00 (1.00) |"
+    assert summary[3] == "| continuation | 2 | 250 | 1650 (1.50) | 9.50 (0.86) |"
