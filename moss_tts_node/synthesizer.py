@@ -145,16 +145,6 @@ class Synthesizer:
             None if prefix is None else codes(prefix, "prefix"),
         )
 
-    def _continuation(self, request: SpeechRequest, prefix: np.ndarray | None, normalize: bool) -> Continuation | None:
-        """What the request continues: the prefix's codes and its transcript, cleaned as the text is (None where the
-        request's text begins with it); None without a prefix."""
-        if prefix is None:
-            return None
-        transcript = _transcript(request)
-        if transcript is not None:
-            transcript = normalize_text(transcript) if normalize else transcript.strip()
-        return Continuation(prefix, transcript, normalize)
-
     # -- synthesis ------------------------------------------------------------------------
 
     def stream(
@@ -181,6 +171,10 @@ class Synthesizer:
         refused. A ``[pause X.Ys]`` in the text means what ``generation.pause_markers`` says (README "Pause
         markers"); rendered as silence, it arrives in the stream in chunks like speech.
 
+        ``voice`` is one voice or a list of up to five, the references of the speakers [S1], [S2] ...; ``prefix`` a
+        recording the speech continues after its transcript ``prefix_text`` (docs/continuation.md): the stream is
+        then the new speech only, decoded after the prefix.
+
         ``config`` holds the settings the request runs with (the keys the schema marks per-request:
         generation defaults, sampling, audio chunking, limits), by default ``self.config`` now: they are read
         here once, so replacing ``self.config`` later does not change a stream already made (the node queues
@@ -199,7 +193,7 @@ class Synthesizer:
         text = self._clean_text(_new_text(request.text, _transcript(request)), gen.normalize_text)
         prompt_fields = _prompt_fields(gen, request, text)
         references, prefix = self._voices(request, config)
-        continuation = self._continuation(request, prefix, gen.normalize_text)
+        continuation = _continuation(request, prefix, gen.normalize_text)
         measured = self.planner.measure(prompt_fields, references, self._pause_mode(gen), continuation)
         expected_s = measured.expected_seconds
         if max_expected_s is not None and expected_s > max_expected_s:
@@ -261,7 +255,7 @@ class Synthesizer:
         gen = config.generation
         prompt_fields = _prompt_fields(gen, request, "")
         references, prefix = self._voices(request, config)
-        continuation = self._continuation(request, prefix, gen.normalize_text)
+        continuation = _continuation(request, prefix, gen.normalize_text)
         if continuation is not None and continuation.transcript is None:
             raise RequestError(
                 "text that arrives in fragments is spoken in pieces, each continuing the prefix after its transcript: "
@@ -321,7 +315,8 @@ class Synthesizer:
         them prefills only its text; returns the rows prefilled (0 if they already were in the KV cache).
 
         Fields as for ``stream`` (the text is ignored; ``None``: the config's generation defaults, the
-        configured voice), so a bare call prepares what a request that gives only its text will use. Waits
+        configured voice), so a bare call prepares what a request that gives only its text will use; a prefix is
+        left out, as its rows follow the text (docs/continuation.md, "What is reused"). Waits
         for a generation under way to end first. In low_memory mode, whose backbone is reloaded per request,
         it only encodes the voice (kept for the requests that use it) and prefills nothing.
         """
@@ -365,6 +360,17 @@ def _transcript(request: SpeechRequest) -> str | None:
     if request.prefix_text is not None:
         return request.prefix_text
     return request.prefix.transcript if isinstance(request.prefix, LibraryVoice) else None
+
+
+def _continuation(request: SpeechRequest, prefix: np.ndarray | None, normalize: bool) -> Continuation | None:
+    """What the request continues: the prefix's codes and its transcript, cleaned as the text is (None where the
+    request's text begins with it); None without a prefix."""
+    if prefix is None:
+        return None
+    transcript = _transcript(request)
+    if transcript is not None:
+        transcript = normalize_text(transcript) if normalize else transcript.strip()
+    return Continuation(prefix, transcript, normalize)
 
 
 def _new_text(text: str, transcript: str | None) -> str:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.text.prompt import PromptBuilder, PromptFields
@@ -86,24 +89,39 @@ def test_table_has_a_column_per_run() -> None:
     assert any(line.startswith("| overhead (step - decode) / decode | 5.0% | 5.0% |") for line in table)
 
 
-def test_clone_puts_the_voice_as_reference_prefix_or_both_and_the_summary_compares_them() -> None:
+def test_clone_puts_the_voice_as_the_reference_the_prefix_or_both() -> None:
     import numpy as np
 
-    from moss_tts_node.tools.dev.bench import PREFIX_TEXT, clone_fields, format_clone_summary
+    from moss_tts_node.tools.dev.bench import PREFIX_TEXT, clone_fields
 
     voice = np.zeros((125, 32), dtype=np.int64)
     assert clone_fields("reference", voice)["voice"] is voice and "prefix" not in clone_fields("reference", voice)
     assert clone_fields("continuation", voice) == {"voice": "", "prefix": voice, "prefix_text": PREFIX_TEXT}
     assert clone_fields("both", voice)["voice"] is voice and clone_fields("both", voice)["prefix"] is voice
     assert clone_fields("both", voice[:0]) == {"voice": ""}
-    args = build_parser().parse_args(["bench", "--clone", "reference", "--clone", "continuation", "--rounds", "2"])
-    assert args.clone == ["reference", "continuation"] and args.rounds == 2
-    runs = [
-        {"clone": "reference", "ttfa_ms": 1000.0, "steps_per_s": 10.0, "prompt_rows": 300},
-        {"clone": "continuation", "ttfa_ms": 1500.0, "steps_per_s": 9.0, "prompt_rows": 250},
-        {"clone": "reference", "ttfa_ms": 1200.0, "steps_per_s": 12.0, "prompt_rows": 300},
-        {"clone": "continuation", "ttfa_ms": 1800.0, "steps_per_s": 10.0, "prompt_rows": 250},
-    ]
-    summary = format_clone_summary(runs).splitlines()
-    assert summary[2] == "| reference | 2 | 300 | 1100 (1.00) | 11.00 (1.00) |"
-    assert summary[3] == "| continuation | 2 | 250 | 1650 (1.50) | 9.50 (0.86) |"
+
+
+def test_clone_runs_alternate_and_the_summary_compares_them(
+    demo_config: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from moss_tts_node.tools.dev import bench
+
+    jobs: list[dict[str, Any]] = []
+    figures = {"reference": (1000.0, 10.0, 300), "continuation": (1500.0, 9.0, 250)}
+
+    def worker(job: dict[str, Any]) -> dict[str, Any]:  # what a worker returns: its figures, not the job's keys
+        jobs.append(job)
+        ttfa, steps, rows = figures[job["clone"]]
+        figures[job["clone"]] = ttfa + 200, steps + 2, rows
+        return {"label": job["label"], "ttfa_ms": ttfa, "steps_per_s": steps, "prompt_rows": rows}
+
+    monkeypatch.setattr(bench, "run_worker", worker)
+    monkeypatch.setattr(bench, "format_result_line", lambda result: result["label"])
+    monkeypatch.setattr(bench, "format_table", lambda results: "")
+    flags = ["--clone", "reference", "--clone", "continuation", "--rounds", "2", "--voice-seconds", "10"]
+    args = build_parser().parse_args(["bench", "--config", str(demo_config), *flags])
+    assert run_bench(args) == 0
+    assert [job["clone"] for job in jobs] == ["reference", "continuation", "reference", "continuation"]
+    summary = capsys.readouterr().out.splitlines()
+    assert "| reference | 2 | 300 | 1100 (1.00) | 11.00 (1.00) |" in summary
+    assert "| continuation | 2 | 250 | 1600 (1.45) | 10.00 (0.91) |" in summary

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from qwen3_reference import qwen3_forward
+from qwen3_reference import exact_synthesizer, qwen3_forward
 from threadpoolctl import threadpool_limits
 from tokenizers import Tokenizer
 
@@ -35,7 +35,6 @@ from moss_tts_node.synthesis.request import SpeechRequest
 from moss_tts_node.synthesizer import Synthesizer
 from moss_tts_node.text.prompt import PromptBuilder
 from moss_tts_node.tools.dev.demo_weights import CHECKPOINT_DIR
-from moss_tts_node.tools.prepare.convert import convert_checkpoint
 from moss_tts_node.tools.prepare.qwen3_gguf import Qwen3Shape
 from moss_tts_node.tools.prepare.safetensors_io import SafetensorsCheckpoint
 
@@ -265,20 +264,8 @@ def upstream(demo_config: Path) -> Upstream:
 @pytest.fixture(scope="module")
 def exact(demo_config: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Synthesizer]:
     """The demo checkpoint converted to F32, F32 KV cache, exact NumPy heads, greedy."""
-    demo = demo_config.parent
-    gguf = convert_checkpoint(demo / CHECKPOINT_DIR, tmp_path_factory.mktemp("f32"), "F32")
-    overrides = {
-        "model.weights_dir": str(gguf.parent),
-        "model.backbone_gguf": gguf.name,
-        "model.codec_dir": str(demo / "codec"),
-        "llama.kv_cache_type_k": "f32",
-        "llama.kv_cache_type_v": "f32",
-        "audio.heads_backend": "numpy",
-        "sampling.text_temperature": 0.0,
-        "sampling.audio_temperature": 0.0,
-        "generation.max_new_tokens": STEPS,
-    }
-    with Synthesizer.from_config_file(demo_config, overrides) as loaded:
+    overrides = {"audio.heads_backend": "numpy", "generation.max_new_tokens": STEPS}
+    with exact_synthesizer(demo_config, tmp_path_factory.mktemp("f32"), **overrides) as loaded:
         yield loaded
 
 

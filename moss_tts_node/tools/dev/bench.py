@@ -142,7 +142,7 @@ def run_bench(args: argparse.Namespace) -> int:
                         "prefill_compare": not args.no_prefill_compare,
                     }
                 )
-                results.append(result)
+                results.append({**result, "clone": mode})
                 print(format_result_line(result), flush=True)
     print()
     print(format_table(results))
