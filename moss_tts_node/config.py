@@ -262,8 +262,8 @@ class LimitsConfig:
 
     max_text_chars: int = _option(
         2000,
-        "Most characters of a request's text, instruction, quality and language together; a longer request is "
-        "refused before its text is cleaned or tokenized.",
+        "Most characters of a request's text, instruction, quality, language, prefix_text, sound_event and "
+        "ambient_sound together; a longer request is refused before its text is cleaned or tokenized.",
         min=1,
         max=10_000_000,
         per_request=True,
@@ -285,7 +285,7 @@ class VoicesConfig:
     files: tuple[str, ...] = _option(
         (),
         "Voices by name: WAV/FLAC/OGG clips or .npy codes from encode-voice, each named by its file name "
-        'without the extension (docs/usage.md, "Voices").',
+        "without the extension; a NAME.txt beside one is its transcript, for continuing it (docs/continuation.md).",
         path=True,
     )
     directories: tuple[str, ...] = _option(

@@ -22,25 +22,24 @@ from typing import Any
 
 import numpy as np
 
-from moss_tts_node.choices import PAUSE_TEXT
 from moss_tts_node.config import Config, GenerationConfig, load_config, resolved_sampling
 from moss_tts_node.errors import Cancelled, RequestError
 from moss_tts_node.model.layout import TOKENIZER_DIR
-from moss_tts_node.model.rates import FRAMES_PER_SECOND, frames_for_seconds
+from moss_tts_node.model.rates import frames_for_seconds
 from moss_tts_node.model.sampling import SamplingParams
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.synthesis.feed import TextFeed
 from moss_tts_node.synthesis.pipeline import Pipeline
-from moss_tts_node.synthesis.request import SpeechRequest, Voice, check_request
+from moss_tts_node.synthesis.request import SpeechRequest, Voice, Voices, check_request, no_voice
 from moss_tts_node.synthesis.results import AudioStream, Synthesis
 from moss_tts_node.synthesis.stages import Stages, open_stages
 from moss_tts_node.synthesis.text_stream import DEFAULT_INPUT_PAUSE_S, PACK_TOKENS, RUN_TOKENS, CutPieces
-from moss_tts_node.synthesis.voices import VoiceLibrary, VoiceLimit, load_voice
+from moss_tts_node.synthesis.voices import LibraryVoice, VoiceLibrary, VoiceLimit, load_voice, voice_frames
 from moss_tts_node.text.cutter import TextCutter
 from moss_tts_node.text.languages import language_tag
 from moss_tts_node.text.normalize import has_something_to_say, normalize_text
-from moss_tts_node.text.pauses import find_markers, resolve_pause_mode
-from moss_tts_node.text.pieces import FRAMES_PER_TEXT_TOKEN, Piece, PiecePlanner
+from moss_tts_node.text.pauses import resolve_pause_mode
+from moss_tts_node.text.pieces import Continuation, Piece, PiecePlanner
 from moss_tts_node.text.prompt import PromptBuilder, PromptFields
 
 CancelFlag = threading.Event | Callable[[], bool] | None
@@ -107,13 +106,43 @@ class Synthesizer:
     def _voice_limit(self, config: Config) -> VoiceLimit:
         return VoiceLimit(config.limits.max_reference_seconds, self.n_ctx, self.spec.n_vq)
 
-    def _voice(self, voice: Voice, config: Config) -> list[np.ndarray]:
-        if voice is None:
-            default = self.voices.default
-            return [] if default is None else [default.codes]
-        if isinstance(voice, str | Path) and str(voice) == "":
-            return []
-        return [self.encode_reference(voice, config)]
+    def _references(self, voices: Voices) -> list[Voice]:
+        """The reference of each of a request's speakers ([S1] first; None for a speaker without one), before
+        anything is read: ``None`` is the configured voice, ``""`` none."""
+        if voices is None:
+            return [] if self.voices.default is None else [self.voices.default]
+        if isinstance(voices, list | tuple):
+            return [None if no_voice(voice) else voice for voice in voices]
+        return [] if no_voice(voices) else [voices]
+
+    def _voices(self, request: SpeechRequest, config: Config) -> tuple[list[np.ndarray | None], np.ndarray | None]:
+        """The codes of a request's references (None for a speaker without one) and of its prefix (None: it
+        continues no recording). Each is refused before it is decoded when too long (``VoiceLimit``), and
+        all of them when together they leave no room in the context; a file given twice (the same clip as a
+        reference and as the prefix) is read once."""
+        limit = self._voice_limit(config)
+        references = self._references(request.voice)
+        prefix = None if no_voice(request.prefix) else request.prefix
+        voices = [voice for voice in (*references, prefix) if voice is not None]
+        if len(voices) > 1:
+            frames = [_frames(voice) for voice in references if voice is not None]
+            limit.check_together(frames, 0 if prefix is None else _frames(prefix))
+        read: dict[str, np.ndarray] = {}
+
+        def codes(voice: Voice, role: str) -> np.ndarray:
+            if isinstance(voice, LibraryVoice):
+                return voice.codes
+            assert voice is not None  # the speakers without a voice are left out
+            if not isinstance(voice, str | Path):
+                return load_voice(voice, self.spec, self.stages.encoder, limit, role)
+            if str(voice) not in read:
+                read[str(voice)] = load_voice(voice, self.spec, self.stages.encoder, limit, role)
+            return read[str(voice)]
+
+        return (
+            [None if voice is None else codes(voice, "reference") for voice in references],
+            None if prefix is None else codes(prefix, "prefix"),
+        )
 
     # -- synthesis ------------------------------------------------------------------------
 
@@ -125,6 +154,7 @@ class Synthesizer:
         streaming: bool = True,
         config: Config | None = None,
         max_audio_s: float | None = None,
+        max_expected_s: float | None = None,
         **fields: Any,
     ) -> AudioStream:
         """Validate the request now (errors raise here, not mid-stream), then stream its audio.
@@ -140,6 +170,10 @@ class Synthesizer:
         refused. A ``[pause X.Ys]`` in the text means what ``generation.pause_markers`` says (docs/usage.md,
         "Pause markers"); rendered as silence, it arrives in the stream in chunks like speech.
 
+        ``voice`` is one voice or a list of up to five, the references of the speakers [S1], [S2] ...; ``prefix`` a
+        recording the speech continues after its transcript ``prefix_text`` (docs/continuation.md): the stream is
+        then the new speech only, decoded after the prefix.
+
         ``config`` holds the settings the request runs with (the keys the schema marks per-request:
         generation defaults, sampling, audio chunking, limits), by default ``self.config`` now: they are read
         here once, so replacing ``self.config`` later does not change a stream already made (the node queues
@@ -148,29 +182,31 @@ class Synthesizer:
         The checks come cheapest first: the fields and ``limits.max_text_chars`` (``check_request``), then a
         text with nothing to say once cleaned, the voice (its length read before it is decoded), the prompt.
         ``max_audio_s`` bounds the audio of the whole request: generation stops there (stop reason
-        max_new_tokens); ``AudioStream.estimated_seconds`` says beforehand what the text is expected to take.
+        max_new_tokens); ``AudioStream.estimated_seconds`` says beforehand what the text is expected to take, and a
+        request expected to take more than ``max_expected_s`` is refused then, before its pieces are planned.
         """
         request = _request(request, fields)
         config = config if config is not None else self.config
         check_request(request, config.limits)
         gen = config.generation
-        prompt_fields = _prompt_fields(gen, request, self._clean_text(request.text, gen.normalize_text))
-        max_new_tokens = request.max_new_tokens or gen.max_new_tokens
-        pause_markers = self._pause_mode(gen)
-        plan = self.planner.plan(prompt_fields, self._voice(request.voice, config), max_new_tokens, pause_markers)
+        text = self._clean_text(_new_text(request.text, _transcript(request)), gen.normalize_text)
+        prompt_fields = _prompt_fields(gen, request, text)
+        references, prefix = self._voices(request, config)
+        continuation = _continuation(request, prefix, gen.normalize_text)
+        measured = self.planner.measure(prompt_fields, references, self._pause_mode(gen), continuation)
+        expected_s = measured.expected_seconds
+        if max_expected_s is not None and expected_s > max_expected_s:
+            raise RequestError(
+                f"the speech is expected to take {expected_s:.1f} s, more than the {max_expected_s:g} s this request "
+                "may take: split the text, or stream it"
+            )
+        plan = self.planner.pieces(measured, request.max_new_tokens or gen.max_new_tokens)
         max_frames = None if max_audio_s is None else frames_for_seconds(max_audio_s)
         chunks = self.pipeline.run(
             plan, _sampling_params(request, config, self.spec), config.audio, _flag(cancel), streaming, max_frames
         )
         prompt = next(item.prompt for item in plan if isinstance(item, Piece))
-        return AudioStream(prompt, chunks, self._estimated_seconds(prompt_fields, pause_markers))
-
-    def _estimated_seconds(self, fields: PromptFields, pause_markers: str) -> float:
-        """What the request is expected to take: its tokens field, or FRAMES_PER_TEXT_TOKEN frames per text
-        token (generous for speech at a normal pace), and its pause markers' seconds unless they are text."""
-        frames = fields.tokens or self.planner.count_tokens(fields.text) * FRAMES_PER_TEXT_TOKEN
-        pauses = 0.0 if pause_markers == PAUSE_TEXT else sum(marker.seconds for marker in find_markers(fields.text))
-        return frames / FRAMES_PER_SECOND + pauses
+        return AudioStream(prompt, chunks, expected_s)
 
     def stream_text(
         self,
@@ -217,8 +253,20 @@ class Synthesizer:
         check_request(request, config.limits)
         gen = config.generation
         prompt_fields = _prompt_fields(gen, request, "")
-        voice = self._voice(request.voice, config)
-        self.planner.step_budget(self.prompts.build(prompt_fields, voice), 1)  # the voice and fields leave room
+        references, prefix = self._voices(request, config)
+        continuation = _continuation(request, prefix, gen.normalize_text)
+        if continuation is not None and continuation.transcript is None:
+            raise RequestError(
+                "text that arrives in fragments is spoken in pieces, each continuing the prefix after its transcript: "
+                "give the transcript (prefix_text), or a voice of the library that has one"
+            )
+        # the voices and fields leave room
+        empty = self.prompts.build(
+            replace(prompt_fields, text=continuation.text("") if continuation else ""),
+            references,
+            None if continuation is None else continuation.codes,
+        )
+        self.planner.step_budget(empty, 1)
         max_new_tokens = request.max_new_tokens or gen.max_new_tokens
         flag = _flag(cancel)
         pause_markers = self._pause_mode(gen)
@@ -227,7 +275,9 @@ class Synthesizer:
             TextCutter(
                 normalize_text if gen.normalize_text else str, RUN_TOKENS, self.planner.count_tokens, pack_tokens
             ),
-            lambda text: self.planner.plan(replace(prompt_fields, text=text), voice, max_new_tokens, pause_markers),
+            lambda text: self.planner.plan(
+                replace(prompt_fields, text=text), references, max_new_tokens, pause_markers, continuation
+            ),
             flag,
             input_pause_s,
         )
@@ -264,14 +314,15 @@ class Synthesizer:
         them prefills only its text; returns the rows prefilled (0 if they already were in the KV cache).
 
         Fields as for ``stream`` (the text is ignored; ``None``: the config's generation defaults, the
-        configured voice), so a bare call prepares what a request that gives only its text will use. Waits
+        configured voice), so a bare call prepares what a request that gives only its text will use; a prefix is
+        left out, as its rows follow the text (docs/continuation.md, "What is reused"). Waits
         for a generation under way to end first. In low_memory mode, whose backbone is reloaded per request,
         it only encodes the voice (kept for the requests that use it) and prefills nothing.
         """
         request = _request(request if request is not None else "", fields)
-        prefix = self.prompts.voice_prefix(
-            _prompt_fields(self.config.generation, request, ""), self._voice(request.voice, self.config)
-        )
+        check_request(request, self.config.limits)
+        references, _ = self._voices(replace(request, prefix=None), self.config)
+        prefix = self.prompts.voice_prefix(_prompt_fields(self.config.generation, request, ""), references)
         return self.stages.prepare_prefix(prefix)
 
     def _pause_mode(self, gen: GenerationConfig) -> str:
@@ -292,6 +343,45 @@ class Synthesizer:
                 "or control characters)"
             )
         return text
+
+
+def _frames(voice: Voice) -> int:
+    """A voice's frames, read without decoding it."""
+    if isinstance(voice, LibraryVoice):
+        return voice.codes.shape[0]
+    assert voice is not None
+    return voice_frames(voice)
+
+
+def _transcript(request: SpeechRequest) -> str | None:
+    """What the request's prefix says, as given: its prefix_text, else a library voice's own transcript; None where
+    the text begins with it (``check_request`` refused a prefix_text without a prefix)."""
+    if request.prefix_text is not None:
+        return request.prefix_text
+    return request.prefix.transcript if isinstance(request.prefix, LibraryVoice) else None
+
+
+def _continuation(request: SpeechRequest, prefix: np.ndarray | None, normalize: bool) -> Continuation | None:
+    """What the request continues: the prefix's codes and its transcript, cleaned as the text is (None where the
+    request's text begins with it); None without a prefix."""
+    if prefix is None:
+        return None
+    transcript = _transcript(request)
+    if transcript is not None:
+        transcript = normalize_text(transcript) if normalize else transcript.strip()
+    return Continuation(prefix, transcript, normalize)
+
+
+def _new_text(text: str, transcript: str | None) -> str:
+    """The request's text without the prefix's transcript where it begins with it (upstream's requests do): the
+    transcript goes before each piece's text anyway (``Continuation.text``)."""
+    lead = (transcript or "").strip()
+    if not lead or not text.lstrip().startswith(lead):
+        return text
+    new = text.lstrip()[len(lead) :]
+    if not new.strip():
+        raise RequestError("the text is only the prefix's transcript: give the words that follow it")
+    return new
 
 
 def _request(request: SpeechRequest | str, fields: dict[str, Any]) -> SpeechRequest:
@@ -325,6 +415,8 @@ def _prompt_fields(gen: GenerationConfig, request: SpeechRequest, text: str) -> 
         instruction=request.instruction if request.instruction is not None else gen.instruction or None,
         quality=request.quality if request.quality is not None else gen.quality or None,
         tokens=request.tokens,
+        sound_event=request.sound_event,
+        ambient_sound=request.ambient_sound,
     )
 
 

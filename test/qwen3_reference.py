@@ -8,11 +8,17 @@ is all a reference needs.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from moss_tts_node.llama.backbone import Backbone, BackboneParams
+from moss_tts_node.synthesizer import Synthesizer
+from moss_tts_node.tools.dev.demo_weights import CHECKPOINT_DIR
+from moss_tts_node.tools.prepare.convert import convert_checkpoint
 from moss_tts_node.tools.prepare.qwen3_gguf import Qwen3Shape
 
 
@@ -29,6 +35,27 @@ def exact_backbone(gguf_path: Path) -> Backbone:
         flash_attn="off",
     )
     return Backbone(params)
+
+
+@contextmanager
+def exact_synthesizer(demo_config: Path, workdir: Path, **overrides: Any) -> Iterator[Synthesizer]:
+    """The demo model converted (into ``workdir``) from its original checkpoint to F32, with an F32 KV cache and
+    greedy sampling: equal inputs give bit-equal rows, and rows this reference can be held to. ``overrides``: more
+    config keys."""
+    demo = demo_config.parent
+    gguf = convert_checkpoint(demo / CHECKPOINT_DIR, workdir, "F32")
+    settings = {
+        "model.weights_dir": str(gguf.parent),
+        "model.backbone_gguf": gguf.name,
+        "model.codec_dir": str(demo / "codec"),
+        "llama.kv_cache_type_k": "f32",
+        "llama.kv_cache_type_v": "f32",
+        "sampling.text_temperature": 0.0,
+        "sampling.audio_temperature": 0.0,
+        **overrides,
+    }
+    with Synthesizer.from_config_file(demo_config, settings) as synth:
+        yield synth
 
 
 def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:

@@ -139,6 +139,48 @@ def test_outputs_equal_synthesize_of_the_same_text_and_seed(demo_config: Path, t
         assert row["stop_reason"] == "end" and row["error"] is None
 
 
+def test_jsonl_takes_the_speakers_a_prefix_and_every_field_as_synthesize_does(
+    demo_config: Path, tmp_path: Path
+) -> None:
+    """The keys of docs/continuation.md, each line's output equal to ``synthesize()`` of the same request."""
+    alice, bob = write_clip(tmp_path / "v" / "alice.wav"), write_clip(tmp_path / "v" / "bob.wav", pitch=0.03)
+    butler = tmp_path / "v" / "butler.npy"
+    np.save(butler, np.random.default_rng(9).integers(0, 1024, size=(36, 32)))
+    fields = {"quality": "high", "tokens": 40, "sound_event": "a bell", "ambient_sound": "wind", "seed": 3}
+    butler_says = {"prefix": "v/butler.npy", "prefix_text": "Good evening.", "seed": 4}
+    alice_says = {"reference": "v/alice.wav", "prefix": "v/alice.wav", "prefix_text": "Hm.", "seed": 5}
+    lines = [
+        {"id": "two", "text": "[S1]Hello. [S2]Hi.", "references": ["v/alice.wav", None, "v/bob.wav"], **fields},
+        {"id": "goes-on", "text": "Dinner is served.", **butler_says},
+        {"id": "both", "text": "And dessert.", **alice_says},
+    ]
+    out = tmp_path / "out"
+    assert batch(demo_config, write_jsonl(tmp_path / "list.jsonl", list(lines)), out) == 0
+    requests = [
+        {"voice": [alice, None, bob], **fields},
+        {"prefix": butler, "prefix_text": "Good evening.", "seed": 4},
+        {"voice": alice, "prefix": alice, "prefix_text": "Hm.", "seed": 5},
+    ]
+    with Synthesizer.from_config_file(demo_config) as synth:
+        for line, request in zip(lines, requests, strict=True):
+            expected = synth.synthesize(line["text"], **request)
+            written, _ = sf.read(out / f"{line['id']}.wav", dtype="int16")
+            assert written.tobytes() == float_to_pcm16(expected.audio), line["id"]
+    bad = write_jsonl(
+        tmp_path / "bad.jsonl",
+        [
+            {"id": "six", "text": "Hi.", "references": ["v/alice.wav"] * 6},
+            {"id": "twice", "text": "Hi.", "reference": "v/alice.wav", "references": ["v/bob.wav"]},
+            {"id": "zero", "text": "Hi.", "tokens": 0},
+            {"id": "gone", "text": "Hi.", "prefix": "v/gone.wav"},
+        ],
+    )
+    reasons = [entry.reason for entry in read_list(bad) if isinstance(entry, BadLine)]
+    assert "references must be a list of 1 to 5 clips" in reasons[0]
+    assert "reference (one voice) or references (one per speaker), not both" in reasons[1]
+    assert "tokens must be an integer >= 1" in reasons[2] and "gone.wav" in reasons[3]
+
+
 def test_resume_skips_existing_outputs_and_force_redoes_them(
     demo_config: Path, tmp_path: Path, synthesized: list[str]
 ) -> None:

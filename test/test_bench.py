@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.text.prompt import PromptBuilder, PromptFields
@@ -88,3 +91,41 @@ def test_table_has_a_column_per_run() -> None:
     table = format_table([run, {**run, "label": "8b / gguf"}]).splitlines()
     assert table[0].count("|") == 4 and "8b / gguf" in table[0]
     assert any(line.startswith("| overhead (step - decode) / decode | 5.0% | 5.0% |") for line in table)
+
+
+def test_clone_puts_the_voice_as_the_reference_the_prefix_or_both() -> None:
+    import numpy as np
+
+    from moss_tts_node.tools.dev.bench import PREFIX_TEXT, clone_fields
+
+    voice = np.zeros((125, 32), dtype=np.int64)
+    assert clone_fields("reference", voice)["voice"] is voice and "prefix" not in clone_fields("reference", voice)
+    assert clone_fields("continuation", voice) == {"voice": "", "prefix": voice, "prefix_text": PREFIX_TEXT}
+    assert clone_fields("both", voice)["voice"] is voice and clone_fields("both", voice)["prefix"] is voice
+    assert clone_fields("both", voice[:0]) == {"voice": ""}
+
+
+def test_clone_runs_alternate_and_the_summary_compares_them(
+    demo_config: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from moss_tts_node.tools.dev import bench
+
+    jobs: list[dict[str, Any]] = []
+    figures = {"reference": (1000.0, 10.0, 300), "continuation": (1500.0, 9.0, 250)}
+
+    def worker(job: dict[str, Any]) -> dict[str, Any]:  # what a worker returns: its figures, not the job's keys
+        jobs.append(job)
+        ttfa, steps, rows = figures[job["clone"]]
+        figures[job["clone"]] = ttfa + 200, steps + 2, rows
+        return {"label": job["label"], "ttfa_ms": ttfa, "steps_per_s": steps, "prompt_rows": rows}
+
+    monkeypatch.setattr(bench, "run_worker", worker)
+    monkeypatch.setattr(bench, "format_result_line", lambda result: result["label"])
+    monkeypatch.setattr(bench, "format_table", lambda results: "")
+    flags = ["--clone", "reference", "--clone", "continuation", "--rounds", "2", "--voice-seconds", "10"]
+    args = build_parser().parse_args(["bench", "--config", str(demo_config), *flags])
+    assert run_bench(args) == 0
+    assert [job["clone"] for job in jobs] == ["reference", "continuation", "reference", "continuation"]
+    summary = capsys.readouterr().out.splitlines()
+    assert "| reference | 2 | 300 | 1100 (1.00) | 11.00 (1.00) |" in summary
+    assert "| continuation | 2 | 250 | 1600 (1.45) | 10.00 (0.91) |" in summary

@@ -206,3 +206,62 @@ def test_synth_text_dash_play_speaks_while_the_writer_is_still_writing(
         write_slowly(child, [" it", " goes"])
         _, stderr = child.communicate(b" on.", timeout=120)
     assert child.returncode == 0, stderr.decode()
+
+
+def test_synth_continues_a_prefix_with_several_speakers_and_every_field(demo_config: Path, tmp_path: Path) -> None:
+    """The flags of docs/continuation.md, as a user types them."""
+    rng = np.random.default_rng(7)
+    alice, bob, butler = tmp_path / "alice.npy", tmp_path / "bob.npy", tmp_path / "butler.npy"
+    for path, frames in ((alice, 6), (bob, 9), (butler, 40)):
+        np.save(path, rng.integers(0, 1024, size=(frames, 32)))
+    out, tokens = tmp_path / "out.wav", tmp_path / "tokens.npz"
+    fields = ("--quality", "high", "--tokens", "30", "--sound-event", "a bell", "--ambient-sound", "wind")
+    done = run_cli(
+        "synth", "--config", demo_config, "--text", "[S1]Hello. [S2]Hi.", "--output", out, "--save-tokens", tokens,
+        "--reference", alice, "--reference", bob, "--prefix", butler, "--prefix-text", "Good evening.", *fields,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    saved = np.load(tokens)
+    prompt = saved["prompt"]
+    assert prompt.shape[0] > 40 and (prompt[-40:, 1] != 1024).sum() == 40  # the prefix's 40 frames close the prompt
+    assert sf.info(out).frames == saved["codes"].shape[0] * SAMPLES_PER_FRAME  # only the new speech
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(demo_config.parent / "tokenizer" / "tokenizer.json"))
+    text = tokenizer.decode(prompt[:, 0].tolist(), skip_special_tokens=False)
+    assert "[S1]:\n<|audio_start|>" in text and "[S2]:\n<|audio_start|>" in text
+    assert "- Tokens:\n30\n- Quality:\nhigh\n- Sound Event:\na bell\n- Ambient Sound:\nwind\n" in text
+    assert "- Text:\nGood evening. [S1]Hello. [S2]Hi.\n" in text
+
+
+def test_synth_continues_a_voice_of_the_config_by_its_name_with_its_transcript(
+    demo_config: Path, tmp_path: Path
+) -> None:
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    np.save(voices / "butler.npy", np.random.default_rng(8).integers(0, 1024, size=(20, 32)))
+    (voices / "butler.txt").write_text("Good evening, sir.", encoding="utf-8")
+    tokens = tmp_path / "tokens.npz"
+    done = run_cli(
+        "synth", "--config", demo_config, "--set", f"voices.directories=[{voices}]", "--text", "Dinner is served.",
+        "--prefix", "butler", "--output", tmp_path / "out.wav", "--save-tokens", tokens,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    prompt = np.load(tokens)["prompt"]
+    codes = np.load(voices / "butler.npy")  # the prompt ends on its last frame's row: code (19 - k, k), k < 20
+    assert prompt[-1, 1:].tolist() == [codes[19 - k, k] for k in range(20)] + [1024] * 12
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(demo_config.parent / "tokenizer" / "tokenizer.json"))
+    text = tokenizer.decode(prompt[:, 0].tolist(), skip_special_tokens=False)
+    assert "- Text:\nGood evening, sir. Dinner is served.\n" in text
+
+
+def test_synth_refuses_six_references_and_a_transcript_without_a_prefix(demo_config: Path, tmp_path: Path) -> None:
+    voice = tmp_path / "v.npy"
+    np.save(voice, np.zeros((5, 32), dtype=np.int64))
+    six = [arg for _ in range(6) for arg in ("--reference", voice)]
+    args = ("synth", "--config", demo_config, "--text", "Hi.", "--output", tmp_path / "out.wav")
+    assert "gives 6 voices: give 1 to 5" in bad_input_message(*args, *six)
+    assert "prefix_text but no prefix" in bad_input_message(*args, "--prefix-text", "Hello.")
+    assert not (tmp_path / "out.wav").exists()

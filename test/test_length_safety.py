@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import re
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from moss_tts_node.codec.audio_io import write_wav
 from moss_tts_node.codec.base import WINDOW_OVERLAP_SPANS, run_windowed, window_context
 from moss_tts_node.codec.onnx import OnnxCodec
 from moss_tts_node.codec.streaming import SegmentDecoder, WindowedStreamDecoding
+from moss_tts_node.errors import RequestError
 from moss_tts_node.llama.backbone import Backbone
 from moss_tts_node.model.rates import SAMPLE_RATE, SAMPLES_PER_FRAME, frames_for_seconds
 from moss_tts_node.synthesizer import Synthesizer
@@ -206,3 +208,46 @@ def _loaded_stages() -> tuple[int, int]:
     backbones = sum(1 for o in objects if isinstance(o, Backbone) and o._handle is not None)
     codecs = sum(1 for o in objects if isinstance(o, OnnxCodec) and not o._closed)
     return backbones, codecs
+
+
+class CountingTokenizer:
+    """A tokenizer that records the text of every ``encode`` call and does the rest as the real one."""
+
+    def __init__(self, tokenizer: object) -> None:
+        self._tokenizer = tokenizer
+        self.encoded: list[str] = []
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> object:
+        self.encoded.append(text)
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._tokenizer, name)
+
+    def times(self, text: str) -> int:
+        """How many calls tokenized ``text``, alone or in a prompt."""
+        return sum(text in encoded for encoded in self.encoded)
+
+
+def test_a_text_that_fits_is_tokenized_once_for_its_prompt_its_plan_and_its_estimate(
+    synth: Synthesizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    counting = CountingTokenizer(synth.prompts.tokenizer)
+    monkeypatch.setattr(synth.prompts, "tokenizer", counting)
+    stream = synth.stream("Hello there, I am a robot.", seed=1)
+    assert counting.times("Hello there, I am a robot.") == 1
+    assert stream.estimated_seconds is not None and stream.estimated_seconds > 0
+    config = replace(synth.config, generation=replace(synth.config.generation, pause_markers="silence"))
+    synth.stream("First part here. [pause 1s] Second part there.", seed=1, config=config)
+    assert counting.times("First part here.") == counting.times("Second part there.") == 1  # one per piece
+
+
+def test_a_request_expected_to_take_too_long_is_refused_before_its_text_is_split(
+    small_context: Synthesizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    counting = CountingTokenizer(small_context.prompts.tokenizer)
+    monkeypatch.setattr(small_context.prompts, "tokenizer", counting)
+    with pytest.raises(RequestError, match=r"expected to take \d+\.\d s, more than the 2 s this request may take"):
+        small_context.stream(LONG_TEXT, max_expected_s=2.0)
+    assert len(counting.encoded) == 1  # measured in one prompt; no sentence was measured for a split
+    assert len(small_context.stream(LONG_TEXT, max_expected_s=600.0).prompt) > 0  # within the bound: planned

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
@@ -230,3 +231,18 @@ def test_never_expands_numbers() -> None:
     for number in ("100", "3.5", "50%", "2024-05-01", "v1.2", "#1", "1/2", "-3"):
         assert number in out
     assert not any(word in out for word in ("一百", "hundred", "percent", "百分"))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[S1] Hello there!\n[S2] Hi.",
+        "- [S1]: Hello\n- [S2]: **Yes**",
+        "[S1]Wow!! Really?[S2]——好的",
+        "> [S3]【公告】今天\n\n[S4]->[S5] ok",
+    ],
+)
+def test_speaker_tags_are_never_cleaned_away(text: str) -> None:
+    """A dialogue's turns reach the prompt as written: every [S1]..[S5] stays, whole, in its order."""
+    tags = re.findall(r"\[S\d\]", text)
+    assert re.findall(r"\[S\d\]", normalize_text(text)) == tags

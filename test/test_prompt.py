@@ -13,6 +13,7 @@ from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.text.prompt import PromptBuilder, PromptFields
 
 PAD = 1024
+CLIP = np.zeros((3, 32), dtype=np.int64)
 
 
 @pytest.fixture(scope="module")
@@ -76,13 +77,13 @@ def test_prompt_with_reference_clip(builder: PromptBuilder, weights: Path) -> No
 
 
 def test_missing_fields_print_none_and_tokens_prints_its_number(builder: PromptBuilder) -> None:
-    content = builder.user_content(PromptFields(text="x", tokens=25), n_references=0)
+    content = builder.user_content(PromptFields(text="x", tokens=25), [])
     assert "- Tokens:\n25\n" in content
     assert "- Language:\nNone\n" in content and "- Reference(s):\nNone\n" in content
 
 
 def test_two_references_are_numbered(builder: PromptBuilder) -> None:
-    content = builder.user_content(PromptFields(text="x"), n_references=2)
+    content = builder.user_content(PromptFields(text="x"), [CLIP, CLIP])
     assert "[S1]:\n<|audio|>\n[S2]:\n<|audio|>" in content
 
 
@@ -108,3 +109,21 @@ def test_voice_prefix_changes_with_the_fields_before_the_text(builder: PromptBui
     fields = PromptFields(text="x", language="en")
     assert not np.array_equal(builder.voice_prefix(fields), builder.voice_prefix(PromptFields(text="x", language="zh")))
     assert np.array_equal(builder.voice_prefix(fields), builder.voice_prefix(PromptFields(text="other", language="en")))
+
+
+def test_a_speaker_without_a_clip_has_no_line_and_the_next_keeps_its_number(builder: PromptBuilder) -> None:
+    """As upstream's processor renders ``reference=[None, clip]``: only ``[S2]:``."""
+    content = builder.user_content(PromptFields(text="x"), [None, CLIP])
+    assert "- Reference(s):\n[S2]:\n<|audio|>\n- Instruction:" in content
+    codes = np.random.default_rng(1).integers(0, 1024, size=(3, 32))
+    rows = builder.build(PromptFields(text="x"), [None, codes])
+    text = builder.tokenizer.decode(rows[:, 0].tolist(), skip_special_tokens=False)
+    assert "[S2]:\n<|audio_start|>" in text and "[S1]" not in text
+    assert (rows[:, 1:] != PAD).sum() == codes.size  # the clip's codes, in its slots
+
+
+@pytest.mark.parametrize("text", ["Hello robot.", "42 apples, 7 pears!", "\u4f60\u597d\uff0c\u673a\u5668\u4eba\u3002"])
+def test_the_prompt_counts_its_texts_tokens(builder: PromptBuilder, text: str) -> None:
+    prompt = builder.encode(PromptFields(text=text, language="en"), [CLIP])
+    assert prompt.text_tokens == len(builder.tokenizer.encode(text, add_special_tokens=False).ids)
+    np.testing.assert_array_equal(prompt.rows, builder.build(PromptFields(text=text, language="en"), [CLIP]))

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import linked_copy
+from qwen3_reference import exact_synthesizer
 
 from moss_tts_node.codec.audio_io import write_wav
 from moss_tts_node.codec.layout import STREAM_DECODER_FILE
@@ -22,8 +23,6 @@ from moss_tts_node.synthesis.request import SpeechRequest
 from moss_tts_node.synthesizer import Synthesizer
 from moss_tts_node.text.prompt import PromptFields
 from moss_tts_node.timing import StageClock, TimingReport
-from moss_tts_node.tools.dev.demo_weights import CHECKPOINT_DIR
-from moss_tts_node.tools.prepare.convert import convert_checkpoint
 
 TEXT = "Hello! I am a robot."
 
@@ -275,20 +274,25 @@ def test_bad_references_are_refused(synth: Synthesizer, tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def exact_synth(demo_config: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Synthesizer]:
     """The demo model with F32 weights and KV cache, greedy: equal inputs give bit-equal rows."""
-    demo = demo_config.parent
-    gguf = convert_checkpoint(demo / CHECKPOINT_DIR, tmp_path_factory.mktemp("f32"), "F32")
-    overrides = {
-        "model.weights_dir": str(gguf.parent),
-        "model.backbone_gguf": gguf.name,
-        "model.codec_dir": str(demo / "codec"),
-        "llama.kv_cache_type_k": "f32",
-        "llama.kv_cache_type_v": "f32",
-        "sampling.text_temperature": 0.0,
-        "sampling.audio_temperature": 0.0,
-        "generation.max_new_tokens": 48,
-    }
-    with Synthesizer.from_config_file(demo_config, overrides) as loaded:
+    with exact_synthesizer(demo_config, tmp_path_factory.mktemp("f32"), **{"generation.max_new_tokens": 48}) as loaded:
         yield loaded
+
+
+def generate_exactly(synth: Synthesizer, request: dict[str, Any], fresh: bool) -> tuple[np.ndarray, int, int]:
+    """A request's generated rows, prefilled rows and prompt rows (``fresh``: with nothing in the KV cache before
+    it; the key ``cancel_after``: cancelled after that many chunks)."""
+    if fresh:
+        with synth.stages.generation() as stage:
+            stage.backbone.clear()
+    cancel = threading.Event()
+    fields = {key: value for key, value in request.items() if key != "cancel_after"}
+    stream = synth.stream(SpeechRequest(**fields, seed=3), cancel=cancel)
+    for number, _ in enumerate(stream, start=1):
+        if number == request.get("cancel_after"):
+            cancel.set()
+    assert stream.report is not None and stream.generated is not None and stream.prompt is not None
+    assert stream.cancelled == ("cancel_after" in request)
+    return stream.generated, stream.report.prefilled_rows, stream.prompt.shape[0]
 
 
 def test_reused_prompt_prefix_generates_what_a_full_prefill_does(exact_synth: Synthesizer) -> None:
@@ -306,23 +310,8 @@ def test_reused_prompt_prefix_generates_what_a_full_prefill_does(exact_synth: Sy
         {"text": TEXT, "voice": voice_a, "language": "en"},  # the first request again
     ]
 
-    def run(request: dict[str, Any], fresh: bool) -> tuple[np.ndarray, int, int]:
-        """The request's generated rows, prefilled rows and prompt rows."""
-        if fresh:
-            with exact_synth.stages.generation() as stage:
-                stage.backbone.clear()
-        cancel = threading.Event()
-        fields = {key: value for key, value in request.items() if key != "cancel_after"}
-        stream = exact_synth.stream(SpeechRequest(**fields, seed=3), cancel=cancel)
-        for number, _ in enumerate(stream, start=1):
-            if number == request.get("cancel_after"):
-                cancel.set()
-        assert stream.report is not None and stream.generated is not None
-        assert stream.cancelled == ("cancel_after" in request)
-        return stream.generated, stream.report.prefilled_rows, stream.prompt.shape[0]
-
-    reused = [run(request, fresh=False) for request in requests]
-    fresh = [run(request, fresh=True) for request in requests]
+    reused = [generate_exactly(exact_synth, request, fresh=False) for request in requests]
+    fresh = [generate_exactly(exact_synth, request, fresh=True) for request in requests]
     for number, ((rows, prefilled, prompt_rows), (expected, full, _)) in enumerate(zip(reused, fresh, strict=True)):
         assert np.array_equal(rows, expected), f"request {number} generated other rows with the prefix reused"
         assert full == prompt_rows
@@ -395,3 +384,30 @@ def test_timing_report_warns_when_the_codec_cannot_keep_up_with_a_stream(
     assert report.codec_stalls is warned
     assert f"({decode}, real-time factor {codec_s / 0.96:.2f})" in report.format()
     assert ("warning" in report.format()) is warned
+
+
+def test_a_continuation_reuses_what_comes_before_its_text_and_generates_what_a_full_prefill_does(
+    exact_synth: Synthesizer,
+) -> None:
+    """docs/continuation.md, "What is reused": the prefix's rows follow the text, the fields and voices precede it."""
+    rng = np.random.default_rng(6)
+    voice, prefix = rng.integers(0, 1024, size=(8, 32)), rng.integers(0, 1024, size=(10, 32))
+    said = {"voice": voice, "language": "en", "prefix": prefix, "prefix_text": "Good evening, sir."}
+    requests: list[dict[str, Any]] = [
+        {"text": TEXT, "voice": voice, "language": "en"},
+        {"text": TEXT, **said},  # the rows before the text are the first request's
+        {"text": "Another text.", **said},  # the transcript's rows too
+        {"text": "Another text.", **said},  # all of it but the last row
+    ]
+
+    reused = [generate_exactly(exact_synth, request, fresh=False) for request in requests]
+    fresh = [generate_exactly(exact_synth, request, fresh=True) for request in requests]
+    for number, ((rows, _, _), (expected, full, prompt_rows)) in enumerate(zip(reused, fresh, strict=True)):
+        assert np.array_equal(rows, expected), f"request {number} generated other rows with the prefix reused"
+        assert full == prompt_rows
+    before_text = exact_synth.prompts.voice_prefix(PromptFields(text="", language="en"), [voice]).shape[0]
+    (_, second, second_rows), (_, third, third_rows), (_, fourth, _) = reused[1:]
+    assert second == second_rows - before_text
+    transcript = len(exact_synth.prompts.tokenizer.encode("Good evening, sir.", add_special_tokens=False).ids)
+    assert third <= third_rows - before_text - transcript  # the transcript's rows were kept too
+    assert fourth == 1

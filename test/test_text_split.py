@@ -83,3 +83,12 @@ def test_mixed_scripts_and_a_token_like_measure() -> None:
 
     pieces = check(text, 6, words)
     assert pieces == ["Hello world. 你好世界。", "This is a test!", "这是一个测试。"]
+
+
+def test_speaker_tags_stay_whole_and_with_their_speech_and_a_turn_may_end_before_the_next() -> None:
+    text = "[S1]Hello there, how are you today[S2] Fine thanks and you[S1]我也很好谢谢你们大家"
+    pieces = check(text, 36)
+    assert pieces == ["[S1]Hello there, how are you today", "[S2] Fine thanks and you", "[S1]我也很好谢谢你们大家"]
+    # by words, by characters: never "[S2]" alone, nor "[S" | "1]"
+    assert check("[S1] one two three [S2] four five six", 9) == ["[S1] one", "two three", "[S2] four", "five six"]
+    assert check("[S1]一二三四五六七八", 5) == ["[S1]一", "二三四五六", "七八"]

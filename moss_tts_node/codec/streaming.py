@@ -15,6 +15,12 @@ an audio segment (the frames between gaps) into samples, a chunk at a time, by a
 - ``StatefulStreamDecoding``: a ``StreamDecoder`` keeps the codec's attention state between
   calls, so each chunk decodes only its new frames; with a "window" graph the stream equals the
   offline decode (docs/stream-decoder.md). Its state is the utterance's, reset at each segment's end.
+
+A segment may begin with frames the listener has heard already (the recording that continuation continues,
+docs/continuation.md): they are the left context of the frames after them, never emitted. The offline decode
+decodes them with the rest and drops their samples; the windowed scheme takes its context from them; the stream
+decoder takes them into its state before the first new frame. So every strategy gives what the codec gives for
+the whole recording, from the first new frame on.
 """
 
 from __future__ import annotations
@@ -46,6 +52,11 @@ class SegmentDecoding(ABC):
     def reset(self) -> None:
         """The segment has ended: the next frames do not continue its audio."""
 
+    @abstractmethod
+    def prime(self, segment: Sequence[np.ndarray], start: int, end: int) -> None:
+        """Take ``segment[start:end]`` in as left context, its samples unwanted (the frames before ``start`` were
+        taken in already)."""
+
 
 class OfflineDecoding(SegmentDecoding):
     """The codec's decode of each whole segment, decoded once it has ended."""
@@ -61,6 +72,9 @@ class OfflineDecoding(SegmentDecoding):
 
     def reset(self) -> None:
         pass  # the codec graphs are stateless
+
+    def prime(self, segment: Sequence[np.ndarray], start: int, end: int) -> None:
+        pass  # the context is decoded with the rest of the segment
 
 
 class WindowedStreamDecoding(SegmentDecoding):
@@ -80,6 +94,9 @@ class WindowedStreamDecoding(SegmentDecoding):
     def reset(self) -> None:
         pass  # each call carries its own context
 
+    def prime(self, segment: Sequence[np.ndarray], start: int, end: int) -> None:
+        pass  # each call takes its context from the segment
+
 
 class StatefulStreamDecoding(SegmentDecoding):
     """Each chunk's new frames decoded by a ``StreamDecoder``, which holds the attention state of the frames before."""
@@ -91,6 +108,13 @@ class StatefulStreamDecoding(SegmentDecoding):
         self.decoder = decoder
 
     def decode(self, segment: Sequence[np.ndarray], start: int) -> np.ndarray:
+        return self._feed(segment, start, len(segment))
+
+    def prime(self, segment: Sequence[np.ndarray], start: int, end: int) -> None:
+        self._feed(segment, start, end)
+
+    def _feed(self, segment: Sequence[np.ndarray], start: int, end: int) -> np.ndarray:
+        """The samples of ``segment[start:end]``, decoded on the state of the frames before ``start``."""
         # The state must be this segment's frames before ``start``: a stream abandoned mid-segment
         # (never reset) would otherwise continue someone else's audio.
         if self.decoder.frames_done != start:
@@ -98,7 +122,7 @@ class StatefulStreamDecoding(SegmentDecoding):
                 f"the stream decoder holds {self.decoder.frames_done} frames of state, not the {start} this chunk "
                 "follows: two streams of one synthesizer were iterated at once; run them one after the other"
             )
-        new = np.stack(segment[start:])
+        new = np.stack(segment[start:end])
         per_call = self.decoder.max_frames or len(new)  # ring graphs take a bounded number of frames per call
         return np.concatenate([self.decoder.decode(new[i : i + per_call]) for i in range(0, len(new), per_call)])
 
@@ -120,9 +144,20 @@ class SegmentDecoder:
         self.chunk_frames = chunk_frames
         self.n_vq = n_vq
         self.segment: list[np.ndarray] = []  # frames of the current segment
-        self.emitted = 0  # frames of the current segment already turned into samples
+        self.emitted = 0  # frames of the current segment already turned into samples, or heard already
+        self.context = 0  # frames the segment begins with that were heard already
+        self.primed = 0  # of those, the ones the decoding has taken in
         self.chunks_out = 0
         self.frames: list[np.ndarray] = []  # every frame of the utterance, for callers that keep codes
+
+    def push_context(self, frame: np.ndarray) -> None:
+        """Add a frame the listener has heard already, at the start of a segment: the left context of the frames
+        after it, never emitted, and not among ``codes``."""
+        if self.emitted != self.context:
+            raise ValueError("context frames come first in a segment")
+        self.segment.append(frame)
+        self.context += 1
+        self.emitted += 1
 
     def push(self, frame: np.ndarray) -> np.ndarray | None:
         """Add a complete frame; returns samples when a chunk is due."""
@@ -139,13 +174,16 @@ class SegmentDecoder:
         """A gap or the end: what is pending; the next frames do not continue this audio."""
         samples = self._decode_pending()
         self.segment = []
-        self.emitted = 0
+        self.emitted = self.context = self.primed = 0
         self.decoding.reset()
         return samples
 
     def _decode_pending(self) -> np.ndarray | None:
         if len(self.segment) == self.emitted:
             return None
+        if self.primed < self.context:
+            self.decoding.prime(self.segment, self.primed, self.context)
+            self.primed = self.context
         samples = self.decoding.decode(self.segment, self.emitted)
         self.emitted = len(self.segment)
         self.chunks_out += 1

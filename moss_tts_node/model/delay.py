@@ -137,6 +137,11 @@ class FrameAssembler:
             return None
         return self.rows[t + self._diagonal, self._diagonal]
 
+    @property
+    def frames(self) -> int:
+        """Frames completed so far."""
+        return max(self.count - self.n_vq + 1, 0)
+
     def is_gap(self, frame: np.ndarray) -> bool:
         """All-pad frames separate audio segments (the ramp-up, the flush, text turns)."""
         return bool(np.all(frame == self.pad_code))

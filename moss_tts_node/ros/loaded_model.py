@@ -1,5 +1,5 @@
 """The node's model: loaded by configure, lent to the requests' checks, freed by cleanup, its memory given back
-(README "Lifecycle").
+(docs/ros.md, "Lifecycle").
 
 No node: the transitions of ros/node.py call it, and ``test/test_ros_requests.py`` loads and frees one without a
 middleware.

@@ -1,7 +1,8 @@
 """The node's requests from their arrival to their answer: checked, put in line, spoken, answered
 (docs/design.md, "Threads").
 
-A callback of the node hands its message here and returns, so nothing holds the executor (README "Security").
+A callback of the node hands its message here and returns, so nothing holds the executor (docs/security.md,
+"Nothing holds the executor").
 The check runs on the intake's thread (ros/intake.py), one request at a time in the order they arrived, which is
 the order of the line: a request is refused unless the node serves (ros/lifecycle.py); its voice is looked up
 among the loaded model's (ros/voices.py); ``stream()`` (or ``stream_text()``) checks it (fields, language, text,
@@ -52,7 +53,8 @@ TEXT = "~/text"
 TEXT_STREAM = "~/text_stream"
 SYNTHESIZE = "~/synthesize"
 SPEAK = "~/speak"
-# Requests that may wait for their check (README "Security"): more than a burst of clients sends at once.
+# Requests that may wait for their check (docs/security.md, "Request checks"): more than a burst of clients sends
+# at once.
 CHECKS_WAITING = 32
 # How long a transition that ends the requests in line waits for the last of them to be answered.
 ANSWERS_WAIT_S = 5.0
@@ -274,7 +276,7 @@ class Requests:
         on_update: Callable[[Ticket[Job]], None] | None = None,
     ) -> Ticket[Job]:
         """Check a request and put it in line; raises Refused or MossTTSError with the reason. The check of a long
-        text takes tens of milliseconds (README "Security"), hence the intake's thread."""
+        text takes tens of milliseconds (docs/security.md, "Request checks"), hence the intake's thread."""
         check_serving(self._phase(), self._node)
         with self._model.borrow() as synth:
             if synth is None:  # deactivated and cleaned up since the state was read

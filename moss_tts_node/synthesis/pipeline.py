@@ -9,6 +9,11 @@ return value: ``_frames`` returns what the piece generated (``Generated``), ``ru
 
 The plan comes from a ``PlanSource``: a list planned from a whole text, or pieces cut while their text still
 arrives (``synthesis/text_stream.py``), which the pipeline takes one at a time, when it is ready for the next.
+
+A piece that continues a recording (its prompt ends inside that recording's audio: docs/continuation.md) starts its
+frames with the recording's: those its prompt completes, then those whose last codebooks the model generates in
+its first steps. They are the decoder's left context, never emitted nor counted; the piece's audio starts at its
+first new frame.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 import numpy as np
@@ -40,8 +45,11 @@ from moss_tts_node.text.pieces import Pause, Piece
 from moss_tts_node.timing import StageClock, StopReason, TimingReport
 
 # A piece's frames as they complete: (n_vq,) codes, or None for a gap (an all-pad frame, which ends an
-# audio segment); the generator's return value is what the piece generated.
+# audio segment), the frames of a recording it continues first; the generator's return value is what the piece
+# generated.
 Frames = Generator[np.ndarray | None, None, "Generated"]
+# How a request's pieces get their frames: a piece and its number in the request (its seed derives from it).
+FramesOf = Callable[["Piece", int], Frames]
 _NO_SAMPLES = np.empty(0, dtype=np.float32)
 _Item = TypeVar("_Item")
 _End = TypeVar("_End")
@@ -155,6 +163,19 @@ class Generated:
     stop: StopReason
 
 
+@dataclass
+class _Spoken:
+    """What a request's items produced so far, in order."""
+
+    done: list[tuple[Piece | Pause, Generated]] = field(default_factory=list)
+    codes: list[np.ndarray] = field(default_factory=list)  # each piece's frames
+    cancelled: bool = False
+
+    @property
+    def pieces(self) -> int:
+        return len(self.codes)
+
+
 class _ChunkMaker:
     """Numbers a request's chunks and keeps their offsets, across its pieces."""
 
@@ -203,73 +224,98 @@ class Pipeline:
         source: PlanSource = _BudgetedPlan(plan if isinstance(plan, PlanSource) else ListedPlan(plan), budget)
         clock = StageClock()
         out = _ChunkMaker(self.spec.sampling_rate, clock)
-        done: list[tuple[Piece | Pause, Generated]] = []
-        codes: list[np.ndarray] = []
+        spoken = _Spoken()
         with ExitStack() as stack:
             stack.callback(source.close)
-            if self.stages.streams:
-                stage = stack.enter_context(self.stages.generation())
-
-                def frames_of(piece: Piece, number: int) -> Frames:
-                    return self._frames(stage, piece, budget, _seeded(sampling, number), cancelled, clock)
-
-            else:  # generated within the budget: what is left to decode is within it already
-                generated_first = self._generated_first(source, budget, sampling, cancelled, clock)
-                source = ListedPlan([item for item, _ in generated_first])
-                replays = [frames for _, frames in generated_first if frames is not None]
-
-                def frames_of(piece: Piece, number: int) -> Frames:
-                    return replays[number]
-
-                streaming = False
+            source, frames_of = self._generation(stack, source, budget, sampling, cancelled, clock)
             codec = stack.enter_context(self.stages.decoder())
-            decoding = stack.enter_context(self._decoding(codec, audio, streaming))
-            spoken = 0  # pieces so far: each one's seed is derived from its number
-            final_sent = False
-            while (item := source.next_item()) is not None:
-                if isinstance(item, Pause):
-                    final_sent = source.more() is False
-                    generated = yield from self._silence(item, audio.chunk_frames, out, final_sent, cancelled)
-                    done.append((item, generated))
-                    if generated.stop is StopReason.CANCELLED:
-                        break
-                    continue
-                decoder = SegmentDecoder(decoding, audio.chunk_frames, self.spec.n_vq)
-                generated = yield from self._decoded(frames_of(item, spoken), decoder, out)
-                spoken += 1
-                done.append((item, generated))
-                codes.append(decoder.codes())
-                if generated.stop is StopReason.CANCELLED:
-                    break
-                with clock.stage("codec"):
-                    rest = decoder.end_segment()
+            decoding = stack.enter_context(self._decoding(codec, audio, streaming and self.stages.streams))
+            yield from self._speak(source, frames_of, decoding, audio.chunk_frames, out, cancelled, spoken)
+        return self._result(spoken, budget, decoding, sampling, out)
+
+    def _generation(
+        self,
+        stack: ExitStack,
+        source: PlanSource,
+        budget: _FrameBudget,
+        sampling: SamplingParams,
+        cancelled: Callable[[], bool],
+        clock: StageClock,
+    ) -> tuple[PlanSource, FramesOf]:
+        """The plan to speak and how a piece's frames come: generated as they are decoded, on the generation
+        stage held for the request (entered on ``stack``); or, where the stages cannot decode while generating,
+        every piece generated first and its frames replayed."""
+        if not self.stages.streams:
+            return self._generated_first(source, budget, sampling, cancelled, clock)
+        stage = stack.enter_context(self.stages.generation())
+        return source, lambda piece, number: self._frames(
+            stage, piece, budget, _seeded(sampling, number), cancelled, clock
+        )
+
+    def _speak(
+        self,
+        source: PlanSource,
+        frames_of: FramesOf,
+        decoding: SegmentDecoding,
+        chunk_frames: int,
+        out: _ChunkMaker,
+        cancelled: Callable[[], bool],
+        spoken: _Spoken,
+    ) -> Generator[AudioChunk, None, None]:
+        """Every item of ``source`` as chunks, in order, recorded in ``spoken``; one final chunk, unless the
+        request was cancelled."""
+        final_sent = False
+        while (item := source.next_item()) is not None:
+            if isinstance(item, Pause):
                 final_sent = source.more() is False
-                if final_sent:
-                    yield out.chunk(rest if rest is not None else _NO_SAMPLES, final=True)
-                elif rest is not None:
-                    yield out.chunk(rest, final=False)
-            stops = {generated.stop for _, generated in done}
-            # A source also ends when the request is cancelled while it waits for text.
-            stop_cancelled = StopReason.CANCELLED in stops or (not final_sent and cancelled())
-            if not stop_cancelled and not final_sent:
-                yield out.chunk(_NO_SAMPLES, final=True)  # the end became known after the last samples left
-        if stop_cancelled:
+                generated = yield from self._silence(item, chunk_frames, out, final_sent, cancelled)
+                spoken.done.append((item, generated))
+            else:
+                decoder = SegmentDecoder(decoding, chunk_frames, self.spec.n_vq)
+                frames = frames_of(item, spoken.pieces)
+                generated = yield from self._decoded(frames, item.prefix_frames, decoder, out)
+                spoken.done.append((item, generated))
+                spoken.codes.append(decoder.codes())
+                if generated.stop is not StopReason.CANCELLED:
+                    with out.clock.stage("codec"):
+                        rest = decoder.end_segment()
+                    final_sent = source.more() is False
+                    if final_sent or rest is not None:
+                        yield out.chunk(rest if rest is not None else _NO_SAMPLES, final=final_sent)
+            if generated.stop is StopReason.CANCELLED:
+                break
+        # A source also ends when the request is cancelled while it waits for text.
+        stopped = any(result.stop is StopReason.CANCELLED for _, result in spoken.done)
+        spoken.cancelled = stopped or (not final_sent and cancelled())
+        if not spoken.cancelled and not final_sent:
+            yield out.chunk(_NO_SAMPLES, final=True)  # the end became known after the last samples left
+
+    def _result(
+        self,
+        spoken: _Spoken,
+        budget: _FrameBudget,
+        decoding: SegmentDecoding,
+        sampling: SamplingParams,
+        out: _ChunkMaker,
+    ) -> StreamResult:
+        """What the request produced, and its timing report."""
+        if spoken.cancelled:
             stop = StopReason.CANCELLED
-        elif StopReason.MAX_NEW_TOKENS in stops or budget.cut:
+        elif budget.cut or any(g.stop is StopReason.MAX_NEW_TOKENS for _, g in spoken.done):
             stop = StopReason.MAX_NEW_TOKENS
         else:
             stop = StopReason.END
-        pieces = [item for item, _ in done if isinstance(item, Piece)]
-        rows = [generated.rows for _, generated in done]
-        all_codes = np.concatenate(codes) if codes else np.empty((0, self.spec.n_vq), dtype=np.int64)
+        pieces = [item for item, _ in spoken.done if isinstance(item, Piece)]
+        rows = [generated.rows for _, generated in spoken.done]
+        codes = np.concatenate(spoken.codes) if spoken.codes else np.empty((0, self.spec.n_vq), dtype=np.int64)
         report = TimingReport.from_clock(
-            clock,
+            out.clock,
             model=self.spec.identity.name,
             seed=sampling.seed,
             prompt_rows=sum(piece.prompt.shape[0] for piece in pieces),
             max_new_tokens=sum(piece.max_steps for piece in pieces),
             steps=sum(piece_rows.shape[0] for piece_rows in rows),
-            frames=all_codes.shape[0],
+            frames=codes.shape[0],
             audio_seconds=out.samples / self.spec.sampling_rate,
             codec_decode=decoding.name,
             streamed=decoding.streams,
@@ -277,9 +323,9 @@ class Pipeline:
         )
         return StreamResult(
             np.concatenate(rows) if rows else np.empty((0, self.spec.channels), dtype=np.int64),
-            all_codes,
+            codes,
             report,
-            clock,
+            out.clock,
             prompt=pieces[0].prompt if pieces else None,
         )
 
@@ -299,13 +345,21 @@ class Pipeline:
         return Generated(np.empty((0, self.spec.channels), dtype=np.int64), stop)
 
     @staticmethod
-    def _decoded(frames: Frames, decoder: SegmentDecoder, out: _ChunkMaker) -> Generator[AudioChunk, None, Generated]:
-        """A chunk whenever the frames so far make one due; returns what the piece generated."""
+    def _decoded(
+        frames: Frames, context: int, decoder: SegmentDecoder, out: _ChunkMaker
+    ) -> Generator[AudioChunk, None, Generated]:
+        """A chunk whenever the frames so far make one due, the first ``context`` frames (a continued recording's)
+        taken as left context only; returns what the piece generated."""
         while True:
             try:
                 frame = next(frames)
             except StopIteration as end:
                 return end.value
+            if context:  # never a gap: a recording's codes are codes
+                assert frame is not None
+                decoder.push_context(frame)
+                context -= 1
+                continue
             with out.clock.stage("codec"):
                 samples = decoder.end_segment() if frame is None else decoder.push(frame)
             if samples is not None:
@@ -337,13 +391,19 @@ class Pipeline:
         cancelled: Callable[[], bool],
         clock: StageClock,
     ) -> Frames:
-        """Generate ``piece`` within what ``budget`` leaves: each frame as it completes, None for a gap; returns
-        what it generated."""
+        """Generate ``piece`` within what ``budget`` leaves: each frame as it completes, None for a gap, the frames of
+        a recording it continues first (not counted in the budget); returns what it generated."""
         spec = self.spec
         steps = budget.steps(piece)
         state = DelayState(spec, piece.prompt)
         sampler = Sampler(sampling, spec, piece.prompt)
-        assembler = FrameAssembler(spec.n_vq, spec.audio_pad_code, capacity=steps)
+        context = piece.prefix_frames
+        assembler = FrameAssembler(spec.n_vq, spec.audio_pad_code, capacity=context + steps)
+        # The recording's rows as the prompt holds them, delayed: its frames complete here, or in the first steps.
+        for row in piece.prompt[piece.prompt.shape[0] - context :, 1:]:
+            frame = assembler.push(row)
+            if frame is not None:
+                yield frame
         rows: list[np.ndarray] = []
         generation = generate_rows(
             stage.backbone,
@@ -365,7 +425,8 @@ class Pipeline:
             rows.append(row)
             frame = assembler.push(row[1:])
             if frame is not None:
-                budget.spend()
+                if assembler.frames > context:
+                    budget.spend()
                 yield None if assembler.is_gap(frame) else frame
         return Generated(np.stack(rows) if rows else np.empty((0, spec.channels), dtype=np.int64), stop)
 
@@ -376,24 +437,23 @@ class Pipeline:
         sampling: SamplingParams,
         cancelled: Callable[[], bool],
         clock: StageClock,
-    ) -> list[tuple[Piece | Pause, Frames | None]]:
+    ) -> tuple[PlanSource, FramesOf]:
         """Generate the pieces with the generation stage loaded for that time only (until one is cancelled, or
-        ``budget``, which ``source`` keeps to, is spent): the plan's items, each piece with a replay of its
-        frames, for the decoder to load after."""
-        items: list[tuple[Piece | Pause, Frames | None]] = []
-        number = 0
+        ``budget``, which ``source`` keeps to, is spent): the plan's items, and a replay of each piece's frames,
+        for the decoder to load after. What is left to decode is within the budget already."""
+        items: list[Piece | Pause] = []
+        replays: list[Frames] = []
         with self.stages.generation() as stage:
             while (item := source.next_item()) is not None:
+                items.append(item)
                 if isinstance(item, Pause):
-                    items.append((item, None))
                     continue
-                piece_frames = self._frames(stage, item, budget, _seeded(sampling, number), cancelled, clock)
+                piece_frames = self._frames(stage, item, budget, _seeded(sampling, len(replays)), cancelled, clock)
                 frames, generated = _run_to_end(piece_frames)
-                number += 1
-                items.append((item, _replay(frames, generated)))
+                replays.append(_replay(frames, generated))
                 if generated.stop is StopReason.CANCELLED:
                     break
-        return items
+        return ListedPlan(items), lambda piece, number: replays[number]
 
 
 def _seeded(sampling: SamplingParams, piece_number: int) -> SamplingParams:

@@ -15,9 +15,15 @@ import numpy as np
 
 from moss_tts_node.config import OPTIONS, LimitsConfig, SamplingConfig, check_value
 from moss_tts_node.errors import ConfigError, RequestError
+from moss_tts_node.synthesis.voices import LibraryVoice
+from moss_tts_node.text.speakers import MAX_SPEAKERS, speaker_label
 
-# A voice: a WAV/FLAC clip or a .npy of codes (a path), (T, n_vq) codes, "" for none, None for the configured one.
-Voice = str | Path | np.ndarray | None
+# A voice: a WAV/FLAC clip or a .npy of codes (a path), (T, n_vq) codes, a voice of the library
+# (``synth.voices["butler"]``), "" for none, None for the configured one.
+Voice = str | Path | np.ndarray | LibraryVoice | None
+# A request's voices: one, or a list of the references of [S1], [S2] ... in order, up to MAX_SPEAKERS, where None
+# or "" is a speaker without one.
+Voices = Voice | list[Voice] | tuple[Voice, ...]
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: a voice may be an array, which has no truth value to compare by
@@ -29,13 +35,20 @@ class SpeechRequest:
     instruction: str | None = None  # a style instruction ("calm, slow")
     quality: str | None = None  # the prompt's quality field
     tokens: int | None = None  # how many frames the speech should take (the prompt's tokens field)
-    voice: Voice = None
+    voice: Voices = None
     seed: int | None = None  # None or -1: sampling.seed (-1 there draws a fresh one); the same seed, the same audio
     max_new_tokens: int | None = None  # generation steps per piece, at most what the context leaves
     sampling: SamplingConfig | None = None  # a sampling section: the keys it sets (not -1) override the config's
+    # A recording the speech continues (continuation cloning, docs/continuation.md); None or "": none.
+    prefix: Voice = None
+    # What the prefix says, put before the text; None: a library voice's own transcript, or else the text begins
+    # with it already.
+    prefix_text: str | None = None
+    sound_event: str | None = None  # the prompt's sound event field
+    ambient_sound: str | None = None  # the prompt's ambient sound field
 
 
-_TEXT_FIELDS = ("text", "language", "instruction", "quality")
+_TEXT_FIELDS = ("text", "language", "instruction", "quality", "prefix_text", "sound_event", "ambient_sound")
 _COUNT_FIELDS = ("tokens", "max_new_tokens")
 
 
@@ -52,8 +65,9 @@ def check_request(request: SpeechRequest, limits: LimitsConfig) -> None:
     chars = sum(len(value) for value in texts.values() if value is not None)
     if chars > limits.max_text_chars:
         raise RequestError(
-            f"the request has {chars} characters (text, instruction, quality and language together), more than "
-            f"the {limits.max_text_chars} of 'limits.max_text_chars': split the text into several requests"
+            f"the request has {chars} characters (text, instruction, quality, language, prefix_text, sound_event and "
+            f"ambient_sound together), more than the {limits.max_text_chars} of 'limits.max_text_chars': split the "
+            "text into several requests"
         )
     for name, value in texts.items():
         if value is not None and not value.isascii() and _has_lone_surrogate(value):
@@ -65,12 +79,40 @@ def check_request(request: SpeechRequest, limits: LimitsConfig) -> None:
         value = getattr(request, name)
         if value is not None and (not _is_int(value) or not 1 <= value <= _COUNT_MAX):
             raise RequestError(f"the request's {name} must be a whole number from 1 to {_COUNT_MAX}, got {value!r}")
-    if not isinstance(request.voice, str | Path | np.ndarray | None):
-        raise RequestError(
-            f"the request's voice must be a path, an array of codes, '' or None, got {type(request.voice).__name__}"
-        )
+    _check_voices(request.voice)
+    _check_voice(request.prefix, "prefix")
+    if request.prefix_text is not None and no_voice(request.prefix):
+        raise RequestError("the request gives prefix_text but no prefix: give the recording it transcribes")
     if request.sampling is not None:
         _check_sampling(request.sampling)
+
+
+def _check_voices(voices: Voices) -> None:
+    if not isinstance(voices, list | tuple):
+        _check_voice(voices, "voice")
+        return
+    if not 1 <= len(voices) <= MAX_SPEAKERS:
+        raise RequestError(
+            f"the request gives {len(voices)} voices: give 1 to {MAX_SPEAKERS}, the references of the speakers "
+            f"{speaker_label(0)} to {speaker_label(MAX_SPEAKERS - 1)} in order (or one voice alone, '' for none)"
+        )
+    for index, voice in enumerate(voices):
+        _check_voice(voice, f"voice of {speaker_label(index)}")
+    if all(no_voice(voice) for voice in voices):
+        raise RequestError("the request's list of voices holds no voice: give at least one, or '' alone for none")
+
+
+def no_voice(voice: Voice) -> bool:
+    """Whether ``voice`` names none: None (for a speaker of a list, or the configured voice alone) or ""."""
+    return voice is None or (isinstance(voice, str | Path) and str(voice) == "")
+
+
+def _check_voice(voice: Voice, what: str) -> None:
+    if not isinstance(voice, str | Path | np.ndarray | LibraryVoice | None):
+        raise RequestError(
+            f"the request's {what} must be a path, an array of codes, a voice of the library, '' or None, "
+            f"got {type(voice).__name__}"
+        )
 
 
 def _check_sampling(sampling: SamplingConfig) -> None:

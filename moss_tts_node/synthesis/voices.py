@@ -3,8 +3,12 @@ and the library of named voices that the owner configures (``voices.*``), encode
 
 A voice is bounded before it is decoded: a clip's duration is read from its header, a .npy's shape from its
 header, and either is refused when longer than ``limits.max_reference_seconds`` or than the context leaves room
-for (``VoiceLimit``). What comes from an untrusted client (the ROS node) is looked up in the library, never
-opened: ``VoiceLibrary.find`` (docs/security.md, "Request checks").
+for (``VoiceLimit``), alone and with the other voices of its request. What comes from an untrusted client (the ROS
+node) is looked up in the library, never opened: ``VoiceLibrary.find`` (docs/security.md,
+"Request checks").
+
+A voice of the library may carry its transcript, a UTF-8 ``.txt`` beside its file (``butler.txt`` beside
+``butler.wav``): what a request that continues the voice puts before its text (docs/continuation.md).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from moss_tts_node.model.spec import ModelSpec
 
 CODES_SUFFIX = ".npy"
 CLIP_SUFFIXES = (".wav", ".flac", ".ogg")
+TRANSCRIPT_SUFFIX = ".txt"
 # Longer than any path the file system takes (PATH_MAX): such a value names no voice, and is not normalized.
 _MAX_PATH_CHARS = 4096
 _NAMES_SHOWN = 12  # voice names an unknown-voice reason lists
@@ -43,6 +48,18 @@ class VoiceLimit:
     max_seconds: float
     n_ctx: int
     n_vq: int
+
+    def check_together(self, references: list[int], prefix: int) -> None:
+        """RequestError when voices of these frames, the ``references`` (of [S1], [S2] ...) and a ``prefix`` (0 for
+        none), leave no room in the context for one frame, before any is decoded."""
+        rows = sum(frames + self.n_vq - 1 for frames in references) + prefix + self.n_vq + 1
+        if rows > self.n_ctx:
+            seconds = (sum(references) + prefix) / FRAMES_PER_SECOND
+            raise RequestError(
+                f"the request's voices last {seconds:.1f} s together: their rows and one frame's steps need {rows} of "
+                f"the {self.n_ctx} rows of the context ('llama.n_ctx'); give fewer or shorter voices, or raise "
+                "llama.n_ctx"
+            )
 
     def check(self, frames: int, what: str) -> None:
         """RequestError naming ``what`` when a voice of ``frames`` codec frames is too long."""
@@ -65,34 +82,51 @@ def load_voice(
     spec: ModelSpec,
     encoder: Callable[[], AbstractContextManager[AudioCodec]],
     limit: VoiceLimit,
+    role: str = "reference",
 ) -> np.ndarray:
     """A voice as (T, n_vq) codes: from a WAV/FLAC clip (encoded with the codec ``encoder()`` gives), a .npy
-    of codes, or an array of codes; refused (RequestError) before it is decoded when ``limit`` says it is
-    too long."""
+    of codes, or an array of codes; refused (RequestError, naming it by its ``role``) before it is decoded when
+    ``limit`` says it is too long."""
     if isinstance(reference, np.ndarray):
-        codes = checked_codes(reference, spec, "reference codes")
-        limit.check(codes.shape[0], "the reference codes")
+        codes = checked_codes(reference, spec, f"{role} codes")
+        limit.check(codes.shape[0], f"the {role} codes")
         return codes
     path = Path(reference)
     if path.suffix.lower() == CODES_SUFFIX:
-        return _load_codes(path, spec, limit)
+        return _load_codes(path, spec, limit, role)
     seconds = clip_seconds(path)
-    limit.check(math.ceil(seconds * FRAMES_PER_SECOND), f"reference audio {path}")
+    limit.check(math.ceil(seconds * FRAMES_PER_SECOND), f"{role} audio {path}")
     samples = load_reference_audio(path, max_seconds=seconds + 1.0)  # what the header said, give or take
     with encoder() as codec:
         return codec.encode(samples)
 
 
-def _load_codes(path: Path, spec: ModelSpec, limit: VoiceLimit) -> np.ndarray:
+def voice_frames(reference: str | Path | np.ndarray) -> int:
+    """How many codec frames a voice holds, read without decoding it: an array's shape, a .npy's from its header, a
+    clip's duration from its header (RequestError for a clip that is missing or not audio). 0 where the value
+    cannot be a voice's codes: ``load_voice`` says why."""
+    if isinstance(reference, np.ndarray):
+        return reference.shape[0] if reference.ndim == 2 else 0
+    path = Path(reference)
+    if path.suffix.lower() != CODES_SUFFIX:
+        return math.ceil(clip_seconds(path) * FRAMES_PER_SECOND)
+    try:
+        mapped = np.load(path, mmap_mode="r", allow_pickle=False) if is_file(path) else None
+    except (ValueError, OSError):
+        return 0
+    return mapped.shape[0] if mapped is not None and mapped.ndim == 2 else 0
+
+
+def _load_codes(path: Path, spec: ModelSpec, limit: VoiceLimit, role: str) -> np.ndarray:
     """A .npy of codes; its shape is read from the header (a memory map) and checked before it is read."""
     if not is_file(path):
-        raise RequestError(f"reference audio not found: {path}")
+        raise RequestError(f"{role} audio not found: {path}")
     try:
         mapped = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError) as exc:
         raise RequestError(f"{path}: not a readable .npy of voice codes ({exc})") from exc
     if mapped.ndim == 2 and mapped.shape[1] == spec.n_vq:
-        limit.check(mapped.shape[0], f"voice codes {path}")
+        limit.check(mapped.shape[0], f"{role} codes {path}")
     return checked_codes(np.asarray(mapped), spec, str(path))
 
 
@@ -110,15 +144,16 @@ def checked_codes(codes: np.ndarray, spec: ModelSpec, what: str) -> np.ndarray:
     return codes.astype(np.int64)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # eq=False: its codes are an array, which has no truth value to compare by
 class LibraryVoice:
-    """One voice of the library: its name, its codes and the file they came from."""
+    """One voice of the library: its name, its codes and the file they came from, and its transcript if it has one."""
 
     name: str
     codes: np.ndarray  # (T, n_vq) int64
     source: Path  # the file as configured; ``resolved`` is where it really is (links followed)
     resolved: Path
     in_directory: bool  # a file of one of voices.directories, so a client may also give its path
+    transcript: str | None = None  # what the voice says, from the .txt beside its file (docs/continuation.md)
 
     @property
     def kind(self) -> str:
@@ -168,7 +203,8 @@ class VoiceLibrary:
                 name = path.stem
                 known = voices.get(name)
                 if known is not None and known.resolved == resolved:
-                    voices[name] = LibraryVoice(name, known.codes, path, resolved, known.in_directory or in_directory)
+                    in_any = known.in_directory or in_directory
+                    voices[name] = LibraryVoice(name, known.codes, path, resolved, in_any, known.transcript)
                 elif known is not None:
                     raise ConfigError(
                         f"'{key}': two voices are named {name!r}: {known.source} and {path}; rename one of the files"
@@ -178,7 +214,8 @@ class VoiceLibrary:
                         codes = load_voice(path, spec, shared_encoder, limit)
                     except RequestError as error:
                         raise ConfigError(f"'{key}': voice {name!r} cannot be used: {error}") from error
-                    voices[name] = LibraryVoice(name, codes, path, resolved, in_directory)
+                    transcript = _transcript(path, key, config.limits.max_text_chars)
+                    voices[name] = LibraryVoice(name, codes, path, resolved, in_directory, transcript)
                 if key == "generation.reference_audio":
                     default = name
         return cls(voices, default)
@@ -248,6 +285,24 @@ def _normalized(path: str) -> str | None:
         return os.path.abspath(path)
     except OSError:
         return None
+
+
+def _transcript(voice: Path, key: str, max_chars: int) -> str | None:
+    """The transcript of the voice in file ``voice``: the UTF-8 text of the .txt of its name beside it, stripped;
+    None when there is none. ConfigError naming ``key`` for one that cannot be used."""
+    path = voice.with_suffix(TRANSCRIPT_SUFFIX)
+    if not path.is_file():
+        return None
+    try:
+        with path.open(encoding="utf-8-sig") as file:
+            text = file.read(max_chars + 1)
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"'{key}': the transcript {path} cannot be read as UTF-8 text: {error}") from error
+    if len(text) > max_chars:
+        raise ConfigError(
+            f"'{key}': the transcript {path} holds more than the {max_chars} characters of 'limits.max_text_chars'"
+        )
+    return text.strip()
 
 
 def _configured(config: Config) -> Iterator[tuple[str, Path, bool]]:

@@ -9,12 +9,17 @@ with the same instruction and voice. The synthesizer speaks the pieces one after
 Pause markers (``text/pauses.py``) change the plan by what they mean: rendered as silence, each becomes a
 ``Pause`` of exactly its length between the speech pieces around it; passed to the model, each counts as the
 frames the model will spend on it (a ``[pause 3.2s]`` is 40 frames in a few tokens); as text, as its tokens.
+
+A request that continues a recording (a ``Continuation``, docs/continuation.md) has every piece continue it: each
+piece's prompt holds the recording's codes, and its text follows the recording's transcript, so each piece is what
+upstream's processor makes of a continuation request; the recording's rows and transcript count as the piece's
+prompt, and its frames as the codec window's.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -23,8 +28,9 @@ from moss_tts_node.choices import PAUSE_MODEL, PAUSE_SILENCE, PAUSE_TEXT
 from moss_tts_node.errors import RequestError
 from moss_tts_node.model.rates import FRAMES_PER_SECOND, frames_for_seconds
 from moss_tts_node.model.spec import ModelSpec
+from moss_tts_node.text.normalize import normalize_text
 from moss_tts_node.text.pauses import check_pause_lengths, find_markers, split_at_markers
-from moss_tts_node.text.prompt import PromptBuilder, PromptFields
+from moss_tts_node.text.prompt import Prompt, PromptBuilder, PromptFields
 from moss_tts_node.text.split import split_text
 
 # Speech frames (80 ms) per text token, to plan how much of the context a text will need:
@@ -34,10 +40,31 @@ FRAMES_PER_TEXT_TOKEN = 4
 
 @dataclass(frozen=True)
 class Piece:
-    """One part of a request's text: its prompt and step budget."""
+    """One part of a request's text: its prompt and step budget. A piece that continues a recording ends its prompt
+    inside that recording's audio, on its ``prefix_frames``-th frame (docs/model.md, "Continuation")."""
 
     prompt: np.ndarray
     max_steps: int
+    prefix_frames: int = 0
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: codes are an array, which has no truth value to compare by
+class Continuation:
+    """The recording a request's speech continues: its (T, n_vq) codes and its transcript (``normalize``: cleaned as
+    the request's text is), which every piece's text follows; None where the request's text begins with it
+    already, which is then spoken as one piece."""
+
+    codes: np.ndarray
+    transcript: str | None
+    normalize: bool
+
+    def text(self, piece: str) -> str:
+        """A piece's text as its prompt holds it: the transcript, a space, the piece; cleaned together, as upstream
+        cleans the text it is given whole (the space goes where the clean-up takes it out, between CJK)."""
+        if not self.transcript:
+            return piece
+        joined = f"{self.transcript} {piece}"
+        return normalize_text(joined) if self.normalize else joined
 
 
 @dataclass(frozen=True)
@@ -47,8 +74,39 @@ class Pause:
     samples: int
 
 
+@dataclass(frozen=True)
+class Measured:
+    """A request's text measured for planning, before any piece is cut: its parts in order (speech, and the
+    seconds of each pause rendered as silence), each speech part's prompt as the request's fields make it, and
+    the seconds its pause markers ask for unless they are text."""
+
+    fields: PromptFields
+    references: tuple[np.ndarray | None, ...]
+    continuation: Continuation | None
+    pause_markers: str
+    parts: list[str | float]
+    prompts: list[Prompt]  # one per speech part, in order
+    tokens: list[int]  # each speech part's own tokens (its prompt's text tokens but a transcript's before it)
+    pause_seconds: float
+
+    @property
+    def speech_tokens(self) -> int:
+        return sum(self.tokens)
+
+    @property
+    def expected_seconds(self) -> float:
+        """What the request is expected to take: its tokens field, or FRAMES_PER_TEXT_TOKEN frames per text
+        token (generous for speech at a normal pace), and its pauses."""
+        frames = self.fields.tokens or self.speech_tokens * FRAMES_PER_TEXT_TOKEN
+        return frames / FRAMES_PER_SECOND + self.pause_seconds
+
+
 class PiecePlanner:
-    """Plans the pieces of requests for one model's context size and codec window."""
+    """Plans the pieces of requests for one model's context size and codec window.
+
+    A text is tokenized once per piece, in that piece's prompt: the counts the plan needs come from there. Only a
+    text that must be split is measured again, sentence by sentence, where the splitter looks for its cuts.
+    """
 
     def __init__(self, prompts: PromptBuilder, spec: ModelSpec, n_ctx: int, max_codec_seconds: float) -> None:
         self.prompts = prompts
@@ -57,16 +115,28 @@ class PiecePlanner:
         self.codec_frames = frames_for_seconds(max_codec_seconds)
 
     def plan(
-        self, fields: PromptFields, voice: list[np.ndarray], max_new_tokens: int, pause_markers: str = PAUSE_TEXT
+        self,
+        fields: PromptFields,
+        references: Sequence[np.ndarray | None],
+        max_new_tokens: int,
+        pause_markers: str = PAUSE_TEXT,
+        continuation: Continuation | None = None,
     ) -> list[Piece | Pause]:
         """The request as one piece, or split at sentence boundaries when its speech would not fit, with its pause
-        markers taken as ``pause_markers`` (a resolved mode of ``text/pauses.py``) says.
+        markers taken as ``pause_markers`` (a resolved mode of ``text/pauses.py``) says: ``pieces(measure(...))``."""
+        return self.pieces(self.measure(fields, references, pause_markers, continuation), max_new_tokens)
 
-        ``max_new_tokens`` applies to each piece and is clamped to what n_ctx leaves after its prompt; a prompt that
-        leaves no room for one frame is refused (RequestError), and so are a marker longer than the pauses allow and
-        a text that is only markers to be rendered as silence.
-        """
-        if pause_markers in (PAUSE_MODEL, PAUSE_SILENCE):
+    def measure(
+        self,
+        fields: PromptFields,
+        references: Sequence[np.ndarray | None],
+        pause_markers: str = PAUSE_TEXT,
+        continuation: Continuation | None = None,
+    ) -> Measured:
+        """The request's text in parts, each speech part in its prompt. Refuses (RequestError) a marker longer
+        than the pauses allow and a text that is only markers to be rendered as silence."""
+        markers_are_pauses = pause_markers in (PAUSE_MODEL, PAUSE_SILENCE)
+        if markers_are_pauses:
             try:
                 check_pause_lengths(fields.text)
             except ValueError as error:
@@ -75,38 +145,94 @@ class PiecePlanner:
         speech = [part for part in parts if isinstance(part, str)]
         if not speech:
             raise RequestError("the text is only pause markers: give at least one word to speak with them")
-        prompt = self.prompts.build(fields, voice)
-        speech_tokens = sum(self.count_tokens(text) for text in speech)
+        references = tuple(references)
+        prompts = [self._prompt(fields, text, references, continuation) for text in speech]
+        transcript = continuation.transcript if continuation is not None else None
+        before = self.count_tokens(continuation.text("")) if transcript else 0  # the transcript, in every prompt
+        tokens = [max(prompt.text_tokens - before, 0) for prompt in prompts]
+        pause_seconds = sum(marker.seconds for marker in find_markers(fields.text)) if markers_are_pauses else 0.0
+        return Measured(fields, references, continuation, pause_markers, parts, prompts, tokens, pause_seconds)
+
+    def _prompt(
+        self,
+        fields: PromptFields,
+        text: str,
+        references: Sequence[np.ndarray | None],
+        continuation: Continuation | None,
+        tokens: int | None = None,
+    ) -> Prompt:
+        """The prompt of a piece of ``text`` (with the ``tokens`` field, if given, instead of the request's)."""
+        if continuation is None:
+            return self.prompts.encode(replace(fields, text=text, tokens=tokens or fields.tokens), references)
+        piece_fields = replace(fields, text=continuation.text(text), tokens=tokens or fields.tokens)
+        return self.prompts.encode(piece_fields, references, continuation.codes)
+
+    def pieces(self, measured: Measured, max_new_tokens: int) -> list[Piece | Pause]:
+        """The pieces and pauses of a measured request. ``max_new_tokens`` applies to each piece and is clamped
+        to what n_ctx leaves after its prompt; a prompt that leaves no room for one frame is refused
+        (RequestError)."""
+        fields, references, continuation = measured.fields, measured.references, measured.continuation
+        speech_tokens = measured.speech_tokens
         per_token = fields.tokens / speech_tokens if fields.tokens else FRAMES_PER_TEXT_TOKEN
-        other_rows = prompt.shape[0] - self.count_tokens(fields.text)
-        limit = int(min((self.n_ctx - other_rows - self.spec.n_vq) / (1 + per_token), self.codec_frames / per_token))
-        measure = self._with_pause_frames(per_token) if pause_markers == PAUSE_MODEL else self.count_tokens
+        other_rows = measured.prompts[0].rows.shape[0] - measured.tokens[0]
+        prefix_frames = 0 if continuation is None else continuation.codes.shape[0]
+        codec_frames = self.codec_frames - prefix_frames  # a continuation decodes with its prefix before it
+        limit = int(min((self.n_ctx - other_rows - self.spec.n_vq) / (1 + per_token), codec_frames / per_token))
+        model_pauses = measured.pause_markers == PAUSE_MODEL
+
+        def pause_tokens(text: str) -> int:
+            """A text's pauses, when the model makes them, as the tokens their frames are worth."""
+            frames = sum(marker.seconds for marker in find_markers(text)) * FRAMES_PER_SECOND
+            return math.ceil(frames / per_token) if model_pauses else 0
+
+        def measure(text: str) -> int:
+            return self.count_tokens(text) + pause_tokens(text)
+
+        if continuation is not None:
+            self._check_continuation_room(measured, limit, other_rows, per_token)
+        measured_parts = iter(zip(measured.prompts, measured.tokens, strict=True))
         pieces: list[Piece | Pause] = []
-        for part in parts:
+        for part in measured.parts:
             if not isinstance(part, str):
                 samples = round(part * self.spec.sampling_rate)
                 if samples:
                     pieces.append(Pause(samples))
                 continue
-            # fits, or cannot fit even split (step_budget says why): one piece
-            texts = [part] if measure(part) <= limit or limit < 1 else split_text(part, limit, measure)
-            for text in texts:
-                share = (
-                    max(1, round(fields.tokens * self.count_tokens(text) / speech_tokens)) if fields.tokens else None
-                )
-                piece_fields = replace(fields, text=text, tokens=share)
-                piece_prompt = prompt if piece_fields == fields else self.prompts.build(piece_fields, voice)
-                pieces.append(Piece(piece_prompt, self.step_budget(piece_prompt, max_new_tokens)))
+            part_prompt, part_tokens = next(measured_parts)
+            # fits, or cannot fit even split (step_budget says why): one piece, in the prompt it was measured in
+            if part_tokens + pause_tokens(part) <= limit or limit < 1:
+                texts: list[tuple[str, int | None]] = [(part, part_tokens)]
+            else:
+                texts = [(text, None) for text in split_text(part, limit, measure)]
+            for text, known_tokens in texts:
+                share = None
+                if fields.tokens:
+                    tokens = known_tokens if known_tokens is not None else self.count_tokens(text)
+                    share = max(1, round(fields.tokens * tokens / speech_tokens))
+                reuse = known_tokens is not None and share == fields.tokens
+                prompt = part_prompt.rows if reuse else self._prompt(fields, text, references, continuation, share).rows
+                pieces.append(Piece(prompt, self.step_budget(prompt, max_new_tokens), prefix_frames))
         return pieces
 
-    def _with_pause_frames(self, per_token: float) -> Callable[[str], int]:
-        """A text's cost in tokens when the model makes its pauses: its tokens, plus its pauses' frames as tokens."""
-
-        def measure(text: str) -> int:
-            frames = sum(marker.seconds for marker in find_markers(text)) * FRAMES_PER_SECOND
-            return self.count_tokens(text) + math.ceil(frames / per_token)
-
-        return measure
+    def _check_continuation_room(self, measured: Measured, limit: int, other_rows: int, per_token: float) -> None:
+        """Refuse (RequestError, with the numbers) a continuation whose prefix leaves no room for its text, and one
+        whose text begins with the prefix's transcript (none given) and would need more than one piece."""
+        continuation = measured.continuation
+        assert continuation is not None
+        frames = continuation.codes.shape[0]
+        if limit < 1:
+            raise RequestError(
+                f"the continuation's prompt takes {other_rows} rows of the {self.n_ctx}-row context before its text "
+                f"(the prefix's {frames} frames among them), with a codec window of {self.codec_frames} frames, "
+                f"which leaves room for no text at {per_token:g} frames a token: use a shorter prefix, or raise "
+                "llama.n_ctx (and audio.max_codec_seconds)"
+            )
+        if continuation.transcript is None and (len(measured.tokens) > 1 or measured.tokens[0] > limit):
+            raise RequestError(
+                f"the text ({measured.speech_tokens} tokens, the prefix's transcript first) needs more than one piece "
+                f"(at most {limit} tokens each beside this prefix), and each piece continues the prefix: give its "
+                "transcript (prefix_text) apart, so that it goes before each piece, or a shorter text"
+            )
 
     def count_tokens(self, text: str) -> int:
         return len(self.prompts.tokenizer.encode(text, add_special_tokens=False).ids)

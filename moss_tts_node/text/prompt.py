@@ -1,8 +1,9 @@
 """Prompt building: text fields and reference codes into the (S, 33) matrix the backbone reads.
 
 The layout follows docs/model.md ("Prompt format") exactly: a ChatML user turn holding the
-``<user_inst>`` block, the assistant header, then one ``audio_start`` row. Special tokens are
-looked up in the tokenizer by the ids of the model config, never by name.
+``<user_inst>`` block, the assistant header, then one ``audio_start`` row; in continuation mode the assistant
+turn goes on with the prefix recording's codes, cut where upstream's processor cuts them (docs/model.md,
+"Continuation"). Special tokens are looked up in the tokenizer by the ids of the model config, never by name.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from moss_tts_node.errors import RequestError, WeightsError
 from moss_tts_node.model.delay import apply_delay
 from moss_tts_node.model.layout import TOKENIZER_DIR, TOKENIZER_FILE
 from moss_tts_node.model.spec import ModelSpec
+from moss_tts_node.text.speakers import speaker_label
 
 AUDIO_PLACEHOLDER = "<|audio|>"
 
@@ -34,6 +36,15 @@ class PromptFields:
     quality: str | None = None
     sound_event: str | None = None
     ambient_sound: str | None = None
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A prompt's (S, 1 + n_vq) int64 rows, and how many of them are the tokens of its text field (those that
+    start inside it: the count a planner needs, taken from the one tokenization of the prompt)."""
+
+    rows: np.ndarray
+    text_tokens: int
 
 
 class PromptBuilder:
@@ -54,11 +65,14 @@ class PromptBuilder:
             raise WeightsError(f"{path}: has no token with id {token_id} ({name} in the model config)")
         return text
 
-    def user_content(self, fields: PromptFields, n_references: int) -> str:
-        return f"{self._content_before_text(fields, n_references)}{fields.text}\n</user_inst>"
+    def user_content(self, fields: PromptFields, references: Sequence[np.ndarray | None]) -> str:
+        return f"{self._content_before_text(fields, references)}{fields.text}\n</user_inst>"
 
-    def _content_before_text(self, fields: PromptFields, n_references: int) -> str:
-        ref = "\n".join(f"[S{i + 1}]:\n{AUDIO_PLACEHOLDER}" for i in range(n_references)) or None
+    @staticmethod
+    def _content_before_text(fields: PromptFields, references: Sequence[np.ndarray | None]) -> str:
+        # A None reference is a speaker without a clip: no line, and the next speaker keeps its number.
+        lines = [f"{speaker_label(i)}:\n{AUDIO_PLACEHOLDER}" for i, codes in enumerate(references) if codes is not None]
+        ref = "\n".join(lines) if references else None
         return (
             f"<user_inst>\n- Reference(s):\n{ref}\n- Instruction:\n{fields.instruction}\n"
             f"- Tokens:\n{fields.tokens}\n- Quality:\n{fields.quality}\n- Sound Event:\n{fields.sound_event}\n"
@@ -66,41 +80,70 @@ class PromptBuilder:
             "- Text:\n"
         )
 
-    def build(self, fields: PromptFields, references: Sequence[np.ndarray] = ()) -> np.ndarray:
-        """The (S, 1 + n_vq) int64 prompt; ``references`` are (T, n_vq) code matrices."""
-        self._refuse_control_tokens(fields)
-        tok = self._token_text
-        content = self.user_content(fields, len(references))
-        chat = (
-            f"{tok['im_start_token_id']}user\n{content}{tok['im_end_token_id']}\n{tok['im_start_token_id']}assistant\n"
-        )
-        return self._rows(chat, references, self.spec.audio_start_token_id)
+    def build(
+        self, fields: PromptFields, references: Sequence[np.ndarray | None] = (), prefix: np.ndarray | None = None
+    ) -> np.ndarray:
+        """The (S, 1 + n_vq) int64 prompt; ``references`` are the (T, n_vq) code matrices of [S1], [S2] ...,
+        None for a speaker without one. ``prefix``: the (T, n_vq) codes of a recording the speech continues
+        (continuation mode): the assistant turn holds them delayed, as generated audio, and the prompt ends on
+        their T-th gen-slot row; ``fields.text`` must then begin with what the recording says."""
+        return self.encode(fields, references, prefix).rows
 
-    def voice_prefix(self, fields: PromptFields, references: Sequence[np.ndarray] = ()) -> np.ndarray:
+    def encode(
+        self, fields: PromptFields, references: Sequence[np.ndarray | None] = (), prefix: np.ndarray | None = None
+    ) -> Prompt:
+        """``build``'s rows, and the number of tokens of ``fields.text`` among them."""
+        self._refuse_control_tokens(fields)
+        spec = self.spec
+        tok = self._token_text
+        before_text = f"{tok['im_start_token_id']}user\n{self._content_before_text(fields, references)}"
+        chat = (
+            f"{before_text}{fields.text}\n</user_inst>{tok['im_end_token_id']}\n{tok['im_start_token_id']}assistant\n"
+        )
+        clips = [codes for codes in references if codes is not None]
+        text_start = len(self._with_clip_blocks(before_text, clips))
+        frames = 0 if prefix is None else prefix.shape[0]
+        # The assistant turn opens its audio; a prefix's rows follow as generated ones, gen slots over its codes.
+        opening = [spec.audio_start_token_id] + [spec.audio_assistant_gen_slot_token_id] * frames
+        rows, offsets = self._rows(chat, clips, opening)
+        if prefix is not None:
+            # Upstream lays the turn out whole (T gen slots, n_vq - 1 delay slots, audio_end, im_end) and cuts all
+            # after the T-th gen slot: the delayed codes of those T rows stay, the flush's rows go.
+            rows[rows.shape[0] - frames :, 1:] = apply_delay(prefix, spec.audio_pad_code)[:frames]
+        text_end = text_start + len(fields.text)
+        return Prompt(rows, sum(1 for start, _ in offsets if text_start <= start < text_end))
+
+    def voice_prefix(self, fields: PromptFields, references: Sequence[np.ndarray | None] = ()) -> np.ndarray:
         """The rows that ``build`` gives every text with these other fields and references first: the
         prompt up to its text (reference clips, instruction, ..., language). ``fields.text`` is ignored.
 
         The backbone keeps such a prefix in its KV cache between requests (``Backbone.prepare_prefix``).
         """
         self._refuse_control_tokens(replace(fields, text=""))
-        chat = f"{self._token_text['im_start_token_id']}user\n{self._content_before_text(fields, len(references))}"
-        return self._rows(chat, references, None)
+        chat = f"{self._token_text['im_start_token_id']}user\n{self._content_before_text(fields, references)}"
+        return self._rows(chat, [codes for codes in references if codes is not None], ())[0]
 
-    def _rows(self, chat: str, references: Sequence[np.ndarray], last_token: int | None) -> np.ndarray:
-        """The chat's tokens as rows (audio columns padded), then ``last_token``'s row if given, with each
-        reference clip's codes in its slots."""
+    def _with_clip_blocks(self, chat: str, clips: Sequence[np.ndarray]) -> str:
+        """``chat`` with each placeholder replaced by its clip's block of user slots."""
         spec, tok = self.spec, self._token_text
-        for codes in references:
+        for codes in clips:
             slots = tok["audio_user_slot_token_id"] * (codes.shape[0] + spec.n_vq - 1)
             block = tok["audio_start_token_id"] + slots + tok["audio_end_token_id"]
             chat = chat.replace(AUDIO_PLACEHOLDER, block, 1)
-        ids = self.tokenizer.encode(chat, add_special_tokens=False).ids
-        if last_token is not None:
-            ids.append(last_token)
+        return chat
+
+    def _rows(
+        self, chat: str, clips: Sequence[np.ndarray], last_tokens: Sequence[int]
+    ) -> tuple[np.ndarray, list[tuple[int, int]]]:
+        """The chat's tokens as rows (audio columns padded), then a row for each of ``last_tokens``, with each
+        reference clip's codes in its slots; and each token's character span in the chat with its clip blocks."""
+        spec = self.spec
+        encoding = self.tokenizer.encode(self._with_clip_blocks(chat, clips), add_special_tokens=False)
+        ids = [*encoding.ids, *last_tokens]
         rows = np.full((len(ids), spec.channels), spec.audio_pad_code, dtype=np.int64)
         rows[:, 0] = ids
-        self._place_reference_codes(rows, references)
-        return rows
+        self._place_reference_codes(rows, clips)
+        return rows, encoding.offsets
 
     def _place_reference_codes(self, rows: np.ndarray, references: Sequence[np.ndarray]) -> None:
         """Write each clip's delayed codes into the audio columns of its run of user slots."""

@@ -10,7 +10,8 @@ of CJK text without punctuation). Closing quotes and brackets stay with the sent
 A pause marker (``[pause 0.8s]``, ``text/pauses.py``) is one unit: no cut falls inside one, at any level, and
 below the sentence level the text is cut before and after each marker as at a clause mark, so a marker is never
 glued to a word around it (``wait[pause 1s]go``). A marker alone is never cut, even where it measures more
-than the limit.
+than the limit. A speaker tag (``[S1]``, ``text/speakers.py``) opens a turn: a cut may fall before one, at every level,
+never inside one nor between it and the speech that follows.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from itertools import pairwise
 
 from moss_tts_node.text.pauses import Marker, find_markers, inside_marker
+from moss_tts_node.text.speakers import inside_opening, turn_openings
 
 _CLOSERS = "\"'”’)）」』】》〉"
 # Each pattern matches the end of a unit (the text after a match starts a new unit).
@@ -85,17 +87,24 @@ def _is_one_marker(text: str, markers: list[Marker]) -> bool:
 
 def cut_positions(text: str, level: int, markers: list[Marker] | None = None) -> list[int]:
     """Where ``text`` may be cut at ``level`` (``SENTENCE``, ``CLAUSE`` or ``WORD``): after each boundary of that
-    level and, from ``CLAUSE`` on, before each pause marker and after it and the punctuation that follows it; never
-    inside a marker. Sorted positions strictly inside the text (``markers``: its markers, when already found).
+    level, before each speaker tag and, from ``CLAUSE`` on, before each pause marker and after it and the
+    punctuation that follows it; never inside a marker, nor inside a speaker tag or between it and its speech.
+    Sorted positions strictly inside the text (``markers``: its markers, when already found).
 
     The rule every cutter of text shares: this splitter, and one that cuts text as it arrives (which must also
     hold back an ``unfinished_marker_start``)."""
     markers = find_markers(text) if markers is None else markers
+    openings = turn_openings(text)
     cuts = {match.end() for match in _LEVELS[level].finditer(text)}
+    cuts.update(start for start, _ in openings)  # a turn ends where the next speaker's tag begins
     if level >= _MARKER_LEVEL:
         for marker in markers:
             cuts.update((marker.start, _AFTER_MARKER.match(text, marker.end).end()))
-    return sorted(cut for cut in cuts if 0 < cut < len(text) and not inside_marker(markers, cut))
+    return sorted(
+        cut
+        for cut in cuts
+        if 0 < cut < len(text) and not inside_marker(markers, cut) and not inside_opening(openings, cut)
+    )
 
 
 def _units(text: str, level: int, markers: list[Marker]) -> list[str]:
@@ -106,7 +115,8 @@ def _units(text: str, level: int, markers: list[Marker]) -> list[str]:
 
 def _cut_anywhere(text: str, limit: int, measure: Callable[[str], int], markers: list[Marker]) -> list[str]:
     """Cut a text with no usable boundary into the longest prefixes that fit (binary search), never inside one of
-    its ``markers`` (positions in ``text``)."""
+    its ``markers`` (positions in ``text``) nor between a speaker tag and its first character of speech."""
+    openings = turn_openings(text)
     pieces = []
     offset = 0  # where the rest of the text starts in the original
     while offset < len(text):
@@ -125,6 +135,9 @@ def _cut_anywhere(text: str, limit: int, measure: Callable[[str], int], markers:
         for marker in markers:
             if marker.start < cut < marker.end:  # back to the marker's start, or past it when it leads the rest
                 cut = marker.start if marker.start > offset else marker.end
+        for start, end in openings:
+            if start < cut <= end:  # back to the tag, or past its first character of speech when it leads the rest
+                cut = start if start > offset else min(end + 1, len(text))
         pieces.append(text[offset:cut].strip())
         offset = cut
     return [piece for piece in pieces if piece]

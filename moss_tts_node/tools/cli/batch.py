@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moss_tts_node.errors import EXIT_INTERRUPTED, MossTTSError, RequestError
+from moss_tts_node.text.speakers import MAX_SPEAKERS
 from moss_tts_node.timing import StopReason
 from moss_tts_node.tools.overrides import add_set_option, parse_overrides
 from moss_tts_node.tools.progress import Progress
@@ -39,7 +40,31 @@ SEED_TTS, JSONL, PLAIN = "seed-tts", "jsonl", "plain"
 FORMATS = (SEED_TTS, JSONL, PLAIN)
 SEED_TTS_SUFFIXES = (".txt", ".lst")  # a Seed-TTS list when its first line has a '|'; plain text otherwise
 JSONL_SUFFIX = ".jsonl"
-JSONL_FIELDS = ("id", "text", "reference", "language", "instruction", "seed")
+JSONL_FIELDS = (
+    "id",
+    "text",
+    "reference",
+    "references",
+    "prefix",
+    "prefix_text",
+    "language",
+    "instruction",
+    "quality",
+    "tokens",
+    "sound_event",
+    "ambient_sound",
+    "seed",
+)
+_JSONL_STRINGS = (
+    "reference",
+    "prefix",
+    "prefix_text",
+    "language",
+    "instruction",
+    "quality",
+    "sound_event",
+    "ambient_sound",
+)
 # utt_id|prompt_text|prompt_wav|target_text, and some lists add the ground-truth clip as a fifth field.
 SEED_TTS_FIELDS = (4, 5)
 SUMMARY_FILE = "summary.jsonl"
@@ -54,8 +79,9 @@ _UNSAFE_ID = re.compile(r"[/\\\x00-\x1f\x7f]")
 @dataclass(frozen=True)
 class Utterance:
     """One line to synthesize. ``reference``: a resolved clip or .npy of codes, ``""`` for no voice,
-    ``None`` for the configured default voice (``generation.reference_audio``); ``language``,
-    ``instruction`` and ``seed`` left ``None`` take the config's."""
+    ``None`` for the configured default voice (``generation.reference_audio``); ``references`` instead: one
+    per speaker, [S1] first, None for a speaker without one; ``prefix``: a recording the speech continues, with its
+    ``prefix_text`` (docs/continuation.md). The other fields left ``None`` take the config's."""
 
     line: int  # 1-based, in the list file
     id: str
@@ -64,6 +90,19 @@ class Utterance:
     language: str | None = None
     instruction: str | None = None
     seed: int | None = None
+    references: tuple[Path | None, ...] | None = None
+    prefix: Path | None = None
+    prefix_text: str | None = None
+    quality: str | None = None
+    tokens: int | None = None
+    sound_event: str | None = None
+    ambient_sound: str | None = None
+
+    @property
+    def clips(self) -> list[Path]:
+        """Every file of a voice the line names."""
+        voices = [self.reference, *(self.references or ()), self.prefix]
+        return [voice for voice in voices if isinstance(voice, Path)]
 
 
 @dataclass(frozen=True)
@@ -208,13 +247,15 @@ def _jsonl_line(number: int, line: str, folder: Path) -> Utterance:
         raise _LineError('no "text" string: it is the one key every line needs', utt_id)
     utt_id = utt_id if utt_id is not None else derived_id(number, text.strip())
     _check(utt_id, text)
-    for key in ("reference", "language", "instruction"):
+    for key in _JSONL_STRINGS:
         if item.get(key) is not None and not isinstance(item[key], str):
             raise _LineError(f"{key} must be a string or null, got {json.dumps(item[key])}", utt_id)
-    seed = item.get("seed")
+    seed, tokens = item.get("seed"), item.get("tokens")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         raise _LineError(f"seed must be an integer >= 0 or null, got {json.dumps(seed)}", utt_id)
-    reference = item.get("reference")
+    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
+        raise _LineError(f"tokens must be an integer >= 1 or null, got {json.dumps(tokens)}", utt_id)
+    reference, prefix = item.get("reference"), item.get("prefix")
     return Utterance(
         number,
         utt_id,
@@ -223,7 +264,32 @@ def _jsonl_line(number: int, line: str, folder: Path) -> Utterance:
         language=item.get("language"),
         instruction=item.get("instruction"),
         seed=seed,
+        references=_references(folder, item, utt_id),
+        prefix=_reference(folder, prefix, utt_id) if prefix else None,
+        prefix_text=item.get("prefix_text"),
+        quality=item.get("quality"),
+        tokens=tokens,
+        sound_event=item.get("sound_event"),
+        ambient_sound=item.get("ambient_sound"),
     )
+
+
+def _references(folder: Path, item: dict[str, Any], utt_id: str) -> tuple[Path | None, ...] | None:
+    """A line's ``references``: a list of the speakers' clips, [S1] first, null or "" for a speaker without one."""
+    references = item.get("references")
+    if references is None:
+        return None
+    if "reference" in item:
+        raise _LineError("give reference (one voice) or references (one per speaker), not both", utt_id)
+    if not isinstance(references, list) or not 1 <= len(references) <= MAX_SPEAKERS:
+        raise _LineError(
+            f"references must be a list of 1 to {MAX_SPEAKERS} clips ([S1] first, null for a speaker without one), "
+            f"got {json.dumps(references)}",
+            utt_id,
+        )
+    if not all(isinstance(value, str) or value is None for value in references):
+        raise _LineError(f"each of references must be a string or null, got {json.dumps(references)}", utt_id)
+    return tuple(_reference(folder, value, utt_id) if value else None for value in references)
 
 
 def _check(utt_id: str, text: str) -> None:
@@ -303,7 +369,7 @@ class Batch:
     def run(self, entries: list[Utterance | BadLine], todo: list[Utterance]) -> int:
         """Every entry in order: bad lines recorded, those not in ``todo`` skipped, the rest synthesized.
         Returns the exit status."""
-        self._voice_uses = Counter(u.reference for u in todo if isinstance(u.reference, Path))
+        self._voice_uses = Counter(clip for u in todo for clip in u.clips)
         todo_ids = {u.id for u in todo}
         totals, left = self.totals, len(todo)
         interrupted = False
@@ -339,11 +405,19 @@ class Batch:
         assert self.synth is not None
         started = time.perf_counter()
         try:
+            references = utterance.references
+            voice = self._voice(utterance.reference) if references is None else [self._voice(v) for v in references]
             result = self.synth.synthesize(
                 utterance.text,
-                voice=self._voice(utterance.reference),
+                voice=voice,
+                prefix=self._voice(utterance.prefix),
+                prefix_text=utterance.prefix_text,
                 language=utterance.language,
                 instruction=utterance.instruction,
+                quality=utterance.quality,
+                tokens=utterance.tokens,
+                sound_event=utterance.sound_event,
+                ambient_sound=utterance.ambient_sound,
                 seed=utterance.seed,
             )
         except MossTTSError as exc:

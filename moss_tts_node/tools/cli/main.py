@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,8 +22,13 @@ from moss_tts_node.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, MossTTSError,
 from moss_tts_node.model.family import FAMILY, MOSS_TTS
 from moss_tts_node.model.rates import FRAMES_PER_SECOND
 from moss_tts_node.playback import DEFAULT_PREBUFFER_S
+from moss_tts_node.text.speakers import MAX_SPEAKERS
 from moss_tts_node.tools.overrides import add_set_option, parse_overrides
 from moss_tts_node.tools.progress import Progress
+
+if TYPE_CHECKING:
+    from moss_tts_node.synthesis.request import Voices
+    from moss_tts_node.synthesis.voices import VoiceLibrary
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -66,11 +72,31 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"with --play: audio queued before playing starts (default {DEFAULT_PREBUFFER_S}); "
         "raise it where synthesis is slower than real time",
     )
-    synth.add_argument("--reference", help="voice to clone: WAV/FLAC clip, or .npy codes from encode-voice")
+    synth.add_argument(
+        "--reference",
+        action="append",
+        metavar="VOICE",
+        help="voice to clone: WAV/FLAC clip, .npy codes from encode-voice, or a voice name of the config; give it "
+        f"once per speaker, up to {MAX_SPEAKERS} ([S1] first, '' for a speaker without a clip)",
+    )
+    synth.add_argument(
+        "--prefix",
+        metavar="CLIP_OR_NPY",
+        help="a recording the speech continues (continuation cloning, docs/continuation.md): a clip, .npy codes or "
+        "a voice name of the config; only the new speech is written",
+    )
+    synth.add_argument(
+        "--prefix-text",
+        help="what the prefix says, put before --text (default: a named voice's transcript, or --text begins with it)",
+    )
     synth.add_argument(
         "--language", help='a language code or English name of docs/usage.md "Languages", e.g. en, zh, French'
     )
     synth.add_argument("--instruction", help="style instruction")
+    synth.add_argument("--quality", help="the prompt's quality field")
+    synth.add_argument("--tokens", type=int, help="how long the speech should be, in frames (12.5 per second)")
+    synth.add_argument("--sound-event", help="the prompt's sound event field")
+    synth.add_argument("--ambient-sound", help="the prompt's ambient sound field")
     synth.add_argument("--seed", type=int, help="random seed; the same seed gives the same audio")
     synth.add_argument("--text-temperature", type=float, help="overrides sampling.text_temperature")
     synth.add_argument("--audio-temperature", type=float, help="overrides sampling.audio_temperature")
@@ -117,6 +143,7 @@ def run_synth(args: argparse.Namespace) -> int:
     from moss_tts_node.codec.audio_io import write_wav
     from moss_tts_node.config import load_config
     from moss_tts_node.playback import Speaker, sound_output
+    from moss_tts_node.synthesis.request import SpeechRequest, check_request
     from moss_tts_node.synthesizer import Synthesizer
     from moss_tts_node.text.languages import language_tag
     from moss_tts_node.timing import StopReason
@@ -138,8 +165,20 @@ def run_synth(args: argparse.Namespace) -> int:
         if getattr(args, flag) is not None:
             overrides[key] = getattr(args, flag)
     config = load_config(args.config, overrides)
+    fields = {
+        "language": args.language,
+        "instruction": args.instruction,
+        "quality": args.quality,
+        "tokens": args.tokens,
+        "sound_event": args.sound_event,
+        "ambient_sound": args.ambient_sound,
+        "voice": _references(args.reference),
+        "prefix": args.prefix,
+        "prefix_text": args.prefix_text,
+    }
+    check_request(SpeechRequest("" if args.text == STDIN else args.text, **fields), config.limits)  # before loading
     with Synthesizer(config) as synth, ExitStack() as playing:
-        fields = {"language": args.language, "instruction": args.instruction, "voice": args.reference}
+        fields = {**fields, "voice": _named(fields["voice"], synth.voices), "prefix": _named(args.prefix, synth.voices)}
         # A file alone gets the codec's decode of the whole utterance (of each sentence, for standard input);
         # --play streams, and the file then holds what was played.
         if args.text == STDIN:
@@ -177,6 +216,24 @@ def run_synth(args: argparse.Namespace) -> int:
 
 
 STDIN = "-"  # --text's value that reads standard input
+
+
+def _references(values: list[str] | None) -> str | list[str | None] | None:
+    """--reference as a request's voice: None (the configured one) when not given, the value itself when given once
+    ('' still meaning no voice), else the list of the speakers' references (None for one without a clip)."""
+    if values is None or len(values) == 1:
+        return None if values is None else values[0]
+    return [value or None for value in values]
+
+
+def _named(voices: Voices, library: VoiceLibrary) -> Voices:
+    """The voices the user gave, each a voice of the config's library where it is one's name (and no file has that
+    path), else as given."""
+    if isinstance(voices, list):
+        return [_named(voice, library) for voice in voices]
+    if isinstance(voices, str) and voices in library and not Path(voices).exists():
+        return library[voices]
+    return voices
 
 
 def standard_input() -> Iterator[str]:

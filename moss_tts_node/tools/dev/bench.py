@@ -18,6 +18,11 @@ reports:
   text; its prefilled rows, prefill ms and time to first audio against the bound prefill(its new rows) +
   n_vq + 1 steps + one chunk decode, next to the first request's (which prefills its whole prompt).
 
+``--clone`` says how the voice enters each request: as the ``[S1]`` reference, as the prefix the speech continues
+(docs/continuation.md), or both; given several times, the runs alternate between them, ``--rounds`` times over
+(A, B, C, A, B, C...), so that a shared machine's drift falls on each alike, and a summary gives each one's mean
+time to first audio and steps/s against the first's.
+
 The codec is the tiny demo codec for bench models; the real codec costs more: measure it with
 ``--set model.codec_dir=/path/to/MOSS-Audio-Tokenizer-ONNX`` (random codes decode at the real cost), or
 the whole real model with ``--config``. The workers run one at a time; the machine should be otherwise quiet:
@@ -31,6 +36,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -55,6 +61,10 @@ BENCH_TEXT = "Hello! I am a robot, and this is my voice. It is a fine day to tes
 REPEAT_TEXT = "The kitchen is on the left, past the blue door."  # the repeat request's: another text, same voice
 BUDGET_SLACK = 500 * 1024 * 1024
 FRAME_MS = 1000 / FRAMES_PER_SECOND  # the audio one step makes
+# How the voice enters a request (--clone): as the [S1] reference, as a prefix the speech continues, or both.
+REFERENCE, CONTINUATION, BOTH = "reference", "continuation", "both"
+CLONE_MODES = (REFERENCE, CONTINUATION, BOTH)
+PREFIX_TEXT = "This is how I sound when I speak."  # the bench voice's transcript (its codes are random)
 
 
 def register(commands: Any) -> None:
@@ -81,6 +91,14 @@ def register(commands: Any) -> None:
         default=0.0,
         help="a reference voice of this many seconds of random codes in every request (default 0: none)",
     )
+    bench.add_argument(
+        "--clone",
+        action="append",
+        choices=CLONE_MODES,
+        help="how the voice (--voice-seconds) enters each request: the [S1] reference (default), the prefix the "
+        "speech continues, or both; repeat to alternate runs between them",
+    )
+    bench.add_argument("--rounds", type=int, default=1, help="run every --clone this many times, alternating")
     bench.add_argument("--no-prefill-compare", action="store_true", help="skip the every-position prefill run")
     bench.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     bench.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for every run")
@@ -104,32 +122,43 @@ def run_bench(args: argparse.Namespace) -> int:
         for name in args.model or ["1.7b", "8b"]:
             log(f"bench model {name}: {bench_model_dir(name)}")
             targets.append((name, ensure_bench_model(name, threads=args.threads, log=log)))
+    if args.clone and not args.voice_seconds:
+        raise RequestError("--clone needs a voice: give --voice-seconds, e.g. 10")
+    modes = args.clone or [REFERENCE]
+    runs = [(round_, mode) for round_ in range(1, args.rounds + 1) for mode in modes]
     results = []
     for name, config in targets:
         for backend in heads:
             run_overrides = {**overrides, "audio.heads_backend": backend}
             if backend == "gguf" and not args.config:
                 run_overrides["model.backbone_gguf"] = ensure_heads_gguf(name, log=log).name
-            log(f"running {name}, heads {backend}, {args.steps} steps, {args.threads} threads ...")
-            result = run_worker(
-                {
-                    "label": f"{name} / {backend}",
-                    "model": name,
-                    "config": str(config),
-                    "overrides": run_overrides,
-                    "steps": args.steps,
-                    "threads": args.threads,
-                    "seed": args.seed,
-                    "text": args.text,
-                    "voice_seconds": args.voice_seconds,
-                    "demo_codec": not args.config and "model.codec_dir" not in overrides,
-                    "prefill_compare": not args.no_prefill_compare,
-                }
-            )
-            results.append(result)
-            print(format_result_line(result), flush=True)
+            for round_, mode in runs:
+                label = f"{name} / {backend}" + (f" / {mode}" if args.clone else "")
+                label += f" #{round_}" if args.rounds > 1 else ""
+                log(f"running {label}, {args.steps} steps, {args.threads} threads ...")
+                result = run_worker(
+                    {
+                        "label": label,
+                        "clone": mode,
+                        "model": name,
+                        "config": str(config),
+                        "overrides": run_overrides,
+                        "steps": args.steps,
+                        "threads": args.threads,
+                        "seed": args.seed,
+                        "text": args.text,
+                        "voice_seconds": args.voice_seconds,
+                        "demo_codec": not args.config and "model.codec_dir" not in overrides,
+                        "prefill_compare": not args.no_prefill_compare,
+                    }
+                )
+                results.append({**result, "clone": mode})
+                print(format_result_line(result), flush=True)
     print()
     print(format_table(results))
+    if len(modes) > 1:
+        print()
+        print(format_clone_summary(results))
     if args.json:
         args.json.write_text(json.dumps({"machine": machine_info(), "runs": results}, indent=2) + "\n")
         print(f"wrote {args.json}")
@@ -205,7 +234,7 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
     spec = synth.spec
     voice_frames = frames_for_seconds(job["voice_seconds"])
     voice = np.random.default_rng(job["seed"]).integers(0, spec.audio_vocab_size, (voice_frames, spec.n_vq))
-    request = {"language": "en", "seed": job["seed"], "voice": voice if voice_frames else ""}
+    request = {"language": "en", "seed": job["seed"], **clone_fields(job.get("clone", REFERENCE), voice)}
     list(synth.stream(job["text"], max_new_tokens=8, **request))  # warm-up: page in the weights
     with synth.stages.generation() as stage:
         stage.backbone.clear()  # the measured request is a first one: nothing of its prompt is in the KV cache
@@ -383,6 +412,17 @@ def memory_figures(synth: Synthesizer, peak_rss: float) -> dict[str, Any]:
     }
 
 
+def clone_fields(mode: str, voice: Any) -> dict[str, Any]:
+    """A request's voice fields for ``mode`` (``CLONE_MODES``): ``voice`` (codes, maybe none) as the reference, as
+    the prefix, or both."""
+    if not voice.shape[0]:
+        return {"voice": ""}
+    fields: dict[str, Any] = {"voice": voice if mode in (REFERENCE, BOTH) else ""}
+    if mode in (CONTINUATION, BOTH):
+        fields.update(prefix=voice, prefix_text=PREFIX_TEXT)
+    return fields
+
+
 def decode_graph_bytes(synth: Any) -> int:
     """What the resident decode graph holds: its weights (the graph and its side file) and, for a stream
     decoder, its attention caches. The encoder, loaded on a first encode, is not counted: bench encodes nothing."""
@@ -471,6 +511,32 @@ def format_result_line(r: dict[str, Any]) -> str:
         f"(decode {r['decode_ms']:.1f}, limit {r['limit_ms']:.1f}), overhead {100 * r['overhead']:.1f}%, "
         f"other processes' CPU {100 * r.get('foreign_cpu', 0):.0f}%"
     )
+
+
+def format_clone_summary(results: list[dict[str, Any]]) -> str:
+    """Each --clone's mean time to first audio and steps/s over its runs, and their ratios to the first's."""
+    by_mode: dict[str, list[dict[str, Any]]] = {}
+    for result in results:
+        by_mode.setdefault(result["clone"], []).append(result)
+    means = {
+        mode: (
+            statistics.fmean(r["ttfa_ms"] for r in runs if r["ttfa_ms"] is not None),
+            statistics.fmean(r["steps_per_s"] for r in runs),
+            statistics.fmean(r["prompt_rows"] for r in runs),
+        )
+        for mode, runs in by_mode.items()
+    }
+    first_ttfa, first_steps, _ = next(iter(means.values()))
+    lines = [
+        "| clone | runs | prompt rows | time to first audio ms (ratio) | steps/s (ratio) |",
+        "|---|---|---|---|---|",
+    ]
+    for mode, (ttfa, steps, rows) in means.items():
+        lines.append(
+            f"| {mode} | {len(by_mode[mode])} | {rows:.0f} | {ttfa:.0f} ({ttfa / first_ttfa:.2f}) "
+            f"| {steps:.2f} ({steps / first_steps:.2f}) |"
+        )
+    return "\n".join(lines)
 
 
 def _ms(value: float | None, digits: int = 1) -> str:
