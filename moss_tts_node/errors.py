@@ -32,6 +32,19 @@ class RequestError(MossTTSError):
     """A synthesis request is invalid (empty text, prompt too long, bad reference)."""
 
 
+class ExpectedTooLong(RequestError):
+    """A request whose speech is expected to take longer than its caller's bound (``max_expected_s``); an adapter
+    may say which of its settings that bound is."""
+
+    def __init__(self, expected_s: float, limit_s: float) -> None:
+        super().__init__(
+            f"the speech is expected to take {expected_s:.1f} s, more than the {limit_s:g} s this request may take: "
+            "split the text, or stream it"
+        )
+        self.expected_s = expected_s
+        self.limit_s = limit_s
+
+
 class PlaybackError(MossTTSError):
     """Audio cannot be played: no ``sounddevice``/PortAudio, no output device, or a rate it refuses."""
 

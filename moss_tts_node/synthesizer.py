@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from moss_tts_node.config import Config, GenerationConfig, load_config, resolved_sampling
-from moss_tts_node.errors import Cancelled, RequestError
+from moss_tts_node.errors import Cancelled, ExpectedTooLong, RequestError
 from moss_tts_node.model.layout import TOKENIZER_DIR
 from moss_tts_node.model.rates import frames_for_seconds
 from moss_tts_node.model.sampling import SamplingParams
@@ -196,10 +196,7 @@ class Synthesizer:
         measured = self.planner.measure(prompt_fields, references, self._pause_mode(gen), continuation)
         expected_s = measured.expected_seconds
         if max_expected_s is not None and expected_s > max_expected_s:
-            raise RequestError(
-                f"the speech is expected to take {expected_s:.1f} s, more than the {max_expected_s:g} s this request "
-                "may take: split the text, or stream it"
-            )
+            raise ExpectedTooLong(expected_s, max_expected_s)
         plan = self.planner.pieces(measured, request.max_new_tokens or gen.max_new_tokens)
         max_frames = None if max_audio_s is None else frames_for_seconds(max_audio_s)
         chunks = self.pipeline.run(

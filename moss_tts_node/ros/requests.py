@@ -34,7 +34,7 @@ from moss_tts_msgs.action import Speak
 from moss_tts_msgs.msg import TextChunk
 from moss_tts_msgs.srv import Synthesize
 
-from moss_tts_node.errors import MossTTSError, RequestError
+from moss_tts_node.errors import ExpectedTooLong, MossTTSError, RequestError
 from moss_tts_node.ros.audio import encode
 from moss_tts_node.ros.intake import Intake
 from moss_tts_node.ros.lifecycle import Loan, Phase, check_serving
@@ -346,13 +346,16 @@ def _whole(
     """A whole-utterance answer: the codec's offline decode, kept, at most ``max_response_seconds`` of it, and
     refused when it is expected to take longer."""
     limit = settings.max_response_seconds
-    stream = synth.stream(speech, cancel=cancel, streaming=False, config=settings.config, max_audio_s=limit)
-    if stream.estimated_seconds is not None and stream.estimated_seconds > limit:
+    try:  # refused before its text is planned (docs/security.md, "Request checks")
+        stream = synth.stream(
+            speech, cancel=cancel, streaming=False, config=settings.config, max_audio_s=limit, max_expected_s=limit
+        )
+    except ExpectedTooLong as err:
         raise RequestError(
-            f"the speech is expected to take {stream.estimated_seconds:.1f} s, more than a ~/synthesize response "
+            f"the speech is expected to take {err.expected_s:.1f} s, more than a ~/synthesize response "
             f"holds (parameter 'max_response_seconds' ({limit:g} s)): split the text, or use ~/speak or ~/text, "
             "which stream it"
-        )
+        ) from err
     return stream, []
 
 
