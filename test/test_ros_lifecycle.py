@@ -316,7 +316,9 @@ def test_the_player_goes_quiet_when_the_node_deactivates_and_plays_once_it_is_ac
     try:
         with playing(own_netns, log, env=env) as player:
             with null_sink.recording(tmp_path / "playing.raw"):
-                sent = own_netns.client("text", texts=["Hello there, robot."], save=str(tmp_path / "a.npy"))
+                sent = own_netns.client(
+                    "text", texts=["Hello there, robot."], save=str(tmp_path / "a.npy"), other_listeners=1
+                )
                 deadline = time.monotonic() + 60
                 while played_span(tmp_path / "playing.raw") == 0:  # it plays
                     assert player.poll() is None and time.monotonic() < deadline, log.read_text()

@@ -451,7 +451,7 @@ def test_the_player_plays_what_the_node_publishes(
     with playing(netns, log, "-p", "prebuffer_s:=60.0", env=env) as player:
         sent_file = tmp_path / "sent.npy"
         with null_sink.recording(tmp_path / "sink.raw") as captured:
-            netns.client("text", texts=["Hello robot."], save=str(sent_file))
+            netns.client("text", texts=["Hello robot."], save=str(sent_file), other_listeners=1)
             sent = np.load(sent_file)
             wait_played(tmp_path / "sink.raw", sent.size, player, log)  # until it has all played
         assert null_sink.snr_db(sent, captured[0]) > 15, log.read_text()  # see test_cli's play test

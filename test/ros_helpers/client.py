@@ -226,6 +226,13 @@ def run_text(client: Client, args: dict[str, Any]) -> dict[str, Any]:
     publisher = client.create_publisher(String, f"{NODE}/text", 10)
     client.spin_until(lambda: publisher.get_subscription_count() > 0, MATCH_TIMEOUT, "the ~/text subscriber")
     client.wait_audio_matched()
+    # Other processes that must hear the audio (a player): ~/audio is volatile, so what is published before the
+    # node has matched them is lost. Their subscriptions in this client's view of the graph are the nearest sign
+    # the node has them too (discovery reaches both from the same announcements).
+    listeners = 1 + args.get("other_listeners", 0)
+    client.spin_until(
+        lambda: client.count_subscribers(f"{NODE}/audio") >= listeners, MATCH_TIMEOUT, "~/audio's listeners"
+    )
     for text in args["texts"]:
         publisher.publish(String(data=text))
     if not publisher.wait_for_all_acked(rclpy.duration.Duration(seconds=10)):  # in the node's hands before we go
