@@ -30,12 +30,15 @@ SPEAK = ("action", "send_goal", "/moss_tts_node/speak", "moss_tts_msgs/action/Sp
 SYNTHESIZE = ("service", "call", "/moss_tts_node/synthesize", "moss_tts_msgs/srv/Synthesize")
 LIST_VOICES = ("service", "call", "/moss_tts_node/list_voices", "moss_tts_msgs/srv/ListVoices")
 TRANSCRIPT = "Good evening, sir."
-FRAMES = {"alice": 30, "bob": 20, "butler": 25, "nurse": 15}  # nurse is the default voice; butler has a transcript
+# nurse is the default voice; butler has a transcript; long fits the context alone, not four times over
+FRAMES = {"alice": 30, "bob": 20, "butler": 25, "nurse": 15, "long": 320}
+N_CTX = 1024
 
 
 @pytest.fixture(scope="module")
 def voices_params(demo_config: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The node's params: a voice directory of four voices (codes), butler with its transcript, nurse the default."""
+    """The node's params: a voice directory of five voices (codes), butler with its transcript, nurse the default,
+    in a context of ``N_CTX`` rows."""
     folder = tmp_path_factory.mktemp("voices")
     rng = np.random.default_rng(7)
     for name, frames in FRAMES.items():
@@ -43,6 +46,7 @@ def voices_params(demo_config: Path, tmp_path_factory: pytest.TempPathFactory) -
     (folder / "butler.txt").write_text(f"{TRANSCRIPT}\n")
     values = {
         "llama.n_threads": 1,
+        "llama.n_ctx": N_CTX,
         "generation.max_new_tokens": 40,
         "generation.reference_audio": str(folder / "nurse.npy"),
         "voices.directories": [str(folder)],
@@ -100,6 +104,7 @@ def test_list_voices_says_which_voices_carry_a_transcript(netns: LoopbackNamespa
         ("alice", "False", "False"),
         ("bob", "False", "False"),
         ("butler", "False", "True"),
+        ("long", "False", "False"),
         ("nurse", "True", "False"),
     ], out[-3000:]
 
@@ -146,6 +151,11 @@ def test_an_old_clients_goal_is_served_as_before(netns: LoopbackNamespace, node:
         ),
         ("prefix_voice: 'nurse'", "prefix_voice 'nurse' has no transcript"),
         ("voices: ['alice'], voice: 'bob'", "the request gives 'voices' and a voice in 'voice' or 'reference_audio'"),
+        (  # the core's refusal, answered as the node's are
+            "voices: ['long', 'long', 'long', 'long']",
+            f"the request's voices last 102.4 s together: their rows and one frame's steps need 1437 of the {N_CTX} "
+            "rows of the context ('llama.n_ctx')",
+        ),
     ],
 )
 def test_a_bad_voice_is_refused_with_the_way_out(
