@@ -25,8 +25,8 @@ EXECUTABLES = {"moss_tts_node": "moss_tts_node.ros.main:main", "moss_tts_player"
 LAUNCH_FILES = sorted((ROOT / "launch").glob("*.launch.py"))
 
 
-def test_the_launch_file_is_there_and_names_every_shipped_config() -> None:
-    assert [f.name for f in LAUNCH_FILES] == ["moss_tts.launch.py"]
+def test_the_launch_files_are_there_and_the_nodes_names_every_shipped_config() -> None:
+    assert [f.name for f in LAUNCH_FILES] == ["moss_tts.launch.py", "voice_and_sounds.launch.py"]
     source = LAUNCH_FILES[0].read_text()
     for config in (ROOT / "config").glob("*.yaml"):
         assert config.stem in source, f"the launch file's docs do not name config {config.stem}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -13,6 +14,7 @@ from ros_helpers import require_ros
 
 from moss_tts_node.ros.queue import State
 from moss_tts_node.synthesis.request import SpeechRequest
+from moss_tts_node.synthesis.voices import LibraryVoice
 from moss_tts_node.timing import StopReason, TimingReport
 
 if TYPE_CHECKING:
@@ -49,22 +51,61 @@ def report(synth: Synthesizer) -> TimingReport:
     return synth.synthesize("Hello there.", seed=3).report
 
 
-@pytest.mark.parametrize("message", [Speak.Goal, Synthesize.Request, TextChunk])
+REQUEST_MESSAGES = [Speak.Goal, Synthesize.Request, TextChunk]
+# What a request message carries besides a SpeechRequest's fields of the same name: the voices by name (ros/voices.py
+# looks them up), and a stream's own fields.
+BY_NAME = {"voice", "reference_audio", "voices", "prefix_voice"}
+STREAM = {"stream_id", "final"}
+
+
+@pytest.mark.parametrize("message", REQUEST_MESSAGES)
+def test_every_field_of_a_request_message_is_a_speech_requests_or_a_voice_by_name(message: type) -> None:
+    """A field added to the messages without a way into the SpeechRequest fails here."""
+    fields = set(message.get_fields_and_field_types()) - STREAM
+    assert fields - BY_NAME <= set(REQUEST_FIELDS) - {"voice", "prefix"}, fields - BY_NAME - set(REQUEST_FIELDS)
+    assert fields == set(Speak.Goal.get_fields_and_field_types())  # the three messages carry the same request
+
+
+@pytest.mark.parametrize("message", REQUEST_MESSAGES)
 def test_empty_fields_of_a_request_take_the_nodes_defaults(message: type) -> None:
-    request = speech_request(message(text="Hello."), None)  # every other field as the message's default
+    request = speech_request(message(text="Hello."), None, None)  # every other field as the message's default
     assert fields_of(request) == fields_of(SpeechRequest("Hello."))
 
 
-@pytest.mark.parametrize("message", [Speak.Goal, Synthesize.Request, TextChunk])
+@pytest.mark.parametrize("message", REQUEST_MESSAGES)
 def test_the_fields_a_request_gives_reach_the_speech_request(message: type) -> None:
     codes = np.zeros((3, 32), dtype=np.int64)  # what ros/voices.py found for its voice
-    request = speech_request(message(text=" Hi. ", language="zh", instruction="calm", voice="nurse", seed=0), codes)
+    request = speech_request(
+        message(text=" Hi. ", language="zh", instruction="calm", voice="nurse", seed=0), codes, None
+    )
     assert request.voice is codes
     assert fields_of(replace(request, voice=None)) == fields_of(
         SpeechRequest(" Hi. ", language="zh", instruction="calm", seed=0)
     )
-    assert speech_request(message(text="Hi.", seed=2**63 - 1), None).seed == 2**63 - 1
-    assert speech_request(message(text="Hi.", seed=-7), None).seed == -7  # kept, for the synthesizer to refuse
+    assert speech_request(message(text="Hi.", seed=2**63 - 1), None, None).seed == 2**63 - 1
+    assert speech_request(message(text="Hi.", seed=-7), None, None).seed == -7  # kept, for the synthesizer to refuse
+
+
+@pytest.mark.parametrize("message", REQUEST_MESSAGES)
+def test_every_field_a_request_gives_reaches_the_speech_request(message: type) -> None:
+    """Each field but the voices by name, given a value of its own, is that field of the SpeechRequest; the voices
+    are what ros/voices.py looked up."""
+    types = message.get_fields_and_field_types()
+    given = {
+        name: 40 if kind.startswith(("int", "uint")) else f"<{name}>"
+        for name, kind in types.items()
+        if name not in BY_NAME | STREAM
+    }
+    assert {"text", "seed", "tokens", "scene", "sound_event", "ambient_sound", "prefix_text"} <= set(given)
+    alice, butler = (
+        LibraryVoice(name, np.zeros((3, 32), np.int64), Path(f"{name}.npy"), Path(f"/v/{name}.npy"), False)
+        for name in ("alice", "butler")
+    )
+    request = speech_request(message(voices=["alice", ""], prefix_voice="butler", **given), [alice, None], butler)
+    assert {name: getattr(request, name) for name in given} == given
+    assert (request.voice, request.prefix) == ([alice, None], butler)
+    too_long = speech_request(message(text="Hi.", tokens=2_000_000), None, None)
+    assert too_long.tokens == 2_000_000  # kept, for the synthesizer to refuse
 
 
 def test_timing_is_nan_where_nothing_was_measured() -> None:
@@ -137,6 +178,7 @@ def status(**changes: object) -> NodeStatus:
     idle = NodeStatus(
         lifecycle_state="active",
         model_loaded=True,
+        model="MOSS-VoiceGenerator",
         model_load_s=1.23456,
         configure_failure=None,
         queue_size=2,
@@ -146,7 +188,7 @@ def status(**changes: object) -> NodeStatus:
     return replace(idle, **{key: value for key, value in changes.items() if key not in COUNTS})
 
 
-NOT_LOADED = {"model_loaded": False, "model_load_s": None}
+NOT_LOADED = {"model_loaded": False, "model": "", "model_load_s": None}
 
 
 @pytest.mark.parametrize(
@@ -182,6 +224,7 @@ def test_diagnostics_values_before_and_after_the_first_request(report: TimingRep
     assert before == {
         "lifecycle_state": "active",
         "model_loaded": "true",
+        "model": "MOSS-VoiceGenerator",
         "model_load_s": "1.235",
         "queue_depth": "0",
         "queue_size": "2",
@@ -210,7 +253,12 @@ def test_diagnostics_of_a_node_without_a_model() -> None:
     values = {
         kv.key: kv.value for kv in diagnostic_status("tts", status(lifecycle_state="unconfigured", **NOT_LOADED)).values
     }
-    assert (values["lifecycle_state"], values["model_loaded"], values["model_load_s"]) == ("unconfigured", "false", "")
+    assert (values["lifecycle_state"], values["model_loaded"], values["model"], values["model_load_s"]) == (
+        "unconfigured",
+        "false",
+        "",
+        "",
+    )
 
 
 def test_the_diagnostics_message_holds_the_status_stamped() -> None:

@@ -9,6 +9,7 @@ keystore artifacts by the real ``ros2 security`` and compared with the node's gr
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -38,6 +39,7 @@ POLICY = ROOT / "policies" / "moss_tts.policy.xml"
 ABORTED = 6  # action_msgs/GoalStatus
 UNKNOWN_VOICE = "not a voice of this node: "
 LONG = {"sampling.text_temperature": 0.0, "generation.max_new_tokens": 8000}  # the demo model runs on
+VIAS = ("synthesize", "speak")
 
 
 def secure(netns: LoopbackNamespace, command: str, **args: Any) -> Any:
@@ -46,10 +48,12 @@ def secure(netns: LoopbackNamespace, command: str, **args: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def voice_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The owner's voice directory: a clip and a .npy of codes, a folder that links to /etc, and a README."""
+    """The owner's voice directory: a clip with its transcript and a .npy of codes, a folder that links to /etc, and
+    a README."""
     folder = tmp_path_factory.mktemp("voices")
     t = np.arange(SAMPLE_RATE) / SAMPLE_RATE
     write_wav(folder / "nurse.wav", 0.3 * np.sin(2 * np.pi * 220 * t), SAMPLE_RATE)  # 1 s: 13 frames
+    (folder / "nurse.txt").write_text("Good morning.")
     np.save(folder / "butler.npy", np.random.default_rng(1).integers(0, 1024, (25, 32)))
     (folder / "etc").symlink_to("/etc")
     (folder / "README.txt").write_text("the robot's voices")
@@ -97,9 +101,27 @@ def test_the_voices_are_listed_with_what_each_is(netns: LoopbackNamespace, node:
     listing = secure(netns, "voices")
     assert (listing["success"], listing["message"]) == (True, "")
     assert listing["voices"] == [
-        {"name": "butler", "kind": "codes", "duration": 25 / FRAMES_PER_SECOND, "is_default": True},
-        {"name": "guide", "kind": "codes", "duration": 40 / FRAMES_PER_SECOND, "is_default": False},
-        {"name": "nurse", "kind": "clip", "duration": 13 / FRAMES_PER_SECOND, "is_default": False},
+        {
+            "name": "butler",
+            "kind": "codes",
+            "duration": 25 / FRAMES_PER_SECOND,
+            "is_default": True,
+            "has_transcript": False,
+        },
+        {
+            "name": "guide",
+            "kind": "codes",
+            "duration": 40 / FRAMES_PER_SECOND,
+            "is_default": False,
+            "has_transcript": False,
+        },
+        {
+            "name": "nurse",
+            "kind": "clip",
+            "duration": 13 / FRAMES_PER_SECOND,
+            "is_default": False,
+            "has_transcript": True,
+        },
     ]
 
 
@@ -143,8 +165,7 @@ def test_no_file_outside_the_voices(netns: LoopbackNamespace, node: NodeProcess,
         "x/" * 3000,
     ]
     fields = ("voice", "reference_audio")
-    vias = ("synthesize", "speak")
-    requests = [{"via": via, "text": "Hello.", field: probe} for probe in probes for field in fields for via in vias]
+    requests = [{"via": via, "text": "Hello.", field: probe} for probe in probes for field in fields for via in VIAS]
     try:
         answers = secure(netns, "requests", requests=requests)["answers"]
     finally:
@@ -155,6 +176,37 @@ def test_no_file_outside_the_voices(netns: LoopbackNamespace, node: NodeProcess,
         "voice directories"
     }
     assert {a["status"] for a in answers if "status" in a} == {ABORTED}
+    log = node.output()
+    assert "Error opening" not in log and "Format not recognised" not in log
+
+
+def test_the_new_voice_fields_take_names_only(
+    netns: LoopbackNamespace, node: NodeProcess, voice_dir: Path, guide: Path
+) -> None:
+    """voices and prefix_voice take a name of the library, never a path, not even a voice directory's file's (which
+    voice and reference_audio take): each refusal quotes what was given and says nothing else of it, so it reads
+    the same whether a file of that name exists or not, and nothing is opened."""
+    probes = [
+        "/etc/passwd",
+        "/proc/self/environ",
+        "../" * 12 + "etc/shadow",
+        str(voice_dir / "nurse.wav"),
+        str(voice_dir / "absent.wav"),
+        str(voice_dir / "nurse"),
+        str(guide),
+        "x/" * 3000,
+    ]
+    asked = [{"voices": [probe]} for probe in probes] + [{"voices": ["nurse", probe]} for probe in probes]
+    asked += [{"prefix_voice": probe} for probe in probes]
+    requests = [{"via": via, "text": "Hello.", **fields} for fields in asked for via in VIAS]
+    answers = secure(netns, "requests", requests=requests)["answers"]
+    assert not any(a["success"] for a in answers)
+    quoted = re.compile(r"^(voices\[[01]\]|prefix_voice) '[^']+' is not a voice")
+    assert {quoted.sub(r"\1 '...' is not a voice", a["message"]) for a in answers} == {
+        f"{field} '...' is not a voice of this node: give one of the names that `ros2 service call "
+        "/moss_tts_node/list_voices moss_tts_msgs/srv/ListVoices` lists (a name, never a path)"
+        for field in ("voices[0]", "voices[1]", "prefix_voice")
+    }
     log = node.output()
     assert "Error opening" not in log and "Format not recognised" not in log
 
@@ -184,11 +236,17 @@ def test_paths_are_refused_unless_the_owner_allows_a_directory(
     [
         (
             {"text": "a" * 2001},
-            "the request has 2001 characters (text, instruction, quality, language, prefix_text, sound_event and "
-            "ambient_sound together), "
-            "more than the 2000 of 'limits.max_text_chars'",
+            "the request has 2001 characters (text, instruction, quality, language, prefix_text, sound_event, "
+            "ambient_sound and scene together), more than the 2000 of 'limits.max_text_chars'",
         ),
         ({"text": "Hello.", "instruction": "calm " * 400}, "'limits.max_text_chars'"),
+        ({"text": "Hello.", "scene": "a kitchen " * 100, "ambient_sound": "rain " * 300}, "'limits.max_text_chars'"),
+        ({"text": "Hello.", "prefix_voice": "nurse", "prefix_text": "x" * 2000}, "'limits.max_text_chars'"),
+        ({"text": "Hello.", "tokens": 1_000_001}, "the request's tokens must be a whole number from 1 to 1000000"),
+        ({"text": "Hello.", "voices": ["nurse"] * 6}, "the request gives 6 voices: give at most 5"),
+        ({"text": "Hello.", "voices": ["nurse"], "voice": "guide"}, "the request gives 'voices' and a voice in"),
+        ({"text": "Hello.", "prefix_text": "Good evening."}, "the request gives prefix_text but no prefix"),
+        ({"text": "Hello.", "prefix_voice": "butler"}, "prefix_voice 'butler' has no transcript"),
         ({"text": "Hello.", "seed": -5}, "the seed must be -1 (use sampling.seed) or a number from 0 to"),
         ({"text": "🤖🤖🤖"}, "nothing to say: "),
         ({"text": "... !!! ???"}, "nothing to say: "),
@@ -260,6 +318,10 @@ node_texts = st.one_of(
     st.text(st.sampled_from(HOSTILE), max_size=2010),
     st.builds(lambda char, n: char * n, WIRE, st.integers(1, 2010)),
 )
+# Names for voices and prefix_voice: the library's (nurse has a transcript, butler and guide none), near misses, paths.
+voice_names = st.sampled_from(["", "nurse", "guide", "butler", "Nurse", "nurse.wav", "/etc/passwd", "../x"]) | st.text(
+    WIRE, max_size=20
+)
 node_requests = st.fixed_dictionaries(
     {"via": st.sampled_from(["synthesize", "speak"]), "text": node_texts},
     optional={
@@ -268,6 +330,14 @@ node_requests = st.fixed_dictionaries(
         "voice": st.sampled_from(["", "nurse", "Butler", "/etc/passwd", "../../etc/x"]) | st.text(WIRE, max_size=20),
         "reference_audio": st.sampled_from(["", "guide", "/proc/self/environ"]),
         "seed": st.integers(-(2**63), 2**63 - 1),
+        "voices": st.lists(voice_names, max_size=7),
+        "prefix_voice": voice_names,
+        "prefix_text": st.text(WIRE, max_size=40),
+        "sound_event": st.text(WIRE, max_size=40),
+        "ambient_sound": st.text(WIRE, max_size=40),
+        "quality": st.text(WIRE, max_size=10),
+        "scene": node_texts,
+        "tokens": st.integers(0, 60) | st.integers(0, 2**32 - 1),
     },
 )
 

@@ -22,7 +22,7 @@ from moss_tts_node.synthesizer import Synthesizer
 class LoadedModel:
     """The synthesizer a configure loads (the model and its voices), lent through ``loan`` until cleanup frees it.
 
-    ``failure`` says why the last configure failed, until one succeeds; ``sample_rate``, ``load_s`` and
+    ``failure`` says why the last configure failed, until one succeeds; ``sample_rate``, ``load_s``, ``name`` and
     ``loaded`` describe the model the last successful one loaded.
     """
 
@@ -30,7 +30,8 @@ class LoadedModel:
         self.loan: Loan[Synthesizer] = Loan()  # lent to the threads that check a request with it
         self.sample_rate = 0
         self.load_s: float | None = None
-        self.loaded = ""  # "model loaded in ... from ...", for the log
+        self.name = ""  # which model of the family it is (``ModelIdentity.name``: "MOSS-VoiceGenerator")
+        self.loaded = ""  # "model loaded in ... from ... (name)", for the log
         self.failure: str | None = None
         self._log = log
 
@@ -47,7 +48,8 @@ class LoadedModel:
         self.failure = None
         self.sample_rate = synth.spec.sampling_rate
         self.load_s = time.monotonic() - started
-        self.loaded = f"model loaded in {self.load_s:.1f} s from {settings.config.model.weights_dir}"
+        self.name = synth.spec.identity.name
+        self.loaded = f"model loaded in {self.load_s:.1f} s from {settings.config.model.weights_dir} ({self.name})"
         self.loan.give(synth)
 
     def failed(self, err: Exception) -> str:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
 from builtin_interfaces.msg import Time as TimeMsg
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from moss_tts_msgs.action import Speak
@@ -18,24 +17,36 @@ from std_msgs.msg import Header
 
 from moss_tts_node.config import NODE_NAME
 from moss_tts_node.ros.queue import State
-from moss_tts_node.synthesis.request import SpeechRequest
+from moss_tts_node.synthesis.request import SpeechRequest, Voices
+from moss_tts_node.synthesis.voices import LibraryVoice
 from moss_tts_node.timing import TimingReport
 
 
-def speech_request(msg: Speak.Goal | Synthesize.Request | TextChunk, voice: np.ndarray | None) -> SpeechRequest:
-    """A Speak goal, a Synthesize request or a TextChunk (the first of a stream) as a SpeechRequest, with the
-    codes of the voice it names (looked up by ros/voices.py: a message never gives the synthesizer a path).
+def speech_request(
+    msg: Speak.Goal | Synthesize.Request | TextChunk, voice: Voices, prefix: LibraryVoice | None
+) -> SpeechRequest:
+    """A Speak goal, a Synthesize request or a TextChunk (the first of a stream) as a SpeechRequest, with the voices
+    it names (looked up by ros/voices.py: a message never gives the synthesizer a path): its references ``voice``
+    and the voice it continues, ``prefix``.
 
-    Empty fields take the node's defaults (None): ``generation.language`` and ``generation.instruction``,
-    the default voice (``voice`` None); a seed of -1 takes ``sampling.seed``. The text and the seed are kept
-    as they came, for the synthesizer to check (a seed below -1 is refused there).
+    Empty fields take the node's defaults (None): ``generation.language`` and ``generation.instruction``;
+    the prompt's other fields are left out (upstream prints them as None); a seed of -1 takes ``sampling.seed``,
+    ``tokens`` 0 says no duration. The text, the seed and ``tokens`` are kept as they came, for the synthesizer
+    to check (a seed below -1 or too many tokens is refused there).
     """
     return SpeechRequest(
         text=msg.text,
         language=msg.language or None,
         instruction=msg.instruction or None,
+        quality=msg.quality or None,
+        tokens=msg.tokens or None,
         voice=voice,
         seed=None if msg.seed == -1 else msg.seed,
+        prefix=prefix,
+        prefix_text=msg.prefix_text or None,
+        sound_event=msg.sound_event or None,
+        ambient_sound=msg.ambient_sound or None,
+        scene=msg.scene or None,
     )
 
 
@@ -93,6 +104,7 @@ class NodeStatus:
 
     lifecycle_state: str  # the label ``ros2 lifecycle get`` prints
     model_loaded: bool
+    model: str  # which model of the family the loaded weights are (``ModelIdentity.name``); "" when none is loaded
     model_load_s: float | None  # how long the loaded model took to configure; None when none is loaded
     configure_failure: str | None  # why the last configure failed, until one succeeds
     queue_size: int
@@ -102,7 +114,8 @@ class NodeStatus:
 
 
 def diagnostics(node_name: str, status: NodeStatus, stamp: TimeMsg) -> DiagnosticArray:
-    """The node's ``/diagnostics`` message, stamped."""
+    """The node's ``/diagnostics`` message, stamped; ``node_name`` is its full name without the first "/", so
+    that the statuses of nodes in two namespaces have two names."""
     return DiagnosticArray(header=Header(stamp=stamp), status=[diagnostic_status(node_name, status)])
 
 
@@ -119,6 +132,7 @@ def diagnostic_status(node_name: str, status: NodeStatus) -> DiagnosticStatus:
     values = {
         "lifecycle_state": status.lifecycle_state,
         "model_loaded": str(status.model_loaded).lower(),
+        "model": status.model,
         "model_load_s": _figure(status.model_load_s),
         "queue_depth": requests.queue_depth,
         "queue_size": status.queue_size,

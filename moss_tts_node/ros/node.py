@@ -7,7 +7,8 @@
 - ``~/synthesize`` (moss_tts_msgs/srv/Synthesize): the whole utterance back in the response.
 - ``~/list_voices`` (moss_tts_msgs/srv/ListVoices): the voices a request may name (ros/voices.py).
 - ``~/audio`` (moss_tts_msgs/AudioChunk): chunks as they are decoded (see ros/audio.py).
-- ``/diagnostics``: lifecycle state, readiness, queue depth, last real-time factor and time to first audio.
+- ``/diagnostics``: lifecycle state, readiness, the model, queue depth, last real-time factor and time to first
+  audio, under the node's full name (two nodes in two namespaces are told apart).
 
 A lifecycle node (docs/ros.md, "Lifecycle"): configure loads the model and encodes its voices, activate serves,
 deactivate ends the requests in line, cleanup frees the model; ``autostart`` (default true) configures and
@@ -319,6 +320,7 @@ class TtsNode(LifecycleNode):
         status = NodeStatus(
             lifecycle_state=phase.value,
             model_loaded=phase.loaded,
+            model=self._model.name if phase.loaded else "",
             model_load_s=self._model.load_s if phase.loaded else None,
             configure_failure=self._model.failure,
             queue_size=self._startup.queue_size,
@@ -326,4 +328,5 @@ class TtsNode(LifecycleNode):
             requests=self._requests.counts(serving=phase is Phase.ACTIVE),
             text_streams_open=self._text_streams.open_count,
         )
-        self._diagnostics.publish(diagnostics(self.get_name(), status, self.get_clock().now().to_msg()))
+        name = self._full_name.lstrip("/")  # "moss_tts_node", or "sounds/moss_tts_node" in a namespace
+        self._diagnostics.publish(diagnostics(name, status, self.get_clock().now().to_msg()))

@@ -4,7 +4,7 @@
 A callback of the node hands its message here and returns, so nothing holds the executor (docs/security.md,
 "Nothing holds the executor").
 The check runs on the intake's thread (ros/intake.py), one request at a time in the order they arrived, which is
-the order of the line: a request is refused unless the node serves (ros/lifecycle.py); its voice is looked up
+the order of the line: a request is refused unless the node serves (ros/lifecycle.py); its voices are looked up
 among the loaded model's (ros/voices.py); ``stream()`` (or ``stream_text()``) checks it (fields, language, text,
 room in the context) without generating, so a bad request never takes a turn nor interrupts the one being
 spoken. It runs with the parameters in force when it was checked (one ``Settings`` object). Then it waits in
@@ -42,7 +42,7 @@ from moss_tts_node.ros.messages import RequestCounts, speech_request, timing_mes
 from moss_tts_node.ros.parameters import Settings
 from moss_tts_node.ros.queue import Outcome, Refused, RequestQueue, State, Ticket
 from moss_tts_node.ros.text_stream import NewStream
-from moss_tts_node.ros.voices import requested_voice
+from moss_tts_node.ros.voices import requested_voices
 from moss_tts_node.synthesis.request import SpeechRequest, check_request
 from moss_tts_node.synthesis.results import AudioChunk, AudioStream
 from moss_tts_node.synthesizer import Synthesizer
@@ -141,7 +141,8 @@ class Requests:
 
         def admit() -> Ticket[Job]:
             try:
-                return self._admit(partial(_stream_asked, stream.first), stream_id, partial(_fed, stream), on_update)
+                asked = partial(_stream_asked, stream.first, self._node)
+                return self._admit(asked, stream_id, partial(_fed, stream), on_update)
             except BaseException:
                 ended(stream_id)  # before its refusal is logged and counted: a chunk sent after that is dropped
                 raise
@@ -152,7 +153,9 @@ class Requests:
 
     def speak(self, goal: Speak.Goal, goal_id: str, on_update: Callable[[Ticket[Job]], None]) -> Future[Ticket[Job]]:
         """A Speak goal, spoken and published: its check, then its place in line (ros/goals.py waits on it)."""
-        return self._enter(SPEAK, partial(self._admit, partial(_asked, goal), goal_id, _published, on_update))
+        return self._enter(
+            SPEAK, partial(self._admit, partial(_asked, goal, self._node), goal_id, _published, on_update)
+        )
 
     def synthesize(self, request: Synthesize.Request, response: Synthesize.Response) -> Synthesize.Response:
         """A ``~/synthesize`` call, answered once its request has ended: the whole utterance, at most
@@ -161,7 +164,8 @@ class Requests:
         response.channels = 1
         response.timing = timing_message(None, None)
         with self.answering():
-            check = self._enter(SYNTHESIZE, partial(self._admit, partial(_asked, request), uuid.uuid4().hex, _whole))
+            asked = partial(_asked, request, self._node)
+            check = self._enter(SYNTHESIZE, partial(self._admit, asked, uuid.uuid4().hex, _whole))
             try:
                 ticket = check.result()
             except Refused as refusal:
@@ -322,15 +326,15 @@ class Requests:
         return outcome
 
 
-def _asked(msg: Speak.Goal | Synthesize.Request | TextChunk, synth: Synthesizer) -> SpeechRequest:
-    """A goal, a service request or a stream's first chunk as the synthesizer takes it, its voice looked up among
-    the loaded model's."""
-    return speech_request(msg, requested_voice(synth.voices, msg.voice, msg.reference_audio))
+def _asked(msg: Speak.Goal | Synthesize.Request | TextChunk, node: str, synth: Synthesizer) -> SpeechRequest:
+    """A goal, a service request or a stream's first chunk as the synthesizer takes it, its voices looked up among
+    the loaded model's (``node``, the node's full name, tells a refusal where they are listed)."""
+    return speech_request(msg, *requested_voices(synth.voices, msg, node))
 
 
-def _stream_asked(first: TextChunk, synth: Synthesizer) -> SpeechRequest:
+def _stream_asked(first: TextChunk, node: str, synth: Synthesizer) -> SpeechRequest:
     """A stream's request: its first chunk's fields, without text (the text arrives in the feed)."""
-    return replace(_asked(first, synth), text="")
+    return replace(_asked(first, node, synth), text="")
 
 
 def _published(

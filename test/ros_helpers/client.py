@@ -139,7 +139,7 @@ class Client(Node):
 
     def send_goal(self, action: ActionClient, request: dict[str, Any]) -> dict[str, Any]:
         """Send one Speak goal and wait for its acceptance."""
-        goal = _request_fields(request, Speak.Goal())
+        goal = request_message(request, Speak.Goal())
         handle = self.result(action.send_goal_async(goal), 10, "goal acceptance")
         return {
             "handle": handle,
@@ -203,8 +203,28 @@ class Client(Node):
         return self.result(self._get_state.call_async(GetState.Request()), 10, "the state").current_state.label
 
 
-def _request_fields(args: dict[str, Any], message: Any) -> Any:
-    for key in ("text", "language", "instruction", "reference_audio", "seed"):
+# The request fields of a Speak goal, a Synthesize request and a TextChunk that a scenario may give.
+REQUEST_FIELDS = (
+    "text",
+    "language",
+    "instruction",
+    "reference_audio",
+    "seed",
+    "voice",
+    "voices",
+    "prefix_voice",
+    "prefix_text",
+    "sound_event",
+    "ambient_sound",
+    "quality",
+    "tokens",
+    "scene",
+)
+
+
+def request_message(args: dict[str, Any], message: Any) -> Any:
+    """``message`` with the request fields ``args`` gives."""
+    for key in REQUEST_FIELDS:
         if key in args and hasattr(message, key):
             setattr(message, key, args[key])
     return message
@@ -280,7 +300,7 @@ def run_text_stream(client: Client, args: dict[str, Any]) -> dict[str, Any]:
             message = TextChunk(
                 stream_id=fields["stream_id"], text=fields.get("text", ""), final=fields.get("final", False)
             )
-            chunks.publish(_request_fields(fields, message))
+            chunks.publish(request_message(fields, message))
         elif "text" in step:
             texts.publish(String(data=step["text"]))
         elif "publish" in step:
@@ -332,7 +352,7 @@ def run_synthesize(client: Client, args: dict[str, Any]) -> dict[str, Any]:
     answers = []
     for request in args["requests"]:
         response = client.result(
-            service.call_async(_request_fields(request, Synthesize.Request())), args.get("timeout", 30), "a response"
+            service.call_async(request_message(request, Synthesize.Request())), args.get("timeout", 30), "a response"
         )
         answers.append(
             {
@@ -725,7 +745,7 @@ def run_cycles(client: Client, args: dict[str, Any]) -> dict[str, Any]:
         for label in ("configure", "activate", "speak", "deactivate", "cleanup"):
             started = time.monotonic()
             if label == "speak":
-                request = _request_fields(args["request"], Synthesize.Request())
+                request = request_message(args["request"], Synthesize.Request())
                 response = client.result(service.call_async(request), timeout, "a response")
                 if not response.success:
                     raise RuntimeError(f"cycle {number}: {response.message}")

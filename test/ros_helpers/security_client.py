@@ -17,22 +17,13 @@ import time
 from typing import Any
 
 import rclpy
-from client import MATCH_TIMEOUT, NODE, Client, main
+from client import MATCH_TIMEOUT, NODE, Client, main, request_message
 from diagnostic_msgs.msg import DiagnosticArray
 from moss_tts_msgs.action import Speak
 from moss_tts_msgs.srv import ListVoices, Synthesize
 from rclpy.action import ActionClient, get_action_server_names_and_types_by_node
 from rclpy.parameter import Parameter
 from std_msgs.msg import String
-
-FIELDS = ("text", "language", "instruction", "reference_audio", "seed", "voice")
-
-
-def message(request: dict[str, Any], empty: Any) -> Any:
-    for key in FIELDS:
-        if key in request:
-            setattr(empty, key, request[key])
-    return empty
 
 
 def run_graph(client: Client, args: dict[str, Any]) -> dict[str, Any]:
@@ -72,7 +63,7 @@ def run_voices(client: Client, args: dict[str, Any]) -> dict[str, Any]:
     if not service.wait_for_service(MATCH_TIMEOUT):
         raise TimeoutError("~/list_voices did not appear")
     response = client.result(service.call_async(ListVoices.Request()), 10, "the voices")
-    fields = ("name", "kind", "duration", "is_default")
+    fields = ("name", "kind", "duration", "is_default", "has_transcript")
     voices = [{field: getattr(voice, field) for field in fields} for voice in response.voices]
     return {"success": response.success, "message": response.message, "voices": voices}
 
@@ -87,7 +78,8 @@ def run_requests(client: Client, args: dict[str, Any]) -> dict[str, Any]:
     answers = []
     for request in args["requests"]:
         if request["via"] == "synthesize":
-            response = client.result(service.call_async(message(request, Synthesize.Request())), timeout, "a reply")
+            call = service.call_async(request_message(request, Synthesize.Request()))
+            response = client.result(call, timeout, "a reply")
             answers.append(
                 {
                     "success": response.success,
@@ -99,7 +91,8 @@ def run_requests(client: Client, args: dict[str, Any]) -> dict[str, Any]:
                 }
             )
         else:
-            handle = client.result(action.send_goal_async(message(request, Speak.Goal())), 10, "goal acceptance")
+            sent = action.send_goal_async(request_message(request, Speak.Goal()))
+            handle = client.result(sent, 10, "goal acceptance")
             result = client.result(handle.get_result_async(), timeout, "a result")
             answers.append(
                 {
