@@ -27,7 +27,7 @@ from moss_tts_node.codec.stream_decoder import (
     value_cache_name,
     write_slots_name,
 )
-from moss_tts_node.errors import WeightsError
+from moss_tts_node.model.q8_blocks import quantize_q8_blocks
 from moss_tts_node.tools.prepare.stream_decoder_checkpoint import CodecSpec, CodecWeights, TransformerStage
 
 _EXTERNAL_ALIGN = 4096  # lets ONNX Runtime map the side file instead of reading it
@@ -92,13 +92,13 @@ class OnnxGraph:
         if self._precision is None or not self._precision.quantized(hint):
             return self.op("MatMul", x, self.weight(hint, matrix))
         block = self._precision.block
-        packed, scales = quantize_8bit_blocks(matrix, block)
+        codes, scales = quantize_q8_blocks(matrix.T, block)
         self.contrib_ops = True
         return self.op(
             "MatMulNBits",
             x,
-            self.weight(f"{hint}.q8", packed),
-            self.weight(f"{hint}.scales", scales),
+            self.weight(f"{hint}.q8", codes),
+            self.weight(f"{hint}.scales", scales.reshape(-1)),
             domain=CONTRIB_DOMAIN,
             K=matrix.shape[0],
             N=matrix.shape[1],
@@ -117,19 +117,6 @@ class OnnxGraph:
         names = [out] if out is not None else [self.name(op_type.lower()) for _ in range(outputs)]
         self.nodes.append(helper.make_node(op_type, list(inputs), names, name=names[0], **attributes))
         return names[0] if len(names) == 1 else names
-
-
-def quantize_8bit_blocks(matrix: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
-    """A (K, N) weight as MatMulNBits stores 8 bits: (N, K / block, block) uint8 codes around 128, and
-    one float32 scale per output column and block (N * K / block,), the block's largest |w| / 127."""
-    k, n = matrix.shape
-    if k % block:
-        raise WeightsError(f"a weight of {k} input channels does not split into 8-bit blocks of {block}")
-    blocks = np.ascontiguousarray(matrix.T, dtype=np.float32).reshape(n, k // block, block)
-    scales = np.abs(blocks).max(axis=2) / np.float32(127)
-    safe = np.where(scales > 0, scales, np.float32(1))  # an all-zero block: any scale gives codes of 128
-    codes = np.clip(np.rint(blocks / safe[:, :, None]), -127, 127).astype(np.int16) + 128
-    return codes.astype(np.uint8), scales.astype(np.float32).reshape(-1)
 
 
 def quantizer_decode(graph: OnnxGraph, weights: CodecWeights, spec: CodecSpec) -> str:
