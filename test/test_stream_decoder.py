@@ -22,6 +22,7 @@ from moss_tts_node.codec.onnx import OnnxCodec
 from moss_tts_node.codec.stream_decoder import StreamDecoder, StreamDecoderCodec
 from moss_tts_node.codec.streaming import StatefulStreamDecoding
 from moss_tts_node.errors import CodecError, WeightsError
+from moss_tts_node.tools.dev.codec_fidelity import snr_db
 from moss_tts_node.tools.prepare.stream_decoder_build import build_stream_decoder
 
 TINY = codec_tiny_location()
@@ -74,10 +75,8 @@ def test_window_attention_matches_the_offline_decode_at_any_chunk_size(graphs, r
 
 
 def test_8bit_weights_stay_near_the_offline_decode_and_are_8bit(graphs, reference, codes) -> None:
-    full = reference["audio_full"]
-    error = stream(StreamDecoder(graphs["w8"]), codes, 5) - full
-    snr_db = 10 * np.log10(np.sum(full**2) / np.sum(error**2))
-    assert 15 < snr_db < 60, f"w8 SNR {snr_db:.1f} dB"  # about 25 dB on this random model: not float32's 140
+    snr = snr_db(stream(StreamDecoder(graphs["w8"]), codes, 5), reference["audio_full"])
+    assert 15 < snr < 60, f"w8 SNR {snr:.1f} dB"  # about 25 dB on this random model: not float32's 140
     graph = onnx.load(graphs["w8"])
     weights = [node for node in graph.graph.node if node.op_type == "MatMulNBits"]
     # 6 per layer (q, k, v, out, two FFN) in 4 stages of 2, each stage's in and out projection, the quantizer's
@@ -207,10 +206,10 @@ def test_whole_utterances_decode_on_the_stream_decoder_exactly_in_bounded_calls(
     assert decoder.frames_done == 3  # refused before it touched the stream's state: the stream goes on
 
 
-def test_the_benchs_random_codec_is_initialized_as_the_codecs_library_does(tmp_path: Path) -> None:
+def test_the_random_codec_is_initialized_as_the_codecs_library_does(tmp_path: Path) -> None:
     """docs/stream-decoder.md "Test weights": std 0.02 weights and codebooks, norms 1/0, the config's layer
     scale, weight-normed convolutions with g = |v| (so the weight is v) and zero biases."""
-    from moss_tts_node.tools.dev.stream_decoder_bench import write_random_codec
+    from moss_tts_node.tools.dev.random_codec import write_random_codec
     from moss_tts_node.tools.prepare.safetensors_io import SafetensorsCheckpoint
 
     checkpoint = SafetensorsCheckpoint(write_random_codec(TINY / "config.json", tmp_path / "random"))
