@@ -205,11 +205,14 @@ class AudioCodec(ABC):
         return np.ascontiguousarray(waveform, dtype=np.float32)
 
     @classmethod
-    def _checked_codes(cls, codes: np.ndarray) -> np.ndarray:
-        """Return the codes as contiguous int64, or raise CodecError saying what is wrong."""
-        if not isinstance(codes, np.ndarray) or codes.ndim != 2 or codes.shape[1] != cls.n_quantizers:
+    def _checked_codes(cls, codes: np.ndarray, n_quantizers: int | None = None) -> np.ndarray:
+        """Return the codes as contiguous int64, or raise CodecError saying what is wrong.
+
+        ``n_quantizers``: the codebooks a frame holds (a stream decoder built for fewer); None: all 32."""
+        n_quantizers = n_quantizers or cls.n_quantizers
+        if not isinstance(codes, np.ndarray) or codes.ndim != 2 or codes.shape[1] != n_quantizers:
             shape = getattr(codes, "shape", type(codes).__name__)
-            raise CodecError(f"decode expects codes of shape (frames, {cls.n_quantizers}), got {shape}")
+            raise CodecError(f"decode expects codes of shape (frames, {n_quantizers}), got {shape}")
         if codes.shape[0] == 0:
             raise CodecError("decode expects at least one frame of codes, got 0")
         if not np.issubdtype(codes.dtype, np.integer):

@@ -37,7 +37,7 @@ GROUPS = [
         (f"stage {stage} {kind}", _LAYERS.format(stage=stage) + pattern)
         for stage in (0, 2, 4, 6)
         for kind, pattern in (
-            ("q/k/v", r"self_attn\.(query|key|value)"),
+            ("q/k/v", r"self_attn\.in_proj"),
             ("attn out", r"self_attn\.out_proj"),
             ("ffn in", r"linear1"),
             ("ffn out", r"linear2"),
