@@ -1,100 +1,251 @@
-"""Time the stream decoder at the codec's full size, by hand.
+"""Time the stream decoder at the codec's full size against an earlier revision's graph, by hand.
 
 Run as ``python -m moss_tts_node.tools.dev.stream_decoder_bench CONFIG WORK_DIR``.
 
-Writes a random checkpoint of the published shape (``random_codec``: decode path only; initialized as the
-codec's library initializes a new model, docs/stream-decoder.md "Test weights": its audio means nothing,
-its activations have a realistic scale), builds the stream decoder graph in each precision, and prints the codec's cost
-per frame of audio (and the real-time factor) streaming in chunks of 1 to 25 frames, with 1 and 2
-threads, next to the stateless scheme that re-decodes 25 frames of left context with every 5 new ones.
-Rounds over every graph and thread count are interleaved so that the load of a shared machine hits all
-alike; the 1-minute load average is printed with them.
+Writes a random checkpoint of CONFIG's shape into WORK_DIR (``random_codec``: initialized as the codec's
+library initializes a new model, docs/stream-decoder.md "Test weights"; its audio means nothing, its
+activations have a realistic scale), takes the package as it was at ``--baseline`` (by default the last
+revision with the unfused graph) out of git beside it, and builds the stream decoder in each precision with
+both revisions' builders. Each revision's graphs run in a process of its own, on its own runtime
+(``stream_decoder_worker``), and the two are asked in turn, so that the load of a shared machine hits both
+alike: for every precision, thread count and chunk size, one measurement of the baseline and one of this
+revision, the first of the two alternating from round to round. Prints:
+
+- the memory's speed: the best of NumPy sums over 2 GiB, split over 1 and 2 threads;
+- per precision and revision: the graph's nodes and the weight bytes a call reads; the largest difference
+  between the two revisions' decodes of the same random frames;
+- per precision, thread count and chunk: ms per call and per frame of each revision, their ratio, and each
+  against the memory floor (the weight bytes read at the measured speed), per round, with the load
+  average; and each worker's peak RSS.
+
+It needs git and about 20 GB in WORK_DIR (the checkpoint and two graphs per precision); the baseline's
+graphs are kept for the next run.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
+import subprocess
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import IO, Any
 
 import numpy as np
 
-from moss_tts_node.codec.base import CODEBOOK_SIZE, AudioCodec
-from moss_tts_node.codec.stream_decoder import StreamDecoder
+import moss_tts_node
 from moss_tts_node.model.rates import FRAMES_PER_SECOND
+from moss_tts_node.tools.dev import resources, stream_decoder_worker
+from moss_tts_node.tools.dev.codec_fidelity import snr_db
 from moss_tts_node.tools.dev.random_codec import write_random_codec
-from moss_tts_node.tools.dev.resources import peak_rss_mib
-from moss_tts_node.tools.prepare.stream_decoder_build import PRECISIONS, build_stream_decoder
+from moss_tts_node.tools.prepare.stream_decoder_build import PRECISIONS
 
-CHUNKS = (1, 2, 5, 10, 25)
-STATELESS_NEW, STATELESS_CONTEXT = 5, 25  # the scheme the stream decoder replaces
+# The last revision whose stream decoder is the unfused graph (format 1, 4,017 nodes at full size).
+UNFUSED_REVISION = "3492feade43fa15ff7778c77099a5bd5f04b1813"
+CHUNKS = (1, 2, 5, 10)
+DIFFERENCE_FRAMES, DIFFERENCE_CHUNK = 60, 5  # the decode both revisions make for the difference
+_BANDWIDTH_BYTES = 2**31
 
 
-def _seconds_per_call(decoder: StreamDecoder, pieces: list[np.ndarray], reset_each_call: bool) -> float:
-    """Median wall time of one ``decode`` call over ``pieces`` fed in order (the first call is untimed)."""
-    decoder.reset()
-    decoder.decode(pieces[0])
-    times = []
-    for piece in pieces[1:]:
-        if reset_each_call:
-            decoder.reset()
-        began = time.perf_counter()
-        decoder.decode(piece)
-        times.append(time.perf_counter() - began)
-    return float(np.median(times))
+def memory_bandwidth(threads: int, array: np.ndarray, repeats: int = 5) -> float:
+    """Bytes per second that ``threads`` threads read summing ``array`` (NumPy releases the GIL), best of
+    ``repeats``: what reading weights from memory can reach."""
+    parts = np.array_split(array, threads)
+    best = float("inf")
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in range(repeats):
+            began = time.perf_counter()
+            list(pool.map(np.sum, parts))
+            best = min(best, time.perf_counter() - began)
+    return array.nbytes / best
+
+
+def graph_facts(path: Path) -> tuple[int, int]:
+    """(nodes, weight bytes) of a graph, its weights left on disk."""
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(str(path), load_external_data=False)
+    weight_bytes = sum(
+        helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize * int(np.prod(tensor.dims))
+        for tensor in model.graph.initializer
+    )
+    return len(model.graph.node), weight_bytes
+
+
+def baseline_tree(revision: str, work_dir: Path) -> Path:
+    """The package at ``revision``, from this checkout's git, with this revision's worker copied in."""
+    tree = work_dir / f"baseline-{revision[:12]}"
+    if not (tree / "moss_tts_node").is_dir():
+        tree.mkdir(parents=True, exist_ok=True)
+        repository = Path(moss_tts_node.__file__).resolve().parents[1]
+        archive = subprocess.run(
+            ["git", "-C", str(repository), "archive", revision, "moss_tts_node"], check=True, capture_output=True
+        )
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    for module in (stream_decoder_worker, resources):
+        shutil.copy(Path(module.__file__), tree / "moss_tts_node" / "tools" / "dev")
+    return tree
+
+
+def _running_on(tree: Path | None) -> dict[str, Any]:
+    """``subprocess`` arguments that make ``python -m moss_tts_node`` import the package in ``tree`` (None:
+    this one): first on the path, and the working directory too, which ``-m`` puts before it."""
+    return {} if tree is None else {"env": dict(os.environ, PYTHONPATH=str(tree)), "cwd": tree}
+
+
+class Worker:
+    """A ``stream_decoder_worker`` process on the package tree ``tree`` (None: this one)."""
+
+    def __init__(self, tree: Path | None) -> None:
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "moss_tts_node.tools.dev.stream_decoder_worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            **_running_on(tree),
+        )
+        self.peak_rss_mib = 0.0
+
+    def ask(self, **request: Any) -> dict[str, Any]:
+        stdin, stdout = self._streams()
+        stdin.write(json.dumps(request) + "\n")
+        stdin.flush()
+        line = stdout.readline()
+        if not line:
+            raise RuntimeError(f"the worker ended (exit status {self._process.wait()}) on {request}")
+        reply = json.loads(line)
+        self.peak_rss_mib = reply["peak_rss_mib"]
+        return reply
+
+    def close(self) -> None:
+        stdin, _ = self._streams()
+        stdin.close()
+        self._process.wait()
+
+    def _streams(self) -> tuple[IO[str], IO[str]]:
+        assert self._process.stdin is not None and self._process.stdout is not None
+        return self._process.stdin, self._process.stdout
+
+
+def build(tree: Path | None, checkpoint: Path, path: Path, precision: str, rebuild: bool) -> None:
+    """Build a graph with the builder of ``tree`` (None: this one), in a process of its own, unless it is there
+    and ``rebuild`` is False."""
+    if path.is_file() and not rebuild:
+        return
+    began = time.perf_counter()
+    command = [sys.executable, "-m", "moss_tts_node", "build-stream-decoder", str(checkpoint), "--out", str(path)]
+    command += ["--precision", precision, "--force"]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, **_running_on(tree))
+    print(f"built {path} in {time.perf_counter() - began:.0f} s", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config", type=Path, help="the codec's config.json (e.g. codec-tiny/real-config.json)")
-    parser.add_argument("work_dir", type=Path, help="where the random checkpoint and the graphs go (about 10 GB)")
-    parser.add_argument("--precision", nargs="*", choices=PRECISIONS, default=list(PRECISIONS), help="graphs to time")
+    parser.add_argument("work_dir", type=Path, help="where the random checkpoint, the baseline and the graphs go")
+    parser.add_argument("--baseline", default=UNFUSED_REVISION, help="git revision to compare with")
+    parser.add_argument(
+        "--precision", nargs="*", choices=PRECISIONS, default=["fp32", "w8-attention"], help="graphs to time"
+    )
     parser.add_argument("--threads", type=int, nargs="*", default=[1, 2], help="ONNX Runtime intra-op threads")
     parser.add_argument("--chunks", type=int, nargs="*", default=list(CHUNKS), help="frames per call")
     parser.add_argument("--frames", type=int, default=61, help="frames streamed per measurement")
-    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds over every graph")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds over every setting")
     args = parser.parse_args()
+    args.work_dir = args.work_dir.resolve()  # the workers run elsewhere
     if args.frames < 2 * max(args.chunks) + 1:  # the first call of each measurement is not timed
         parser.error(f"--frames must be at least {2 * max(args.chunks) + 1} for chunks of {max(args.chunks)}")
 
     checkpoint = args.work_dir / "checkpoint"
     if not (checkpoint / "model.safetensors").is_file():
         write_random_codec(args.config, checkpoint)
-    graphs = {}
+    trees = {"baseline": baseline_tree(args.baseline, args.work_dir), "this": None}
+    graphs: dict[tuple[str, str], Path] = {}
     for precision in args.precision:
-        path = args.work_dir / f"stream-decoder-{precision}.onnx"
-        if not path.is_file():
-            began = time.perf_counter()
-            build_stream_decoder(checkpoint, path, precision=precision)
-            print(f"built {path} in {time.perf_counter() - began:.0f} s", flush=True)
-        graphs[precision] = path
+        for side, tree in trees.items():
+            # The baseline's graphs are kept for the next run; this revision's are built afresh (its code may differ).
+            graphs[side, precision] = (
+                tree.with_name(f"{tree.name}-{precision}.onnx") if tree else (args.work_dir / f"this-{precision}.onnx")
+            )
+            build(tree, checkpoint, graphs[side, precision], precision, rebuild=tree is None)
+
+    # Started before the 2 GiB below: Linux counts the parent's resident memory at a fork in the child's peak.
+    workers = {side: Worker(tree) for side, tree in trees.items()}
+    array = np.ones(_BANDWIDTH_BYTES // 4, dtype=np.float32)
+    bandwidth = {threads: memory_bandwidth(threads, array) for threads in sorted(set(args.threads))}
+    del array
+    print(f"load average {os.getloadavg()[0]:.2f}; memory read by NumPy sums over 2 GiB:")
+    for threads, speed in bandwidth.items():
+        print(f"  {threads} threads: {speed / 1e9:.1f} GB/s")
+    facts = {key: graph_facts(path) for key, path in graphs.items()}
+    for (side, precision), (nodes, weight_bytes) in facts.items():
+        print(f"  {precision:12s} {side:8s}: {nodes:5d} nodes, {weight_bytes / 1e9:.2f} GB of weights a call reads")
 
     frame_ms = 1000 / FRAMES_PER_SECOND
-    codes = np.random.default_rng(0).integers(0, CODEBOOK_SIZE, (args.frames, AudioCodec.n_quantizers))
-    window = STATELESS_CONTEXT + STATELESS_NEW
-    results: dict[tuple[str, int, str], list[float]] = {}  # (precision, threads, scheme): ms per frame, per round
-    for round_index in range(args.rounds):
+    results: dict[tuple[str, int, int, str], list[float]] = {}  # (precision, threads, chunk, side): ms per call
+    try:
+        for round_index in range(args.rounds):
+            order = list(workers) if round_index % 2 == 0 else list(reversed(workers))
+            for threads in args.threads:
+                for precision in args.precision:
+                    for side in order:
+                        workers[side].ask(load=str(graphs[side, precision]), threads=threads)
+                    if round_index == 0 and threads == args.threads[0]:
+                        _print_difference(workers, args.work_dir, precision)
+                    print(
+                        f"round {round_index + 1}, {threads} threads, {precision}: "
+                        f"load average {os.getloadavg()[0]:.2f}",
+                        flush=True,
+                    )
+                    for chunk in args.chunks:
+                        for side in order:
+                            reply = workers[side].ask(time=chunk, frames=args.frames)
+                            results.setdefault((precision, threads, chunk, side), []).append(
+                                1000 * reply["seconds_per_call"]
+                            )
+    finally:
+        for worker in workers.values():
+            worker.close()
+    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
+    print("peak RSS of the worker: " + ", ".join(f"{side} {w.peak_rss_mib:.0f} MiB" for side, w in workers.items()))
+    print(
+        f"ms per call (ms per frame; a frame is {frame_ms:.0f} ms of audio) per round; this / baseline of the "
+        "medians; x floor: ms per call / (weight bytes / memory speed)"
+    )
+    for precision in args.precision:
         for threads in args.threads:
-            print(f"round {round_index + 1}, {threads} threads: load average {os.getloadavg()[0]:.2f}", flush=True)
-            # One graph at a time in memory: a full-size fp32 graph holds 3.5 GB.
-            for precision, path in graphs.items():
-                decoder = StreamDecoder(path, threads=threads)
-                for chunk in args.chunks:
-                    pieces = [codes[start : start + chunk] for start in range(0, args.frames - chunk + 1, chunk)]
-                    ms = 1000 * _seconds_per_call(decoder, pieces, reset_each_call=False) / chunk
-                    results.setdefault((precision, threads, f"chunk {chunk}"), []).append(ms)
-                # Stateless: each call decodes 25 old frames again to produce 5 new ones.
-                ms = 1000 * _seconds_per_call(decoder, [codes[:window]] * 3, reset_each_call=True) / STATELESS_NEW
-                results.setdefault((precision, threads, f"stateless {STATELESS_NEW}+{STATELESS_CONTEXT}"), []).append(
-                    ms
-                )
-                del decoder
-    print(f"load average at the end: {os.getloadavg()[0]:.2f}; peak RSS {peak_rss_mib():.0f} MiB")
-    print(f"codec ms per frame (a frame is {frame_ms:.0f} ms of audio; real-time factor in brackets), per round:")
-    for (precision, threads, scheme), values in results.items():
-        figures = "  ".join(f"{value:6.1f} ({value / frame_ms:.2f}x)" for value in values)
-        print(f"  {precision:14s} {threads} thr  {scheme:14s} {figures}")
+            floors = {side: 1000 * facts[side, precision][1] / bandwidth[threads] for side in trees}
+            for chunk in args.chunks:
+                cells, medians = [], {}
+                for side in trees:
+                    values = results[precision, threads, chunk, side]
+                    medians[side] = float(np.median(values))
+                    figures = " / ".join(f"{v:.0f} ({v / chunk:.1f})" for v in values)
+                    cells.append(f"{side} {figures}, {medians[side] / floors[side]:.2f}x floor")
+                ratio = medians["this"] / medians["baseline"]
+                print(f"  {precision:12s} {threads} thr chunk {chunk:2d}: " + "; ".join(cells) + f"; {ratio:.2f}")
+
+
+def _print_difference(workers: dict[str, Worker], work_dir: Path, precision: str) -> None:
+    """The largest difference between the two revisions' decodes of the same frames, and its SNR."""
+    audio = {}
+    for side, worker in workers.items():
+        out = work_dir / f"difference-{side}.npy"
+        worker.ask(decode=DIFFERENCE_CHUNK, frames=DIFFERENCE_FRAMES, out=str(out))
+        audio[side] = np.load(out)
+        out.unlink()
+    difference = float(np.abs(audio["this"] - audio["baseline"]).max())
+    print(
+        f"{precision}: {DIFFERENCE_FRAMES} frames in chunks of {DIFFERENCE_CHUNK}, this revision against the "
+        f"baseline: largest difference {difference:.2e} on a peak of {np.abs(audio['baseline']).max():.3g}, "
+        f"{snr_db(audio['this'], audio['baseline']):.1f} dB",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,70 @@
+"""One side of ``stream_decoder_bench``'s comparison: a process that runs stream decoder graphs on request.
+
+Run as ``python -m moss_tts_node.tools.dev.stream_decoder_worker``, with ``moss_tts_node`` being the tree
+whose runtime runs the graphs: the bench starts one worker on this tree and one on an earlier revision's,
+into which it copies this file and ``resources.py`` (they use nothing else of the package but
+``StreamDecoder``, whose constructor, ``decode`` and ``reset`` every revision has). Requests arrive as
+JSON lines on stdin, each answered by one JSON line on stdout:
+
+- ``{"load": GRAPH, "threads": N}``: a ``StreamDecoder`` of GRAPH with N intra-op threads (the one before
+  is dropped first, so one graph is in memory at a time); answers its state bytes.
+- ``{"time": CHUNK, "frames": F}``: F random frames (seed 0) streamed in calls of CHUNK frames; answers the
+  median seconds of a call (the first call is not timed: it allocates).
+- ``{"decode": CHUNK, "frames": F, "out": PATH}``: the same stream's audio, saved to PATH (.npy).
+
+Every answer carries the process's peak RSS so far.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from moss_tts_node.codec.stream_decoder import StreamDecoder
+from moss_tts_node.tools.dev.resources import peak_rss_mib
+
+CODEBOOK_SIZE, QUANTIZERS = 1024, 32  # the codes every revision's graph takes
+
+
+def _codes(frames: int) -> np.ndarray:
+    return np.random.default_rng(0).integers(0, CODEBOOK_SIZE, (frames, QUANTIZERS))
+
+
+def _calls(decoder: StreamDecoder, chunk: int, frames: int) -> tuple[list[float], np.ndarray]:
+    """Stream ``frames`` frames from a reset decoder in calls of ``chunk``: each call's seconds, and the audio."""
+    codes = _codes(frames)
+    decoder.reset()
+    seconds, audio = [], []
+    for start in range(0, frames, chunk):
+        began = time.perf_counter()
+        audio.append(decoder.decode(codes[start : start + chunk]))
+        seconds.append(time.perf_counter() - began)
+    return seconds, np.concatenate(audio)
+
+
+def answer(request: dict[str, Any], state: dict[str, StreamDecoder]) -> dict[str, Any]:
+    if "load" in request:
+        state.pop("decoder", None)  # its graph is freed before the next one loads
+        state["decoder"] = StreamDecoder(request["load"], threads=request["threads"])
+        return {"state_bytes": state["decoder"].state_bytes}
+    if "time" in request:
+        seconds, _ = _calls(state["decoder"], request["time"], request["frames"])
+        return {"seconds_per_call": float(np.median(seconds[1:]))}
+    _, audio = _calls(state["decoder"], request["decode"], request["frames"])
+    np.save(request["out"], audio)
+    return {}
+
+
+def main() -> None:
+    state: dict[str, StreamDecoder] = {}
+    for line in sys.stdin:
+        reply = answer(json.loads(line), state)
+        print(json.dumps({**reply, "peak_rss_mib": peak_rss_mib()}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
