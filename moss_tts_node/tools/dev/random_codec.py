@@ -6,18 +6,22 @@ codec's library makes a new model's (docs/stream-decoder.md, "Test weights"): no
 hand, and a figure measured on weights of another scale would mean nothing (it sets the size of every
 activation, and with it what 8-bit rounding costs). Its audio means nothing. The stream decoder builder
 reads it as it reads the published checkpoint: the benches use the real codec's config
-(``codec-tiny/real-config.json``), the demo weights a tiny one.
+(``codec-tiny/real-config.json``), the demo weights ``tiny_codec_config``.
 """
 
 from __future__ import annotations
 
+import json
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from moss_tts_node.codec.base import CODEBOOK_SIZE, AudioCodec
+from moss_tts_node.model.rates import SAMPLE_RATE, SAMPLES_PER_FRAME
 from moss_tts_node.tools.prepare.safetensors_io import write_safetensors
 from moss_tts_node.tools.prepare.stream_decoder_checkpoint import Patch, read_codec_config
 
@@ -68,9 +72,64 @@ def _conv_direction(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndar
     return rng.uniform(-bound, bound, shape).astype(np.float32)
 
 
-def write_random_codec(config_path: Path, out_dir: Path) -> Path:
-    """A checkpoint directory with ``config_path``'s config and random decode-path weights in the published
-    layout, initialized as the codec's library initializes a new model."""
+def tiny_codec_config() -> dict[str, Any]:
+    """The published codec's config.json (OpenMOSS-Team/MOSS-Audio-Tokenizer) with tiny Transformers: the
+    same stages, patch sizes, quantizer and 10 s attention window, each Transformer 2 layers of width 64 (4
+    heads of 16) with a feed-forward of 128, where the published ones have 12 or 32 layers of 768 or 1280."""
+    tiny = {"d_model": 64, "num_heads": 4, "num_layers": 2, "dim_feedforward": 128}
+
+    def stages(dims: tuple[tuple[int, int], ...]) -> list[dict[str, Any]]:  # (input, output) channels each
+        entries: list[dict[str, Any]] = []
+        for input_dimension, output_dimension in dims:
+            if entries:
+                entries.append({"module_type": "PatchedPretransform", "patch_size": 2})
+            entries.append(
+                {
+                    "module_type": "Transformer",
+                    "causal": True,
+                    "conv_layout": True,
+                    "gating": "none",
+                    "input_dimension": input_dimension,
+                    "output_dimension": output_dimension,
+                    "layer_scale": 0.01,
+                    "max_period": 10000,
+                    "norm": "layer_norm",
+                    "positional_embedding": "rope",
+                    **tiny,
+                }
+            )
+        return entries
+
+    samples = {"module_type": "PatchedPretransform", "patch_size": 240}  # a position's samples, the codec's ends
+    return {
+        "architectures": ["MossAudioTokenizerModel"],
+        "model_type": "speech_tokenizer",
+        "sampling_rate": SAMPLE_RATE,
+        "downsample_rate": SAMPLES_PER_FRAME,
+        "causal_transformer_context_duration": 10,
+        "code_dim": 768,
+        "encoder_kwargs": [samples, *stages(((240, 384), (768, 384), (768, 640), (1280, 768)))],
+        "decoder_kwargs": [*stages(((768, 1280), (640, 768), (384, 768), (384, 240))), samples],
+        "quantizer_type": "rlfq",
+        "quantizer_kwargs": {
+            "quantizer_type": "rlfq",
+            "num_quantizers": AudioCodec.n_quantizers,
+            "codebook_size": CODEBOOK_SIZE,
+            "codebook_dim": 8,
+            "rvq_dim": 512,
+            "input_dim": 768,
+            "output_dim": 768,
+        },
+    }
+
+
+def write_random_codec(config: Path | Mapping[str, Any], out_dir: Path) -> Path:
+    """A checkpoint directory with a codec config (a config.json's path, or its content) and random decode-path
+    weights in the published layout, initialized as the codec's library initializes a new model."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config_path = out_dir / "config.json"
+    text = json.dumps(config, indent=2) + "\n" if isinstance(config, Mapping) else config.read_text(encoding="utf-8")
+    config_path.write_text(text, encoding="utf-8")
     spec = read_codec_config(config_path)
     tensors: dict[str, _RandomTensor] = {}
 
@@ -110,7 +169,5 @@ def write_random_codec(config_path: Path, out_dir: Path) -> Path:
             if stage.layer_scale is not None:
                 add(f"{prefix}.layer_scale_1.scale", (width,), "fill", stage.layer_scale)
                 add(f"{prefix}.layer_scale_2.scale", (width,), "fill", stage.layer_scale)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(config_path.read_text(encoding="utf-8"), encoding="utf-8")
     write_safetensors(out_dir / "model.safetensors", tensors, "F32")  # array-likes, made as they are written
     return out_dir
