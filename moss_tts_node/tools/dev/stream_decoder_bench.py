@@ -11,12 +11,15 @@ both revisions' builders. Each revision's graphs run in a process of its own, on
 alike: for every precision, thread count and chunk size, one measurement of the baseline and one of this
 revision, the first of the two alternating from round to round. Prints:
 
-- the memory's speed: the best of NumPy sums over 2 GiB, split over 1 and 2 threads;
+- the memory's speed (the best of NumPy sums over 2 GiB, split over 1 and 2 threads) and the arithmetic's
+  (ONNX Runtime's float32 MatMul on a weight that stays in cache), and the operations a frame costs;
 - per precision and revision: the graph's nodes and the weight bytes a call reads; the largest difference
   between the two revisions' decodes of the same random frames;
-- per precision, thread count and chunk: ms per call and per frame of each revision, their ratio, and each
-  against the memory floor (the weight bytes read at the measured speed), per round, with the load
-  average; and each worker's peak RSS.
+- per precision, thread count and chunk: ms per call and per frame of each revision, per round, and CPU ms
+  per call (which another process's load changes less than wall time); each against the memory floor
+  (the weight bytes read at the measured speed) and, in float32, the roofline (per stage, its weights'
+  bytes at the memory's speed or its operations at the arithmetic's, whichever is slower); the ratio of
+  the two revisions; the load average; each worker's peak RSS.
 
 It needs git and about 20 GB in WORK_DIR (the checkpoint and two graphs per precision); the baseline's
 graphs are kept for the next run.
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -43,6 +47,7 @@ from moss_tts_node.tools.dev import resources, stream_decoder_worker
 from moss_tts_node.tools.dev.codec_fidelity import snr_db
 from moss_tts_node.tools.dev.random_codec import write_random_codec
 from moss_tts_node.tools.prepare.stream_decoder_build import PRECISIONS
+from moss_tts_node.tools.prepare.stream_decoder_checkpoint import Patch, read_codec_config
 
 # The last revision whose stream decoder is the unfused graph (format 1, 4,017 nodes at full size).
 UNFUSED_REVISION = "3492feade43fa15ff7778c77099a5bd5f04b1813"
@@ -64,17 +69,78 @@ def memory_bandwidth(threads: int, array: np.ndarray, repeats: int = 5) -> float
     return array.nbytes / best
 
 
-def graph_facts(path: Path) -> tuple[int, int]:
-    """(nodes, weight bytes) of a graph, its weights left on disk."""
+def matmul_speed(threads: int, repeats: int = 20) -> float:
+    """Float32 operations per second (a multiply-add is 2) of ONNX Runtime's MatMul on ``threads`` threads, at
+    a shape whose weight stays in cache (a last-stage feed-forward matrix, 64 rows): what the arithmetic can
+    reach, best of ``repeats``."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rows, inputs, outputs = 64, 768, 3072
+    weight = np.random.default_rng(0).standard_normal((inputs, outputs), dtype=np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "matmul",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, (rows, inputs))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, (rows, outputs))],
+        [numpy_helper.from_array(weight, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    feed = {"x": np.ones((rows, inputs), dtype=np.float32)}
+    best = float("inf")
+    for _ in range(repeats):
+        began = time.perf_counter()
+        session.run(None, feed)
+        best = min(best, time.perf_counter() - began)
+    return 2 * rows * inputs * outputs / best
+
+
+def graph_facts(path: Path) -> tuple[int, dict[str, int]]:
+    """A graph's nodes, and the bytes of weights a call reads per stage (``decoder.<i>.``; "" for the rest:
+    the quantizer's), its weights left on disk."""
     import onnx
     from onnx import helper
 
     model = onnx.load(str(path), load_external_data=False)
-    weight_bytes = sum(
-        helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize * int(np.prod(tensor.dims))
-        for tensor in model.graph.initializer
-    )
+    weight_bytes: dict[str, int] = {}
+    for tensor in model.graph.initializer:
+        stage = re.match(r"decoder\.\d+\.", tensor.name)
+        size = helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize * int(np.prod(tensor.dims))
+        key = stage[0] if stage else ""
+        weight_bytes[key] = weight_bytes.get(key, 0) + size
     return len(model.graph.node), weight_bytes
+
+
+def stage_operations(config: Path) -> dict[str, float]:
+    """Float operations per frame of each decoder Transformer stage (``decoder.<i>.``): its weight MatMuls
+    (2 per weight and position) and its attention (4 x span x width per layer and position)."""
+    operations, positions = {}, 1
+    for module in read_codec_config(config).decoder:
+        if isinstance(module, Patch):
+            positions *= module.size
+            continue
+        width = module.d_model
+        weights = module.layers * (4 * width * width + 2 * width * module.ffn)
+        weights += width * (module.input_dim if module.input_dim != width else 0)
+        weights += width * (module.output_dim if module.output_dim != width else 0)
+        attention = module.layers * 4 * module.context * width
+        operations[f"{module.prefix}."] = positions * (2 * weights + attention)
+    return operations
+
+
+def roofline_ms(
+    weight_bytes: dict[str, int], operations: dict[str, float], frames: int, bandwidth: float, speed: float
+) -> float:
+    """The least a call of ``frames`` frames can take: each stage reads its weights at the memory's speed or
+    computes at the arithmetic's, whichever takes longer (the stages run one after the other)."""
+    seconds = sum(
+        max(size / bandwidth, frames * operations.get(stage, 0.0) / speed) for stage, size in weight_bytes.items()
+    )
+    return 1000 * seconds
 
 
 def baseline_tree(revision: str, work_dir: Path) -> Path:
@@ -179,15 +245,20 @@ def main() -> None:
     array = np.ones(_BANDWIDTH_BYTES // 4, dtype=np.float32)
     bandwidth = {threads: memory_bandwidth(threads, array) for threads in sorted(set(args.threads))}
     del array
-    print(f"load average {os.getloadavg()[0]:.2f}; memory read by NumPy sums over 2 GiB:")
-    for threads, speed in bandwidth.items():
-        print(f"  {threads} threads: {speed / 1e9:.1f} GB/s")
+    speed = {threads: matmul_speed(threads) for threads in bandwidth}
+    print(f"load average {os.getloadavg()[0]:.2f}; memory read by NumPy sums over 2 GiB, float32 MatMul in cache:")
+    for threads in bandwidth:
+        print(f"  {threads} threads: {bandwidth[threads] / 1e9:.1f} GB/s, {speed[threads] / 1e9:.0f} GFLOP/s")
     facts = {key: graph_facts(path) for key, path in graphs.items()}
+    operations = stage_operations(checkpoint / "config.json")
+    print(f"  {sum(operations.values()) / 1e9:.2f} GFLOP a frame (weight MatMuls and attention)")
     for (side, precision), (nodes, weight_bytes) in facts.items():
-        print(f"  {precision:12s} {side:8s}: {nodes:5d} nodes, {weight_bytes / 1e9:.2f} GB of weights a call reads")
+        total = sum(weight_bytes.values())
+        print(f"  {precision:12s} {side:8s}: {nodes:5d} nodes, {total / 1e9:.2f} GB of weights a call reads")
 
     frame_ms = 1000 / FRAMES_PER_SECOND
-    results: dict[tuple[str, int, int, str], list[float]] = {}  # (precision, threads, chunk, side): ms per call
+    # (precision, threads, chunk, side): per round, ms per call of wall time and of CPU time
+    results: dict[tuple[str, int, int, str], list[tuple[float, float]]] = {}
     try:
         for round_index in range(args.rounds):
             order = list(workers) if round_index % 2 == 0 else list(reversed(workers))
@@ -206,7 +277,7 @@ def main() -> None:
                         for side in order:
                             reply = workers[side].ask(time=chunk, frames=args.frames)
                             results.setdefault((precision, threads, chunk, side), []).append(
-                                1000 * reply["seconds_per_call"]
+                                (1000 * reply["seconds_per_call"], 1000 * reply["cpu_seconds_per_call"])
                             )
     finally:
         for worker in workers.values():
@@ -214,21 +285,32 @@ def main() -> None:
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
     print("peak RSS of the worker: " + ", ".join(f"{side} {w.peak_rss_mib:.0f} MiB" for side, w in workers.items()))
     print(
-        f"ms per call (ms per frame; a frame is {frame_ms:.0f} ms of audio) per round; this / baseline of the "
-        "medians; x floor: ms per call / (weight bytes / memory speed)"
+        f"ms per call (ms per frame; a frame is {frame_ms:.0f} ms of audio) per round, [CPU ms per call]; x floor: "
+        "the median ms per call / the memory floor (weight bytes / memory speed); x roofline: / the floor of "
+        "each stage's weight bytes or float32 arithmetic, whichever is slower (fp32 graphs); this / baseline: of "
+        "the medians, wall [CPU]"
     )
     for precision in args.precision:
         for threads in args.threads:
-            floors = {side: 1000 * facts[side, precision][1] / bandwidth[threads] for side in trees}
             for chunk in args.chunks:
                 cells, medians = [], {}
                 for side in trees:
+                    weight_bytes = facts[side, precision][1]
+                    floor = 1000 * sum(weight_bytes.values()) / bandwidth[threads]
                     values = results[precision, threads, chunk, side]
-                    medians[side] = float(np.median(values))
-                    figures = " / ".join(f"{v:.0f} ({v / chunk:.1f})" for v in values)
-                    cells.append(f"{side} {figures}, {medians[side] / floors[side]:.2f}x floor")
-                ratio = medians["this"] / medians["baseline"]
-                print(f"  {precision:12s} {threads} thr chunk {chunk:2d}: " + "; ".join(cells) + f"; {ratio:.2f}")
+                    medians[side] = np.median(values, axis=0)
+                    figures = " / ".join(f"{wall:.0f} ({wall / chunk:.1f})" for wall, _ in values)
+                    cpu = " / ".join(f"{cpu:.0f}" for _, cpu in values)
+                    cells.append(f"{side} {figures} [{cpu}], {medians[side][0] / floor:.2f}x floor")
+                    if precision == "fp32":
+                        roofline = roofline_ms(weight_bytes, operations, chunk, bandwidth[threads], speed[threads])
+                        cells[-1] += f", {medians[side][0] / roofline:.2f}x roofline ({roofline:.0f} ms)"
+                wall, cpu = medians["this"] / medians["baseline"]
+                print(
+                    f"  {precision:12s} {threads} thr chunk {chunk:2d}: "
+                    + "; ".join(cells)
+                    + f"; {wall:.2f} [{cpu:.2f}]"
+                )
 
 
 def _print_difference(workers: dict[str, Worker], work_dir: Path, precision: str) -> None:

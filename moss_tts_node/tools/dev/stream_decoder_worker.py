@@ -9,7 +9,8 @@ JSON lines on stdin, each answered by one JSON line on stdout:
 - ``{"load": GRAPH, "threads": N}``: a ``StreamDecoder`` of GRAPH with N intra-op threads (the one before
   is dropped first, so one graph is in memory at a time); answers its state bytes.
 - ``{"time": CHUNK, "frames": F}``: F random frames (seed 0) streamed in calls of CHUNK frames; answers the
-  median seconds of a call (the first call is not timed: it allocates).
+  median seconds of a call, and its median CPU seconds, which another process's load changes less (the
+  first call is not timed: it allocates).
 - ``{"decode": CHUNK, "frames": F, "out": PATH}``: the same stream's audio, saved to PATH (.npy).
 
 Every answer carries the process's peak RSS so far.
@@ -34,15 +35,16 @@ def _codes(frames: int) -> np.ndarray:
     return np.random.default_rng(0).integers(0, CODEBOOK_SIZE, (frames, QUANTIZERS))
 
 
-def _calls(decoder: StreamDecoder, chunk: int, frames: int) -> tuple[list[float], np.ndarray]:
-    """Stream ``frames`` frames from a reset decoder in calls of ``chunk``: each call's seconds, and the audio."""
+def _calls(decoder: StreamDecoder, chunk: int, frames: int) -> tuple[list[tuple[float, float]], np.ndarray]:
+    """Stream ``frames`` frames from a reset decoder in calls of ``chunk``: each call's seconds of wall time and
+    of CPU time (all the process's threads), and the audio."""
     codes = _codes(frames)
     decoder.reset()
     seconds, audio = [], []
     for start in range(0, frames, chunk):
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), time.process_time()
         audio.append(decoder.decode(codes[start : start + chunk]))
-        seconds.append(time.perf_counter() - began)
+        seconds.append((time.perf_counter() - began, time.process_time() - cpu))
     return seconds, np.concatenate(audio)
 
 
@@ -53,7 +55,8 @@ def answer(request: dict[str, Any], state: dict[str, StreamDecoder]) -> dict[str
         return {"state_bytes": state["decoder"].state_bytes}
     if "time" in request:
         seconds, _ = _calls(state["decoder"], request["time"], request["frames"])
-        return {"seconds_per_call": float(np.median(seconds[1:]))}
+        wall, cpu = np.median(seconds[1:], axis=0)
+        return {"seconds_per_call": float(wall), "cpu_seconds_per_call": float(cpu)}
     _, audio = _calls(state["decoder"], request["decode"], request["frames"])
     np.save(request["out"], audio)
     return {}
