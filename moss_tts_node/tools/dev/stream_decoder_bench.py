@@ -54,6 +54,10 @@ UNFUSED_REVISION = "3492feade43fa15ff7778c77099a5bd5f04b1813"
 CHUNKS = (1, 2, 5, 10)
 DIFFERENCE_FRAMES, DIFFERENCE_CHUNK = 60, 5  # the decode both revisions make for the difference
 _BANDWIDTH_BYTES = 2**31
+# A third side with --spinning: ONNX Runtime's idle workers spin-wait for the next node while a call runs, and
+# stop when it returns (so not between calls, while llama.cpp runs); the runtime lets them sleep.
+SPINNING = "this, spinning"
+SPINNING_CONFIG = {"session.intra_op.allow_spinning": "1", "session.force_spinning_stop": "1"}
 
 
 def memory_bandwidth(threads: int, array: np.ndarray, repeats: int = 5) -> float:
@@ -222,6 +226,11 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, nargs="*", default=list(CHUNKS), help="frames per call")
     parser.add_argument("--frames", type=int, default=61, help="frames streamed per measurement")
     parser.add_argument("--rounds", type=int, default=2, help="rounds over every setting")
+    parser.add_argument(
+        "--spinning",
+        action="store_true",
+        help=f"also run this revision with ONNX Runtime's workers spinning during a call ({SPINNING!r})",
+    )
     args = parser.parse_args()
     args.work_dir = args.work_dir.resolve()  # the workers run elsewhere
     if args.frames < 2 * max(args.chunks) + 1:  # the first call of each measurement is not timed
@@ -240,8 +249,12 @@ def main() -> None:
             )
             build(tree, checkpoint, graphs[side, precision], precision, rebuild=tree is None)
 
+    # Each side: the revision whose graph and runtime it runs, and the session settings it adds.
+    sides = {side: (side, {}) for side in trees}
+    if args.spinning:
+        sides[SPINNING] = ("this", SPINNING_CONFIG)
     # Started before the 2 GiB below: Linux counts the parent's resident memory at a fork in the child's peak.
-    workers = {side: Worker(tree) for side, tree in trees.items()}
+    workers = {side: Worker(trees[revision]) for side, (revision, _) in sides.items()}
     array = np.ones(_BANDWIDTH_BYTES // 4, dtype=np.float32)
     bandwidth = {threads: memory_bandwidth(threads, array) for threads in sorted(set(args.threads))}
     del array
@@ -252,9 +265,9 @@ def main() -> None:
     facts = {key: graph_facts(path) for key, path in graphs.items()}
     operations = stage_operations(checkpoint / "config.json")
     print(f"  {sum(operations.values()) / 1e9:.2f} GFLOP a frame (weight MatMuls and attention)")
-    for (side, precision), (nodes, weight_bytes) in facts.items():
+    for (revision, precision), (nodes, weight_bytes) in facts.items():
         total = sum(weight_bytes.values())
-        print(f"  {precision:12s} {side:8s}: {nodes:5d} nodes, {total / 1e9:.2f} GB of weights a call reads")
+        print(f"  {precision:12s} {revision:8s}: {nodes:5d} nodes, {total / 1e9:.2f} GB of weights a call reads")
 
     frame_ms = 1000 / FRAMES_PER_SECOND
     # (precision, threads, chunk, side): per round, ms per call of wall time and of CPU time
@@ -265,7 +278,10 @@ def main() -> None:
             for threads in args.threads:
                 for precision in args.precision:
                     for side in order:
-                        workers[side].ask(load=str(graphs[side, precision]), threads=threads)
+                        revision, session_config = sides[side]
+                        workers[side].ask(
+                            load=str(graphs[revision, precision]), threads=threads, session_config=session_config
+                        )
                     if round_index == 0 and threads == args.threads[0]:
                         _print_difference(workers, args.work_dir, precision)
                     print(
@@ -287,15 +303,15 @@ def main() -> None:
     print(
         f"ms per call (ms per frame; a frame is {frame_ms:.0f} ms of audio) per round, [CPU ms per call]; x floor: "
         "the median ms per call / the memory floor (weight bytes / memory speed); x roofline: / the floor of "
-        "each stage's weight bytes or float32 arithmetic, whichever is slower (fp32 graphs); this / baseline: of "
-        "the medians, wall [CPU]"
+        "each stage's weight bytes or float32 arithmetic, whichever is slower (fp32 graphs); x baseline: the "
+        "medians against the baseline's, wall [CPU]"
     )
     for precision in args.precision:
         for threads in args.threads:
             for chunk in args.chunks:
                 cells, medians = [], {}
-                for side in trees:
-                    weight_bytes = facts[side, precision][1]
+                for side, (revision, _) in sides.items():
+                    weight_bytes = facts[revision, precision][1]
                     floor = 1000 * sum(weight_bytes.values()) / bandwidth[threads]
                     values = results[precision, threads, chunk, side]
                     medians[side] = np.median(values, axis=0)
@@ -305,20 +321,18 @@ def main() -> None:
                     if precision == "fp32":
                         roofline = roofline_ms(weight_bytes, operations, chunk, bandwidth[threads], speed[threads])
                         cells[-1] += f", {medians[side][0] / roofline:.2f}x roofline ({roofline:.0f} ms)"
-                wall, cpu = medians["this"] / medians["baseline"]
-                print(
-                    f"  {precision:12s} {threads} thr chunk {chunk:2d}: "
-                    + "; ".join(cells)
-                    + f"; {wall:.2f} [{cpu:.2f}]"
-                )
+                    if side != "baseline":
+                        wall, cpu = medians[side] / medians["baseline"]
+                        cells[-1] += f", {wall:.2f} [{cpu:.2f}] x baseline"
+                print(f"  {precision:12s} {threads} thr chunk {chunk:2d}: " + "; ".join(cells))
 
 
 def _print_difference(workers: dict[str, Worker], work_dir: Path, precision: str) -> None:
     """The largest difference between the two revisions' decodes of the same frames, and its SNR."""
     audio = {}
-    for side, worker in workers.items():
+    for side in ("baseline", "this"):
         out = work_dir / f"difference-{side}.npy"
-        worker.ask(decode=DIFFERENCE_CHUNK, frames=DIFFERENCE_FRAMES, out=str(out))
+        workers[side].ask(decode=DIFFERENCE_CHUNK, frames=DIFFERENCE_FRAMES, out=str(out))
         audio[side] = np.load(out)
         out.unlink()
     difference = float(np.abs(audio["this"] - audio["baseline"]).max())

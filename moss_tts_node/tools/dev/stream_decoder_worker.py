@@ -6,8 +6,10 @@ into which it copies this file and ``resources.py`` (they use nothing else of th
 ``StreamDecoder``, whose constructor, ``decode`` and ``reset`` every revision has). Requests arrive as
 JSON lines on stdin, each answered by one JSON line on stdout:
 
-- ``{"load": GRAPH, "threads": N}``: a ``StreamDecoder`` of GRAPH with N intra-op threads (the one before
-  is dropped first, so one graph is in memory at a time); answers its state bytes.
+- ``{"load": GRAPH, "threads": N, "session_config": {KEY: VALUE}}``: a ``StreamDecoder`` of GRAPH with N
+  intra-op threads (the one before is dropped first, so one graph is in memory at a time), its ONNX Runtime
+  session given the config entries on top of the runtime's own (a setting tried on any revision's
+  runtime without changing it); answers its state bytes.
 - ``{"time": CHUNK, "frames": F}``: F random frames (seed 0) streamed in calls of CHUNK frames; answers the
   median seconds of a call, and its median CPU seconds, which another process's load changes less (the
   first call is not timed: it allocates).
@@ -48,9 +50,28 @@ def _calls(decoder: StreamDecoder, chunk: int, frames: int) -> tuple[list[tuple[
     return seconds, np.concatenate(audio)
 
 
+def _sessions_taking(entries: dict[str, str]) -> None:
+    """Make the sessions this process opens from now on take ``entries`` after the runtime's own settings."""
+    import onnxruntime as ort
+
+    opened = getattr(ort.InferenceSession, "runtime_class", ort.InferenceSession)
+
+    class Session(opened):  # type: ignore[misc, valid-type]
+        runtime_class = opened
+
+        def __init__(self, model: Any, sess_options: Any = None, *args: Any, **kwargs: Any) -> None:
+            sess_options = sess_options or ort.SessionOptions()
+            for key, value in entries.items():
+                sess_options.add_session_config_entry(key, value)
+            super().__init__(model, sess_options, *args, **kwargs)
+
+    ort.InferenceSession = Session
+
+
 def answer(request: dict[str, Any], state: dict[str, StreamDecoder]) -> dict[str, Any]:
     if "load" in request:
         state.pop("decoder", None)  # its graph is freed before the next one loads
+        _sessions_taking(request.get("session_config", {}))
         state["decoder"] = StreamDecoder(request["load"], threads=request["threads"])
         return {"state_bytes": state["decoder"].state_bytes}
     if "time" in request:
