@@ -21,6 +21,10 @@ revision, the first of the two alternating from round to round. Prints:
   bytes at the memory's speed or its operations at the arithmetic's, whichever is slower); the ratio of
   the two revisions; the load average; each worker's peak RSS.
 
+``--end-to-end 1.7b`` then runs ``python -m moss_tts_node bench --model 1.7b`` (the bench model of that shape,
+built and cached on first use) with each revision's graph as its stream decoder, on that revision's package,
+alternately: steps/s, codec ms a frame, real-time factors, time to first audio, peak RSS.
+
 It needs git and about 20 GB in WORK_DIR (the checkpoint and two graphs per precision); the baseline's
 graphs are kept for the next run.
 """
@@ -42,6 +46,7 @@ from typing import IO, Any
 import numpy as np
 
 import moss_tts_node
+from moss_tts_node.codec.layout import DECODER_FILE, ENCODER_FILE, STREAM_DECODER_FILE
 from moss_tts_node.model.rates import FRAMES_PER_SECOND
 from moss_tts_node.tools.dev import resources, stream_decoder_worker
 from moss_tts_node.tools.dev.codec_fidelity import snr_db
@@ -148,13 +153,16 @@ def roofline_ms(
 
 
 def baseline_tree(revision: str, work_dir: Path) -> Path:
-    """The package at ``revision``, from this checkout's git, with this revision's worker copied in."""
+    """The package at ``revision`` (and the bridge's C sources, which it builds on first use), from this
+    checkout's git, with this revision's worker copied in."""
     tree = work_dir / f"baseline-{revision[:12]}"
     if not (tree / "moss_tts_node").is_dir():
         tree.mkdir(parents=True, exist_ok=True)
         repository = Path(moss_tts_node.__file__).resolve().parents[1]
         archive = subprocess.run(
-            ["git", "-C", str(repository), "archive", revision, "moss_tts_node"], check=True, capture_output=True
+            ["git", "-C", str(repository), "archive", revision, "moss_tts_node", "bridge"],
+            check=True,
+            capture_output=True,
         )
         subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
     for module in (stream_decoder_worker, resources):
@@ -231,6 +239,12 @@ def main() -> None:
         action="store_true",
         help=f"also run this revision with ONNX Runtime's workers spinning during a call ({SPINNING!r})",
     )
+    parser.add_argument(
+        "--end-to-end",
+        choices=("1.7b", "8b"),
+        help="then run `bench` on this bench model with each revision's graph, alternately, --rounds times",
+    )
+    parser.add_argument("--chunk-frames", type=int, default=5, help="audio.chunk_frames of --end-to-end")
     args = parser.parse_args()
     args.work_dir = args.work_dir.resolve()  # the workers run elsewhere
     if args.frames < 2 * max(args.chunks) + 1:  # the first call of each measurement is not timed
@@ -240,91 +254,172 @@ def main() -> None:
     if not (checkpoint / "model.safetensors").is_file():
         write_random_codec(args.config, checkpoint)
     trees = {"baseline": baseline_tree(args.baseline, args.work_dir), "this": None}
-    graphs: dict[tuple[str, str], Path] = {}
-    for precision in args.precision:
-        for side, tree in trees.items():
-            # The baseline's graphs are kept for the next run; this revision's are built afresh (its code may differ).
-            graphs[side, precision] = (
-                tree.with_name(f"{tree.name}-{precision}.onnx") if tree else (args.work_dir / f"this-{precision}.onnx")
-            )
-            build(tree, checkpoint, graphs[side, precision], precision, rebuild=tree is None)
-
+    graphs = {
+        (revision, precision): _graph(tree, checkpoint, args.work_dir, precision)
+        for precision in args.precision
+        for revision, tree in trees.items()
+    }
     # Each side: the revision whose graph and runtime it runs, and the session settings it adds.
-    sides = {side: (side, {}) for side in trees}
+    sides = {revision: (revision, {}) for revision in trees}
     if args.spinning:
         sides[SPINNING] = ("this", SPINNING_CONFIG)
     # Started before the 2 GiB below: Linux counts the parent's resident memory at a fork in the child's peak.
     workers = {side: Worker(trees[revision]) for side, (revision, _) in sides.items()}
-    array = np.ones(_BANDWIDTH_BYTES // 4, dtype=np.float32)
-    bandwidth = {threads: memory_bandwidth(threads, array) for threads in sorted(set(args.threads))}
-    del array
-    speed = {threads: matmul_speed(threads) for threads in bandwidth}
-    print(f"load average {os.getloadavg()[0]:.2f}; memory read by NumPy sums over 2 GiB, float32 MatMul in cache:")
-    for threads in bandwidth:
-        print(f"  {threads} threads: {bandwidth[threads] / 1e9:.1f} GB/s, {speed[threads] / 1e9:.0f} GFLOP/s")
-    facts = {key: graph_facts(path) for key, path in graphs.items()}
-    operations = stage_operations(checkpoint / "config.json")
-    print(f"  {sum(operations.values()) / 1e9:.2f} GFLOP a frame (weight MatMuls and attention)")
-    for (revision, precision), (nodes, weight_bytes) in facts.items():
-        total = sum(weight_bytes.values())
-        print(f"  {precision:12s} {revision:8s}: {nodes:5d} nodes, {total / 1e9:.2f} GB of weights a call reads")
-
-    frame_ms = 1000 / FRAMES_PER_SECOND
-    # (precision, threads, chunk, side): per round, ms per call of wall time and of CPU time
-    results: dict[tuple[str, int, int, str], list[tuple[float, float]]] = {}
     try:
-        for round_index in range(args.rounds):
-            order = list(workers) if round_index % 2 == 0 else list(reversed(workers))
-            for threads in args.threads:
-                for precision in args.precision:
-                    for side in order:
-                        revision, session_config = sides[side]
-                        workers[side].ask(
-                            load=str(graphs[revision, precision]), threads=threads, session_config=session_config
-                        )
-                    if round_index == 0 and threads == args.threads[0]:
-                        _print_difference(workers, args.work_dir, precision)
-                    print(
-                        f"round {round_index + 1}, {threads} threads, {precision}: "
-                        f"load average {os.getloadavg()[0]:.2f}",
-                        flush=True,
-                    )
-                    for chunk in args.chunks:
-                        for side in order:
-                            reply = workers[side].ask(time=chunk, frames=args.frames)
-                            results.setdefault((precision, threads, chunk, side), []).append(
-                                (1000 * reply["seconds_per_call"], 1000 * reply["cpu_seconds_per_call"])
-                            )
+        machine = _measure_machine(args.threads)
+        facts = {key: graph_facts(path) for key, path in graphs.items()}
+        operations = stage_operations(checkpoint / "config.json")
+        print(f"  {sum(operations.values()) / 1e9:.2f} GFLOP a frame (weight MatMuls and attention)")
+        for (revision, precision), (nodes, weight_bytes) in facts.items():
+            total = sum(weight_bytes.values())
+            print(f"  {precision:12s} {revision:8s}: {nodes:5d} nodes, {total / 1e9:.2f} GB of weights a call reads")
+        results = _decode_rounds(args, workers, sides, graphs)
     finally:
         for worker in workers.values():
             worker.close()
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
     print("peak RSS of the worker: " + ", ".join(f"{side} {w.peak_rss_mib:.0f} MiB" for side, w in workers.items()))
+    _print_decode_table(args, sides, results, facts, operations, machine)
+    if args.end_to_end:
+        _end_to_end(args, trees, graphs)
+
+
+def _graph(tree: Path | None, checkpoint: Path, work_dir: Path, precision: str) -> Path:
+    """A revision's graph as a codec directory holds it (the end-to-end runs use the directory); the baseline's
+    are kept for the next run, this revision's built afresh (its code may have changed)."""
+    name = tree.name if tree else "this"
+    path = work_dir / f"{name}-{precision}" / STREAM_DECODER_FILE
+    build(tree, checkpoint, path, precision, rebuild=tree is None)
+    return path
+
+
+def _measure_machine(threads: list[int]) -> dict[int, tuple[float, float]]:
+    """Per thread count: the memory's speed (bytes/s) and float32 arithmetic's (operations/s), printed."""
+    array = np.ones(_BANDWIDTH_BYTES // 4, dtype=np.float32)
+    bandwidth = {count: memory_bandwidth(count, array) for count in sorted(set(threads))}
+    del array
+    machine = {count: (speed, matmul_speed(count)) for count, speed in bandwidth.items()}
+    print(f"load average {os.getloadavg()[0]:.2f}; memory read by NumPy sums over 2 GiB, float32 MatMul in cache:")
+    for count, (speed, arithmetic) in machine.items():
+        print(f"  {count} threads: {speed / 1e9:.1f} GB/s, {arithmetic / 1e9:.0f} GFLOP/s")
+    return machine
+
+
+Sides = dict[str, tuple[str, dict[str, str]]]  # side: (revision, session settings it adds)
+Results = dict[tuple[str, int, int, str], list[tuple[float, float]]]  # (precision, threads, chunk, side): per
+# round, ms per call of wall time and of CPU time
+
+
+def _decode_rounds(
+    args: argparse.Namespace, workers: dict[str, Worker], sides: Sides, graphs: dict[tuple[str, str], Path]
+) -> Results:
+    """Every precision, thread count and chunk, each side in turn, the first side alternating by round."""
+    results: Results = {}
+    for round_index in range(args.rounds):
+        order = list(workers) if round_index % 2 == 0 else list(reversed(workers))
+        for threads in args.threads:
+            for precision in args.precision:
+                for side in order:
+                    revision, session_config = sides[side]
+                    graph = str(graphs[revision, precision])
+                    workers[side].ask(load=graph, threads=threads, session_config=session_config)
+                if round_index == 0 and threads == args.threads[0]:
+                    _print_difference(workers, args.work_dir, precision)
+                print(
+                    f"round {round_index + 1}, {threads} threads, {precision}: load average {os.getloadavg()[0]:.2f}",
+                    flush=True,
+                )
+                for chunk in args.chunks:
+                    for side in order:
+                        reply = workers[side].ask(time=chunk, frames=args.frames)
+                        results.setdefault((precision, threads, chunk, side), []).append(
+                            (1000 * reply["seconds_per_call"], 1000 * reply["cpu_seconds_per_call"])
+                        )
+    return results
+
+
+def _print_decode_table(
+    args: argparse.Namespace,
+    sides: Sides,
+    results: Results,
+    facts: dict[tuple[str, str], tuple[int, dict[str, int]]],
+    operations: dict[str, float],
+    machine: dict[int, tuple[float, float]],
+) -> None:
     print(
-        f"ms per call (ms per frame; a frame is {frame_ms:.0f} ms of audio) per round, [CPU ms per call]; x floor: "
-        "the median ms per call / the memory floor (weight bytes / memory speed); x roofline: / the floor of "
-        "each stage's weight bytes or float32 arithmetic, whichever is slower (fp32 graphs); x baseline: the "
-        "medians against the baseline's, wall [CPU]"
+        f"ms per call (ms per frame; a frame is {1000 / FRAMES_PER_SECOND:.0f} ms of audio) per round, [CPU ms per "
+        "call]; x floor: the median ms per call / the memory floor (weight bytes / memory speed); x roofline: / the "
+        "floor of each stage's weight bytes or float32 arithmetic, whichever is slower (fp32 graphs); x baseline: "
+        "the medians against the baseline's, wall [CPU]"
     )
     for precision in args.precision:
         for threads in args.threads:
+            bandwidth, arithmetic = machine[threads]
             for chunk in args.chunks:
                 cells, medians = [], {}
                 for side, (revision, _) in sides.items():
                     weight_bytes = facts[revision, precision][1]
-                    floor = 1000 * sum(weight_bytes.values()) / bandwidth[threads]
                     values = results[precision, threads, chunk, side]
                     medians[side] = np.median(values, axis=0)
                     figures = " / ".join(f"{wall:.0f} ({wall / chunk:.1f})" for wall, _ in values)
                     cpu = " / ".join(f"{cpu:.0f}" for _, cpu in values)
+                    floor = 1000 * sum(weight_bytes.values()) / bandwidth
                     cells.append(f"{side} {figures} [{cpu}], {medians[side][0] / floor:.2f}x floor")
                     if precision == "fp32":
-                        roofline = roofline_ms(weight_bytes, operations, chunk, bandwidth[threads], speed[threads])
+                        roofline = roofline_ms(weight_bytes, operations, chunk, bandwidth, arithmetic)
                         cells[-1] += f", {medians[side][0] / roofline:.2f}x roofline ({roofline:.0f} ms)"
                     if side != "baseline":
                         wall, cpu = medians[side] / medians["baseline"]
                         cells[-1] += f", {wall:.2f} [{cpu:.2f}] x baseline"
                 print(f"  {precision:12s} {threads} thr chunk {chunk:2d}: " + "; ".join(cells))
+
+
+# The end-to-end figures --end-to-end prints, from `bench --json`: (label, key, scale, format).
+_END_TO_END = (
+    ("steps/s", "steps_per_s", 1, ".2f"),
+    ("llama.cpp decode ms a step", "decode_ms", 1, ".1f"),
+    ("codec ms a step", "codec_ms", 1, ".1f"),
+    ("real-time factor", "rtf", 1, ".2f"),
+    ("steady-state real-time factor", "rtf_steady", 1, ".2f"),
+    ("time to first audio ms", "ttfa_ms", 1, ".0f"),
+    ("peak RSS MiB", "peak_rss_bytes", 2**-20, ".0f"),
+    ("other processes' CPU", "foreign_cpu", 100, ".0f"),
+)
+
+
+def _end_to_end(args: argparse.Namespace, trees: dict[str, Path | None], graphs: dict[tuple[str, str], Path]) -> None:
+    """``bench`` on a bench model with each revision's graph as its stream decoder, on that revision's package,
+    alternately; a table of the figures a listener's real time depends on."""
+    from moss_tts_node.tools.dev.bench_models import ensure_bench_model
+
+    demo_codec = ensure_bench_model(args.end_to_end).parent / "codec"  # its encoder.onnx and decoder.onnx
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for round_index in range(args.rounds):
+        order = list(trees) if round_index % 2 == 0 else list(reversed(trees))
+        for precision in args.precision:
+            for revision in order:
+                codec_dir = graphs[revision, precision].parent
+                for name in (ENCODER_FILE, DECODER_FILE):
+                    if not (codec_dir / name).exists():
+                        (codec_dir / name).symlink_to(demo_codec / name)
+                out = args.work_dir / "end-to-end.json"
+                command = [sys.executable, "-m", "moss_tts_node", "bench", "--model", args.end_to_end]
+                command += ["--set", f"model.codec_dir={codec_dir}", "--set", f"audio.chunk_frames={args.chunk_frames}"]
+                command += ["--no-prefill-compare", "--json", str(out)]
+                subprocess.run(command, check=True, stdout=subprocess.DEVNULL, **_running_on(trees[revision]))
+                runs.setdefault((precision, revision), []).append(json.loads(out.read_text())["runs"][0])
+                print(f"end to end, round {round_index + 1}, {precision}, {revision}: done", flush=True)
+    print(f"end to end: `bench --model {args.end_to_end}`, audio.chunk_frames {args.chunk_frames}, per round")
+    for precision in args.precision:
+        for label, key, scale, style in _END_TO_END:
+            cells = [
+                f"{revision} " + " / ".join(format(run[key] * scale, style) for run in runs[precision, revision])
+                for revision in trees
+            ]
+            print(f"  {precision:12s} {label:30s} " + "; ".join(cells))
+        for revision in trees:
+            frames = [run["codec_ms"] * run["steps"] / run["frames"] for run in runs[precision, revision]]
+            print(f"  {precision:12s} {revision} codec ms a frame: " + " / ".join(f"{ms:.1f}" for ms in frames))
 
 
 def _print_difference(workers: dict[str, Worker], work_dir: Path, precision: str) -> None:

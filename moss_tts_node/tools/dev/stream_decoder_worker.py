@@ -54,6 +54,7 @@ def _sessions_taking(entries: dict[str, str]) -> None:
     """Make the sessions this process opens from now on take ``entries`` after the runtime's own settings."""
     import onnxruntime as ort
 
+    ort.set_default_logger_severity(3)  # a setting the runtime also makes is overwritten, with a warning per session
     opened = getattr(ort.InferenceSession, "runtime_class", ort.InferenceSession)
 
     class Session(opened):  # type: ignore[misc, valid-type]
