@@ -126,7 +126,8 @@ class StreamDecoder:
             raise CodecError(f"stream decoder graph {self.path} not found; {_BUILD_HINT}")
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
-        # Idle ORT workers would otherwise spin on the cores llama.cpp needs for the next step.
+        # Idle workers sleep, within a call too: spinning gains little on a quiet machine and holds a core another
+        # thread needs on a loaded one (docs/stream-decoder.md, "Threads"); between calls llama.cpp needs them.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.log_severity_level = 3
         try:
