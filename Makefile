@@ -25,7 +25,11 @@ $(VENV)/.installed: requirements.txt setup.py
 $(DEMO_DIR)/config.yaml: $(VENV)/.installed
 	$(PY) -m moss_tts_node demo-weights $(DEMO_DIR)
 
-demo: $(DEMO_DIR)/config.yaml
+# The stream decoder, built as for real weights: from the codec checkpoint into the codec's directory.
+$(DEMO_DIR)/codec/decoder_stream.onnx: $(DEMO_DIR)/config.yaml
+	$(PY) -m moss_tts_node build-stream-decoder $(DEMO_DIR)/codec_checkpoint --out $@ --force
+
+demo: $(DEMO_DIR)/codec/decoder_stream.onnx
 	$(PY) -m moss_tts_node synth --config $(DEMO_DIR)/config.yaml --text "$(DEMO_TEXT)" \
 		--output demo.wav --seed 1 --profile
 

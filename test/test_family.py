@@ -293,6 +293,33 @@ def test_a_stream_decoder_for_another_codebook_count_is_refused_naming_both(
         Synthesizer.from_config_file(voice_generator_config, overrides)
 
 
+def test_a_16_quantizer_stream_decoder_streams_the_offline_decode_of_16_codebooks(
+    voice_generator_config: Path, codec_tiny_dir: Path, tmp_path: Path
+) -> None:
+    """The VoiceGenerator demo speaking through codec-tiny with a stream decoder built for 16 quantizers: the stream
+    is the whole utterance, and both are codec-tiny's own decode.onnx at n_quantizers 16 (the graph ONNX exported
+    from PyTorch), whatever fills the 16 rows it must not read."""
+    from moss_tts_node.codec.layout import DECODER_FILE, STREAM_DECODER_FILE
+    from moss_tts_node.tools.prepare.stream_decoder_build import build_stream_decoder
+
+    codec_dir = tmp_path / "codec"
+    shutil.copytree(codec_tiny_dir, codec_dir)
+    build_stream_decoder(codec_tiny_dir, codec_dir / STREAM_DECODER_FILE, quantizers=16)
+    overrides = {"model.codec_dir": str(codec_dir), "audio.onnx_provider": "cpu"}
+    with Synthesizer.from_config_file(voice_generator_config, overrides) as synth:
+        assert synth.stages.stream_decoding is not None
+        whole = synth.synthesize(TEXT, seed=5)
+        stream = synth.stream(TEXT, seed=5)
+        streamed = np.concatenate([chunk.samples for chunk in stream])
+    assert stream.report is not None and stream.report.codec_decode == "stateful stream"
+    np.testing.assert_allclose(streamed, whole.audio, atol=1e-6)
+    decoder = ort.InferenceSession(str(codec_tiny_dir / DECODER_FILE))
+    upper = np.random.default_rng(1).integers(0, 1024, whole.codes.shape)
+    graph_codes = np.concatenate([whole.codes, upper], axis=1).T[:, None, :]
+    offline = decoder.run(None, {"audio_codes": graph_codes, "n_quantizers": np.array(16)})[0].reshape(-1)
+    np.testing.assert_allclose(whole.audio, offline, atol=1e-6)
+
+
 def test_the_cli_speaks_with_the_voice_generator_demo(voice_generator_config: Path, tmp_path: Path) -> None:
     clip, voice, out = tmp_path / "ref.wav", tmp_path / "voice.npy", tmp_path / "out.wav"
     write_wav(clip, 0.2 * np.sin(np.arange(24000) * 0.05), 24000)

@@ -22,6 +22,7 @@ from moss_tts_node.codec.onnx import OnnxCodec
 from moss_tts_node.codec.stream_decoder import StreamDecoder, StreamDecoderCodec
 from moss_tts_node.codec.streaming import StatefulStreamDecoding
 from moss_tts_node.errors import CodecError, WeightsError
+from moss_tts_node.tools.dev.codec_fidelity import snr_db
 from moss_tts_node.tools.prepare.stream_decoder_build import build_stream_decoder
 
 TINY = codec_tiny_location()
@@ -74,14 +75,13 @@ def test_window_attention_matches_the_offline_decode_at_any_chunk_size(graphs, r
 
 
 def test_8bit_weights_stay_near_the_offline_decode_and_are_8bit(graphs, reference, codes) -> None:
-    full = reference["audio_full"]
-    error = stream(StreamDecoder(graphs["w8"]), codes, 5) - full
-    snr_db = 10 * np.log10(np.sum(full**2) / np.sum(error**2))
-    assert 15 < snr_db < 60, f"w8 SNR {snr_db:.1f} dB"  # about 25 dB on this random model: not float32's 140
+    snr = snr_db(stream(StreamDecoder(graphs["w8"]), codes, 5), reference["audio_full"])
+    assert 15 < snr < 60, f"w8 SNR {snr:.1f} dB"  # about 25 dB on this random model: not float32's 140
     graph = onnx.load(graphs["w8"])
     weights = [node for node in graph.graph.node if node.op_type == "MatMulNBits"]
-    # 6 per layer (q, k, v, out, two FFN) in 4 stages of 2, each stage's in and out projection, the quantizer's
-    assert len(weights) == 4 * 2 * 6 + 4 * 2 + 1
+    # 4 per layer (q, k and v in one, out, two FFN) in 4 stages of 2, each stage's in and out projection, the
+    # quantizer's
+    assert len(weights) == 4 * 2 * 4 + 4 * 2 + 1
 
 
 def test_reset_makes_the_next_utterance_decode_exactly_like_the_first(graphs, codes) -> None:
@@ -94,8 +94,11 @@ def test_reset_makes_the_next_utterance_decode_exactly_like_the_first(graphs, co
 
 
 def test_state_is_the_attention_caches_of_every_layer(graphs) -> None:
-    # 4 stages of 2 layers, keys and values of 4 heads x 16 dims over 10, 20, 40, 80 positions.
-    assert StreamDecoder(graphs["window"]).state_bytes == 2 * 2 * 4 * 16 * (10 + 20 + 40 + 80) * 4
+    # 4 stages of 2 layers, keys and values of 4 heads x 16 dims over rings of 10, 20, 40, 80 positions (1, 2, 4,
+    # 8 a frame), each followed by the rows of a call's positions: 25 frames in a window graph, in a ring graph
+    # the 10 its calls may hold.
+    assert StreamDecoder(graphs["window"]).state_bytes == 2 * 2 * 4 * 16 * (10 + 20 + 40 + 80) * (1 + 25 / 10) * 4
+    assert StreamDecoder(graphs["ring"]).state_bytes == 2 * 2 * 4 * 16 * (10 + 20 + 40 + 80) * 2 * 4
 
 
 @pytest.mark.parametrize(
@@ -207,10 +210,10 @@ def test_whole_utterances_decode_on_the_stream_decoder_exactly_in_bounded_calls(
     assert decoder.frames_done == 3  # refused before it touched the stream's state: the stream goes on
 
 
-def test_the_benchs_random_codec_is_initialized_as_the_codecs_library_does(tmp_path: Path) -> None:
+def test_the_random_codec_is_initialized_as_the_codecs_library_does(tmp_path: Path) -> None:
     """docs/stream-decoder.md "Test weights": std 0.02 weights and codebooks, norms 1/0, the config's layer
     scale, weight-normed convolutions with g = |v| (so the weight is v) and zero biases."""
-    from moss_tts_node.tools.dev.stream_decoder_bench import write_random_codec
+    from moss_tts_node.tools.dev.random_codec import write_random_codec
     from moss_tts_node.tools.prepare.safetensors_io import SafetensorsCheckpoint
 
     checkpoint = SafetensorsCheckpoint(write_random_codec(TINY / "config.json", tmp_path / "random"))
@@ -237,3 +240,34 @@ def test_the_benchs_random_codec_is_initialized_as_the_codecs_library_does(tmp_p
         np.zeros((2, 32), int)
     )
     assert np.all(np.isfinite(audio)) and np.abs(audio).max() > 0
+
+
+def test_a_graph_for_16_quantizers_decodes_the_codecs_first_16_levels_streaming_as_offline(tmp_path: Path) -> None:
+    """The 16-codebook models of the family decode the codec's first 16 levels: PyTorch's decode with
+    n_quantizers 16 (reference16.npz), whatever the chunking; the refusals name both counts."""
+    from moss_tts_node.tools.cli.main import main
+
+    with np.load(TINY / "reference16.npz") as data:
+        reference = dict(data)
+    codes = np.ascontiguousarray(reference["codes16"][:, 0, :].T)  # (50, 16)
+    graph = tmp_path / "decoder_stream16.onnx"
+    assert main(["build-stream-decoder", str(TINY), "--out", str(graph), "--quantizers", "16"]) == 0
+    decoder = StreamDecoder(graph, quantizers=16)
+    assert decoder.n_quantizers == 16
+    for chunk in (1, 5, 50):
+        decoder.reset()
+        np.testing.assert_allclose(stream(decoder, codes, chunk), reference["audio_16q"], rtol=0, atol=ATOL)
+    with pytest.raises(CodecError, match=r"shape \(frames, 16\), got \(2, 32\)"):
+        decoder.decode(np.zeros((2, 32), dtype=np.int64))
+    with pytest.raises(
+        CodecError, match=r"decodes codes of 16 quantizers, but this model's codes have 32.*--quantizers 32"
+    ):
+        StreamDecoder(graph, quantizers=32)
+    full = build_stream_decoder(TINY, tmp_path / "decoder_stream32.onnx")
+    with pytest.raises(
+        CodecError, match=r"decodes codes of 32 quantizers, but this model's codes have 16.*--quantizers 16"
+    ):
+        StreamDecoder(full, quantizers=16)
+    # All 32 levels decode otherwise: the upper 16 are no small change here, so the 16 are not 32 in disguise.
+    upper = np.concatenate([reference["codes16"], reference["codes_upper"]])[:, 0, :].T
+    np.testing.assert_allclose(stream(StreamDecoder(full), upper, 5), reference["audio_32q_with_upper"], atol=ATOL)

@@ -8,18 +8,22 @@ result relates to the offline decode.
 
 Contract, for the graph of a codec whose decoder has transformer stages ``s`` = 0, 1, ...:
 
-- inputs ``audio_codes`` (32, 1, n) int64, the new frames; ``frames_done`` () int64, frames decoded
-  before them; per stage ``s`` and layer ``l`` the caches ``key_cache.s{s}.l{l}`` (heads, head_dim,
-  capacity) and ``value_cache.s{s}.l{l}`` (heads, capacity, head_dim) float32. The caches are separate
-  inputs rather than one stacked tensor per stage because slicing a graph input copies it: this way
-  each layer reads its cache where it lies.
-- outputs ``audio`` (1, 1, n * 1920) float32; ``frames_done_out`` (); per stage ``new_keys.s{s}``
-  (layers, heads, head_dim, w) and ``new_values.s{s}`` (layers, heads, w, head_dim), the rows to store,
-  and ``write_slots.s{s}`` (w,) int64, the ring slots to store them in.
+- inputs ``audio_codes`` (q, 1, n) int64, the new frames' codes of the codec's first q quantizers (the
+  graph's count: 32, or fewer for a model that uses the coarse levels only); ``frames_done`` () int64,
+  frames decoded before them; per stage ``s`` and layer ``l`` the caches ``key_cache.s{s}.l{l}`` and
+  ``value_cache.s{s}.l{l}`` (1, heads, rows, head_dim) float32. A stage's first ``span`` rows are its
+  ring (position p in row p mod span), the rows after it take the call's own keys and values: a call
+  holds at most (rows - span) positions of the stage.
+- outputs ``audio`` (1, 1, n * 1920) float32; ``frames_done_out`` (); per stage and layer
+  ``present_key.s{s}.l{l}`` and ``present_value.s{s}.l{l}``, the caches again: bound to the caches' own
+  memory, so the call's rows are written where they lie (ONNX Runtime's GroupQueryAttention reads and
+  writes a cache in place when its past and present are one buffer); per stage ``write_slots.s{s}``
+  (w,) int64, the ring rows of the call's newest w positions, which ``StreamDecoder`` copies there from
+  the rows after the ring (the positions of a call start in row ``span``).
+- metadata: ``FORMAT_KEY``, the attention mode, and per stage its span and positions per frame.
 
-The graph returns the rows to store instead of whole new caches, and ``StreamDecoder`` writes them
-into its cache arrays in place: a graph output can never alias an input, so returning the caches
-would copy all of them (about 170 MB at full size) on every call.
+Caches are separate inputs per layer rather than one stacked tensor per stage because slicing a graph
+input copies it: this way each layer reads and writes its cache where it lies.
 """
 
 from __future__ import annotations
@@ -41,11 +45,16 @@ AUDIO_OUTPUT = "audio"
 FRAMES_OUTPUT = "frames_done_out"
 # The metadata key that marks a stream decoder graph, and its format version.
 FORMAT_KEY = "moss_tts_node.stream_decoder"
-FORMAT_VERSION = "1"
-# Metadata of graphs that limit the frames of one call (ring attention), with that limit.
-MAX_FRAMES_KEY = "max_frames_per_call"
-# Frames per call when a whole utterance decodes on the stream decoder: from about 10 on a frame costs no
-# less (docs/stream-decoder.md, "What it costs"), while each call's attention scores grow with its frames squared.
+FORMAT_VERSION = "2"  # 1: the unfused graph of before 2026-12, which returned the rows to store
+# Metadata: "window" or "ring" (ATTENTION_MODES in the builder), and per stage, comma-separated, its attention
+# span and its positions per frame.
+ATTENTION_KEY = "attention"
+SPANS_KEY = "attention_spans"
+POSITIONS_KEY = "positions_per_frame"
+# Frames per call when a whole utterance decodes on the stream decoder, and the most a window graph's call
+# holds (the builder sizes the caches for it; longer decodes are cut into calls of this many): from about 10
+# on a frame costs no less (docs/stream-decoder.md, "Cost"), while each call's attention scores grow with
+# its frames squared.
 WHOLE_DECODE_FRAMES_PER_CALL = 25
 
 
@@ -57,12 +66,12 @@ def value_cache_name(stage: int, layer: int) -> str:
     return f"value_cache.s{stage}.l{layer}"
 
 
-def new_keys_name(stage: int) -> str:
-    return f"new_keys.s{stage}"
+def present_key_name(stage: int, layer: int) -> str:
+    return f"present_key.s{stage}.l{layer}"
 
 
-def new_values_name(stage: int) -> str:
-    return f"new_values.s{stage}"
+def present_value_name(stage: int, layer: int) -> str:
+    return f"present_value.s{stage}.l{layer}"
 
 
 def write_slots_name(stage: int) -> str:
@@ -74,26 +83,42 @@ _BUILD_HINT = "build one from the codec checkpoint with `python -m moss_tts_node
 
 @dataclass
 class _StageCache:
-    """One transformer stage's caches: all its layers stacked, so each stage is two arrays."""
+    """One transformer stage's caches, all its layers stacked, and where a call's positions go in them."""
 
-    keys: np.ndarray  # (layers, heads, head_dim, capacity)
-    values: np.ndarray  # (layers, heads, capacity, head_dim)
+    keys: np.ndarray  # (layers, 1, heads, rows, head_dim)
+    values: np.ndarray
+    span: int  # ring rows; a call's positions follow them
+    per_frame: int  # positions per frame at this stage
 
     @property
     def nbytes(self) -> int:
         return self.keys.nbytes + self.values.nbytes
 
+    @property
+    def frames_per_call(self) -> int:
+        """The most frames one call can hold: the rows after the ring."""
+        return (self.keys.shape[3] - self.span) // self.per_frame
+
+    def store(self, slots: np.ndarray, n_frames: int) -> None:
+        """Copy the call's newest positions (rows after the ring) into their ring ``slots``."""
+        end = self.span + n_frames * self.per_frame
+        for cache in (self.keys, self.values):
+            cache[:, :, :, slots] = cache[:, :, :, end - len(slots) : end]
+
 
 class StreamDecoder:
     """Decode one utterance's codes chunk by chunk, keeping the codec's attention state between calls.
 
-    ``decode`` takes only the new frames (n, 32) and returns their n * 1920 samples; ``reset`` starts
-    the next utterance. One utterance at a time: the state is this object's, so concurrent streams
+    ``decode`` takes only the new frames (n, quantizers) and returns their n * 1920 samples; ``reset``
+    starts the next utterance. One utterance at a time: the state is this object's, so concurrent streams
     need one decoder each (they share nothing but the file). CPU only: the caches are NumPy arrays
-    that ONNX Runtime reads in place through IO binding.
+    that ONNX Runtime reads and writes in place through IO binding.
+
+    ``quantizers``: the codebooks the caller's codes hold; a graph built for another count is refused.
+    None: the graph's count, whatever it is.
     """
 
-    def __init__(self, graph_path: Path | str, threads: int = 0) -> None:
+    def __init__(self, graph_path: Path | str, threads: int = 0, quantizers: int | None = None) -> None:
         import onnxruntime as ort
 
         self.path = Path(graph_path)
@@ -101,7 +126,8 @@ class StreamDecoder:
             raise CodecError(f"stream decoder graph {self.path} not found; {_BUILD_HINT}")
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
-        # Idle ORT workers would otherwise spin on the cores llama.cpp needs for the next step.
+        # Idle workers sleep, within a call too: spinning gains little on a quiet machine and holds a core another
+        # thread needs on a loaded one (docs/stream-decoder.md, "Threads"); between calls llama.cpp needs them.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.log_severity_level = 3
         try:
@@ -111,14 +137,31 @@ class StreamDecoder:
         except Exception as error:  # onnxruntime raises several unrelated types for a bad file
             raise CodecError(f"{self.path} is not a loadable ONNX model: {error}") from error
         self._stages = self._caches_from_graph()
+        if quantizers is not None and quantizers != self.n_quantizers:
+            raise CodecError(
+                f"{self.path} decodes codes of {self.n_quantizers} quantizers, but this model's codes have "
+                f"{quantizers}; build the graph for them with `python -m moss_tts_node build-stream-decoder "
+                f"--quantizers {quantizers}`"
+            )
         self._binding = self._session.io_binding()
+        self._bound_outputs: list[str] = []  # the binding's outputs, in the order it returns them
         for stage, cache in enumerate(self._stages):
             for layer in range(cache.keys.shape[0]):
-                self._bind_in_place(key_cache_name(stage, layer), cache.keys[layer])
-                self._bind_in_place(value_cache_name(stage, layer), cache.values[layer])
+                for names, array in (
+                    ((key_cache_name, present_key_name), cache.keys[layer]),
+                    ((value_cache_name, present_value_name), cache.values[layer]),
+                ):
+                    self._binding.bind_input(names[0](stage, layer), *self._in_place(array))
+                    self._bind_output(names[1](stage, layer), *self._in_place(array))
+        for name in self._sized_outputs:
+            self._bind_output(name, "cpu")
         self._frames_done = 0
-        limit = self._session.get_modelmeta().custom_metadata_map.get(MAX_FRAMES_KEY)
-        self.max_frames = None if limit is None else int(limit)  # frames per call, None: any number
+        calls = min(cache.frames_per_call for cache in self._stages)
+        ring = self._session.get_modelmeta().custom_metadata_map[ATTENTION_KEY] == "ring"
+        # A window graph's output is the offline decode however the frames are cut, so longer decodes are cut
+        # into calls it holds; a ring graph's depends on the calls, as the codec's own streaming does.
+        self._frames_per_call = calls
+        self.max_frames = calls if ring else None  # frames per call, None: any number
 
     @property
     def frames_done(self) -> int:
@@ -140,8 +183,8 @@ class StreamDecoder:
         self._frames_done = 0
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
-        """Decode the next frames' codes (n, 32), integers in [0, 1023], to their float32 samples (n * 1920,)."""
-        codes = AudioCodec._checked_codes(codes)
+        """Decode the next frames' codes (n, quantizers), integers in [0, 1023], to float32 samples (n * 1920,)."""
+        codes = AudioCodec._checked_codes(codes, self.n_quantizers)
         n_frames = codes.shape[0]
         if self.max_frames is not None and n_frames > self.max_frames:
             raise CodecError(
@@ -149,18 +192,22 @@ class StreamDecoder:
                 f"streaming), got {n_frames}; pass the frames in smaller chunks, or build the graph with "
                 "attention='window', which takes any number"
             )
-        self._binding.bind_cpu_input(CODES_INPUT, AudioCodec._graph_codes(codes))
+        step = self._frames_per_call
+        return np.concatenate([self._call(codes[start : start + step]) for start in range(0, n_frames, step)])
+
+    def _call(self, codes: np.ndarray) -> np.ndarray:
+        """One run of the graph on at most ``_frames_per_call`` frames."""
+        n_frames = codes.shape[0]
+        # (quantizers, 1, n): the graph sums the codebooks it was built for, no padding rows (unlike decoder.onnx)
+        self._binding.bind_cpu_input(CODES_INPUT, np.ascontiguousarray(codes.T[:, None, :]))
         self._binding.bind_cpu_input(FRAMES_INPUT, np.array(self._frames_done, dtype=np.int64))
-        # Outputs change size with the chunk: bound afresh, ONNX Runtime allocates them for each call.
-        self._binding.clear_binding_outputs()
-        for name in self._output_names:
+        # These outputs change size with the chunk: bound afresh, ONNX Runtime allocates them for each call.
+        for name in self._sized_outputs:
             self._binding.bind_output(name, "cpu")
         self._session.run_with_iobinding(self._binding)
-        outputs = dict(zip(self._output_names, self._binding.get_outputs(), strict=True))
+        outputs = dict(zip(self._bound_outputs, self._binding.get_outputs(), strict=True))
         for stage, cache in enumerate(self._stages):
-            slots = outputs[write_slots_name(stage)].numpy()
-            cache.keys[:, :, :, slots] = outputs[new_keys_name(stage)].numpy()
-            cache.values[:, :, slots, :] = outputs[new_values_name(stage)].numpy()
+            cache.store(outputs[write_slots_name(stage)].numpy(), n_frames)
         self._frames_done = int(outputs[FRAMES_OUTPUT].numpy())
         audio = outputs[AUDIO_OUTPUT].numpy()
         expected = n_frames * AudioCodec.samples_per_frame
@@ -170,9 +217,16 @@ class StreamDecoder:
             )
         return audio.reshape(-1)
 
-    def _bind_in_place(self, name: str, array: np.ndarray) -> None:
-        """Let the graph read ``array`` (a contiguous view into a stage's cache) without copying it."""
-        self._binding.bind_input(name, "cpu", 0, np.float32, list(array.shape), array.ctypes.data)
+    def _bind_output(self, name: str, *where: Any) -> None:
+        """Bind an output (again: a new binding of a name replaces the old one in its place)."""
+        self._binding.bind_output(name, *where)
+        if name not in self._bound_outputs:
+            self._bound_outputs.append(name)
+
+    @staticmethod
+    def _in_place(array: np.ndarray) -> tuple[Any, ...]:
+        """``bind_input``/``bind_output`` arguments that let the graph use ``array`` (contiguous) where it lies."""
+        return "cpu", 0, np.float32, list(array.shape), array.ctypes.data
 
     def _caches_from_graph(self) -> list[_StageCache]:
         """Check the graph against the contract and allocate zeroed caches of the shapes its inputs declare."""
@@ -184,7 +238,6 @@ class StreamDecoder:
             )
         inputs = {arg.name: arg for arg in self._session.get_inputs()}
         outputs = {arg.name: arg for arg in self._session.get_outputs()}
-        self._output_names = [arg.name for arg in self._session.get_outputs()]
         layers: dict[int, int] = {}
         for name in inputs:
             match = re.fullmatch(r"key_cache\.s(\d+)\.l(\d+)", name)
@@ -196,46 +249,69 @@ class StreamDecoder:
         expected_inputs = {CODES_INPUT, FRAMES_INPUT}
         expected_outputs = {AUDIO_OUTPUT, FRAMES_OUTPUT}
         for stage, count in layers.items():
-            expected_inputs |= {f(stage, layer) for layer in range(count) for f in (key_cache_name, value_cache_name)}
-            expected_outputs |= {f(stage) for f in (new_keys_name, new_values_name, write_slots_name)}
+            for layer in range(count):
+                expected_inputs |= {key_cache_name(stage, layer), value_cache_name(stage, layer)}
+                expected_outputs |= {present_key_name(stage, layer), present_value_name(stage, layer)}
+            expected_outputs.add(write_slots_name(stage))
         for kind, names, wanted in (("inputs", inputs, expected_inputs), ("outputs", outputs, expected_outputs)):
             if set(names) != wanted:
                 missing, extra = sorted(wanted - set(names)), sorted(set(names) - wanted)
                 raise CodecError(f"{self.path}: graph {kind} missing {missing}, unexpected {extra}; {_BUILD_HINT}")
-        self._check(
-            inputs[CODES_INPUT], "input", TensorSpec(CODES_INPUT, "tensor(int64)", (AudioCodec.n_quantizers, 1, None))
-        )
+        self._sized_outputs = [AUDIO_OUTPUT, FRAMES_OUTPUT, *(write_slots_name(stage) for stage in layers)]
+        quantizers = inputs[CODES_INPUT].shape[0]
+        if not isinstance(quantizers, int) or not 0 < quantizers <= AudioCodec.n_quantizers:
+            raise CodecError(f"{self.path}: input {CODES_INPUT} has {quantizers!r} quantizers; {_BUILD_HINT}")
+        self.n_quantizers = quantizers  # the codebooks each frame's codes hold
+        self._check(inputs[CODES_INPUT], "input", TensorSpec(CODES_INPUT, "tensor(int64)", (quantizers, 1, None)))
         self._check(inputs[FRAMES_INPUT], "input", TensorSpec(FRAMES_INPUT, "tensor(int64)", ()))
         self._check(outputs[AUDIO_OUTPUT], "output", TensorSpec(AUDIO_OUTPUT, "tensor(float)", (1, 1, None)))
         self._check(outputs[FRAMES_OUTPUT], "output", TensorSpec(FRAMES_OUTPUT, "tensor(int64)", ()))
-        return [self._stage_cache(stage, count, inputs, outputs) for stage, count in layers.items()]
+        spans, per_frame = (self._stage_numbers(meta, key, len(layers)) for key in (SPANS_KEY, POSITIONS_KEY))
+        if meta.get(ATTENTION_KEY) not in ("window", "ring"):
+            raise CodecError(f"{self.path}: metadata {ATTENTION_KEY}={meta.get(ATTENTION_KEY)!r}; {_BUILD_HINT}")
+        return [
+            self._stage_cache(stage, count, spans[stage], per_frame[stage], inputs, outputs)
+            for stage, count in layers.items()
+        ]
 
-    def _stage_cache(self, stage: int, count: int, inputs: dict[str, Any], outputs: dict[str, Any]) -> _StageCache:
+    def _stage_numbers(self, meta: dict[str, str], key: str, stages: int) -> list[int]:
+        """A metadata entry of one positive integer per stage."""
+        try:
+            numbers = [int(text) for text in meta[key].split(",")]
+        except (KeyError, ValueError):
+            numbers = []
+        if len(numbers) != stages or min(numbers) < 1:
+            raise CodecError(f"{self.path}: metadata {key}={meta.get(key)!r} is not {stages} positive integers")
+        return numbers
+
+    def _stage_cache(
+        self, stage: int, count: int, span: int, per_frame: int, inputs: dict[str, Any], outputs: dict[str, Any]
+    ) -> _StageCache:
         key_shape = inputs[key_cache_name(stage, 0)].shape
-        if len(key_shape) != 3 or not all(isinstance(d, int) and d > 0 for d in key_shape):
+        if len(key_shape) != 4 or not all(isinstance(d, int) and d > 0 for d in key_shape) or key_shape[0] != 1:
             raise CodecError(
                 f"{self.path}: input {key_cache_name(stage, 0)} has shape {key_shape}; a cache needs fixed "
-                f"(heads, head_dim, capacity) sizes; {_BUILD_HINT}"
+                f"(1, heads, rows, head_dim) sizes; {_BUILD_HINT}"
             )
-        heads, head_dim, capacity = key_shape
+        if key_shape[2] < span + per_frame:
+            raise CodecError(
+                f"{self.path}: stage {stage}'s caches hold {key_shape[2]} rows, no room for a frame after its "
+                f"span of {span}; {_BUILD_HINT}"
+            )
         for layer in range(count):
-            self._check(
-                inputs[key_cache_name(stage, layer)],
-                "input",
-                TensorSpec(key_cache_name(stage, layer), "tensor(float)", (heads, head_dim, capacity)),
-            )
-            self._check(
-                inputs[value_cache_name(stage, layer)],
-                "input",
-                TensorSpec(value_cache_name(stage, layer), "tensor(float)", (heads, capacity, head_dim)),
-            )
-        rows = (count, heads, None, None)
-        self._check(outputs[new_keys_name(stage)], "output", TensorSpec(None, "tensor(float)", rows))
-        self._check(outputs[new_values_name(stage)], "output", TensorSpec(None, "tensor(float)", rows))
+            for kind, names, name in (
+                ("input", inputs, key_cache_name(stage, layer)),
+                ("input", inputs, value_cache_name(stage, layer)),
+                ("output", outputs, present_key_name(stage, layer)),
+                ("output", outputs, present_value_name(stage, layer)),
+            ):
+                self._check(names[name], kind, TensorSpec(name, "tensor(float)", tuple(key_shape)))
         self._check(outputs[write_slots_name(stage)], "output", TensorSpec(None, "tensor(int64)", (None,)))
         return _StageCache(
-            keys=np.zeros((count, heads, head_dim, capacity), dtype=np.float32),
-            values=np.zeros((count, heads, capacity, head_dim), dtype=np.float32),
+            keys=np.zeros((count, *key_shape), dtype=np.float32),
+            values=np.zeros((count, *key_shape), dtype=np.float32),
+            span=span,
+            per_frame=per_frame,
         )
 
     def _check(self, arg: Any, kind: str, spec: TensorSpec) -> None:
@@ -257,6 +333,7 @@ class StreamDecoderCodec(AudioCodec):
     ) -> None:
         self.decoder = decoder
         self._encoder = encoder
+        self.n_quantizers = decoder.n_quantizers  # the codes it decodes: the graph's count, the model's
         self.frames_per_call = min(frames_per_call, decoder.max_frames or frames_per_call)
         self.attention_span_frames = encoder.attention_span_frames
 

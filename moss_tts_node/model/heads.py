@@ -38,6 +38,7 @@ from moss_tts_node.llama.gguf import GGUF_AUDIO_HEADS_KEY, GgufHeadsInfo
 from moss_tts_node.model.delay import TextRule
 from moss_tts_node.model.embeddings import load_matrix
 from moss_tts_node.model.layout import audio_head_file
+from moss_tts_node.model.q8_blocks import quantize_q8_blocks
 from moss_tts_node.model.spec import ModelSpec
 
 ONNX_HEADS_BLOCK = 32  # quantization block along H (MatMulNBits block_size)
@@ -230,19 +231,15 @@ class OnnxAudioHeads(AudioHeads):
 
 
 def quantize_heads_q8(heads: Iterator[np.ndarray], rows: int, hidden: int) -> tuple[np.ndarray, np.ndarray]:
-    """MatMulNBits 8-bit blocks of ``rows`` stacked head rows: (rows, H / 32, 32) uint8 codes (zero point
-    128, symmetric) and (rows * H / 32,) float32 scales, filled one head at a time."""
+    """MatMulNBits 8-bit blocks of ``rows`` stacked head rows (``model/q8_blocks.py``): (rows, H / 32, 32)
+    uint8 codes and (rows * H / 32,) float32 scales, filled one head at a time."""
     n_blocks = hidden // ONNX_HEADS_BLOCK
     codes = np.empty((rows, n_blocks, ONNX_HEADS_BLOCK), dtype=np.uint8)
     scales = np.empty((rows, n_blocks), dtype=np.float32)
     start = 0
     for head in heads:
         end = start + head.shape[0]
-        blocks = np.asarray(head, dtype=np.float32).reshape(head.shape[0], n_blocks, ONNX_HEADS_BLOCK)
-        scale = np.abs(blocks).max(axis=2) / 127.0
-        scale[scale == 0] = 1.0
-        codes[start:end] = np.rint(blocks / scale[..., None]) + 128
-        scales[start:end] = scale
+        codes[start:end], scales[start:end] = quantize_q8_blocks(head, ONNX_HEADS_BLOCK)
         start = end
     if start != rows:
         raise WeightsError(f"the heads hold {start} rows, expected {rows}")

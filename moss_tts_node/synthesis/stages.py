@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from moss_tts_node.codec.base import CODEC_QUANTIZERS, AudioCodec
+from moss_tts_node.codec.base import AudioCodec
 from moss_tts_node.codec.factory import CodecParams, open_codec
 from moss_tts_node.codec.stream_decoder import StreamDecoder, StreamDecoderCodec
 from moss_tts_node.codec.streaming import StatefulStreamDecoding
@@ -244,12 +244,8 @@ def _open_stream_decoder(config: Config, spec: ModelSpec) -> StreamDecoder | Non
     path = stream_decoder_path(config)
     if path is None:
         return None
-    try:
-        if spec.n_vq != CODEC_QUANTIZERS:  # the stream decoder graphs decode the codec's every codebook
-            raise CodecError(
-                f"{path} decodes codes of {CODEC_QUANTIZERS} quantizers, but this model's codes have {spec.n_vq}"
-            )
-        return StreamDecoder(path, threads=config.audio.codec_threads)
+    try:  # a graph is built for a number of codebooks (build-stream-decoder --quantizers): the model's
+        return StreamDecoder(path, threads=config.audio.codec_threads, quantizers=spec.n_vq)
     except CodecError as error:
         raise ConfigError(
             f"'audio.stream_decoder' {config.audio.stream_decoder} selects a graph that cannot be used: {error}; "

@@ -17,6 +17,14 @@ so the K-quants also apply to it in tests).
 whose prompt template ``convert`` reads (MOSS-TTSD's with its Scene field); MOSS-TTS's demo ships none, as the
 published GGUF repository does not.
 
+Beside the codec's ONNX graphs it writes what a stream decoder is built from, as for the real codec:
+a checkpoint of the real codec architecture (``codec_checkpoint/``, ``random_codec.tiny_codec_config``:
+config.json and model.safetensors), which ``make demo`` turns into ``codec/decoder_stream.onnx`` with
+``build-stream-decoder``, as a user does with OpenMOSS-Team/MOSS-Audio-Tokenizer. The two codecs differ:
+the ONNX graphs are a toy stand-in (``demo_codec``), so where the stream decoder is loaded (streams and
+whole utterances alike) the same codes decode to other noise than ``decoder.onnx`` gives (which
+``model.low_memory``, ``audio.stream_decoder: off`` and TensorRT use); with real weights the two are one codec.
+
 The weights are random, so the audio is noise, not speech. They are nudged so that generation
 behaves like a trained model's in shape: every text embedding shares one direction, which the
 residual stream carries to the last layer, and the text head reads that direction to favour
@@ -41,6 +49,7 @@ from moss_tts_node.model.layout import gguf_name
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.model.template import MOSS_TTS_TEMPLATE, SCENE, SPEAKER_NUMBER, PromptTemplate
 from moss_tts_node.tools.dev.demo_codec import write_demo_codec
+from moss_tts_node.tools.dev.random_codec import tiny_codec_config, write_random_codec
 from moss_tts_node.tools.prepare.convert import MODEL_TYPE, checkpoint_tensor_name, convert_checkpoint
 from moss_tts_node.tools.prepare.qwen3_gguf import Qwen3Shape, random_qwen3_tensors
 from moss_tts_node.tools.prepare.safetensors_io import write_sharded_checkpoint
@@ -53,6 +62,7 @@ DIALOGUE_TEMPLATE = replace(
     fields=(*MOSS_TTS_TEMPLATE.fields[:-1], ("Scene", SCENE), MOSS_TTS_TEMPLATE.fields[-1]),
     absent_speaker=f"[S{SPEAKER_NUMBER}]: None",
 )
+CODEC_CHECKPOINT_DIR = "codec_checkpoint"  # the codec checkpoint the demo's stream decoder is built from
 GGUF_TYPE = "F16"  # unquantized: the demo backbone equals its checkpoint up to float16 rounding
 GGUF_NAME = gguf_name(GGUF_TYPE)
 CHECKPOINT_DIR = "hf_checkpoint"  # the original-format checkpoint the demo weights are converted from
@@ -221,6 +231,7 @@ def write_demo_weights(
         (source / PROCESSING_FILE).write_text(processing_source(template), encoding="utf-8")
     convert_checkpoint(source, out_dir, GGUF_TYPE, force=True, model=model)
     write_demo_codec(out_dir / "codec", seed=seed)
+    write_random_codec(tiny_codec_config(), out_dir / CODEC_CHECKPOINT_DIR)
     config_path = out_dir / "config.yaml"
     header = (
         f"Demo {family_model.name} model: random weights, noise not speech.\n"

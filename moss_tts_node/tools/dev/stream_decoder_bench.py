@@ -1,201 +1,442 @@
-"""Time the stream decoder at the codec's full size, by hand.
+"""Time the stream decoder at the codec's full size against an earlier revision's graph, by hand.
 
 Run as ``python -m moss_tts_node.tools.dev.stream_decoder_bench CONFIG WORK_DIR``.
 
-Writes a random checkpoint of the published shape (decode path only; initialized as the codec's library
-initializes a new model, docs/stream-decoder.md "Test weights": its audio means nothing, its activations
-have a realistic scale), builds the stream decoder graph in each precision, and prints the codec's cost
-per frame of audio (and the real-time factor) streaming in chunks of 1 to 25 frames, with 1 and 2
-threads, next to the stateless scheme that re-decodes 25 frames of left context with every 5 new ones.
-Rounds over every graph and thread count are interleaved so that the load of a shared machine hits all
-alike; the 1-minute load average is printed with them.
+Writes a random checkpoint of CONFIG's shape into WORK_DIR (``random_codec``: initialized as the codec's
+library initializes a new model, docs/stream-decoder.md "Test weights"; its audio means nothing, its
+activations have a realistic scale), takes the package as it was at ``--baseline`` (by default the last
+revision with the unfused graph) out of git beside it, and builds the stream decoder in each precision with
+both revisions' builders. Each revision's graphs run in a process of its own, on its own runtime
+(``stream_decoder_worker``), and the two are asked in turn, so that the load of a shared machine hits both
+alike: for every precision, thread count and chunk size, one measurement of the baseline and one of this
+revision, the first of the two alternating from round to round. Prints:
+
+- the memory's speed (the best of NumPy sums over 2 GiB, split over 1 and 2 threads) and the arithmetic's
+  (ONNX Runtime's float32 MatMul on a weight that stays in cache), and the operations a frame costs;
+- per precision and revision: the graph's nodes and the weight bytes a call reads; the largest difference
+  between the two revisions' decodes of the same random frames;
+- per precision, thread count and chunk: ms per call and per frame of each revision, per round, and CPU ms
+  per call (which another process's load changes less than wall time); each against the memory floor
+  (the weight bytes read at the measured speed) and, in float32, the roofline (per stage, its weights'
+  bytes at the memory's speed or its operations at the arithmetic's, whichever is slower); the ratio of
+  the two revisions; the load average; each worker's peak RSS.
+
+``--end-to-end 1.7b`` then runs ``python -m moss_tts_node bench --model 1.7b`` (the bench model of that shape,
+built and cached on first use) with each revision's graph as its stream decoder, on that revision's package,
+alternately: steps/s, codec ms a frame, real-time factors, time to first audio, peak RSS.
+
+It needs git and about 20 GB in WORK_DIR (the checkpoint and two graphs per precision); the baseline's
+graphs are kept for the next run.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
+import shutil
+import subprocess
+import sys
 import time
-import zlib
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import IO, Any
 
 import numpy as np
 
-from moss_tts_node.codec.base import CODEBOOK_SIZE, AudioCodec
-from moss_tts_node.codec.stream_decoder import StreamDecoder
+import moss_tts_node
+from moss_tts_node.codec.layout import DECODER_FILE, ENCODER_FILE, STREAM_DECODER_FILE
 from moss_tts_node.model.rates import FRAMES_PER_SECOND
-from moss_tts_node.tools.prepare.safetensors_io import write_safetensors
-from moss_tts_node.tools.prepare.stream_decoder_build import PRECISIONS, build_stream_decoder
+from moss_tts_node.tools.dev import resources, stream_decoder_worker
+from moss_tts_node.tools.dev.codec_fidelity import snr_db
+from moss_tts_node.tools.dev.random_codec import write_random_codec
+from moss_tts_node.tools.prepare.stream_decoder_build import PRECISIONS
 from moss_tts_node.tools.prepare.stream_decoder_checkpoint import Patch, read_codec_config
 
-CHUNKS = (1, 2, 5, 10, 25)
-STATELESS_NEW, STATELESS_CONTEXT = 5, 25  # the scheme the stream decoder replaces
-# The codec's library initializes its weights this way (docs/stream-decoder.md, "Test weights"): every
-# nn.Linear and nn.Embedding weight normal with std 0.02, norms 1 and 0, each layer scale at the value
-# config.json gives; the weight-normed 1x1 convolutions keep torch's own init (v uniform within
-# 1/sqrt(fan in), g = |v| per output channel), their biases zeroed.
-WEIGHT_STD = 0.02
+# The last revision whose stream decoder is the unfused graph (format 1, 4,017 nodes at full size).
+UNFUSED_REVISION = "3492feade43fa15ff7778c77099a5bd5f04b1813"
+CHUNKS = (1, 2, 5, 10)
+DIFFERENCE_FRAMES, DIFFERENCE_CHUNK = 60, 5  # the decode both revisions make for the difference
+_BANDWIDTH_BYTES = 2**31
+# A third side with --spinning: ONNX Runtime's idle workers spin-wait for the next node while a call runs, and
+# stop when it returns (so not between calls, while llama.cpp runs); the runtime lets them sleep.
+SPINNING = "this, spinning"
+SPINNING_CONFIG = {"session.intra_op.allow_spinning": "1", "session.force_spinning_stop": "1"}
 
 
-@dataclass(frozen=True)
-class _RandomTensor:
-    """A tensor made only when written, so a 3.5 GB checkpoint never sits in memory whole.
-
-    ``kind``: "normal" (std WEIGHT_STD), "fill" (every element ``value``), "conv_v" (a weight-normed
-    convolution's direction: uniform within 1/sqrt(fan in)) or "conv_g" (its magnitude: the norm of each
-    output channel of the "conv_v" tensor made from the same seed, shape ``v_shape``).
-    """
-
-    shape: tuple[int, ...]
-    kind: str
-    seed: int
-    value: float = 0.0
-    v_shape: tuple[int, ...] = ()
-
-    @property
-    def size(self) -> int:
-        return int(np.prod(self.shape))
-
-    def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
-        rng = np.random.default_rng(self.seed)
-        if self.kind == "normal":
-            values = rng.standard_normal(self.shape, dtype=np.float32) * np.float32(WEIGHT_STD)
-        elif self.kind == "conv_v":
-            values = _conv_direction(rng, self.shape)
-        elif self.kind == "conv_g":
-            direction = _conv_direction(rng, self.v_shape)
-            values = np.sqrt(np.sum(np.square(direction, dtype=np.float64), axis=(1, 2), keepdims=True))
-            values = values.astype(np.float32)
-        else:
-            values = np.full(self.shape, self.value, dtype=np.float32)
-        return values if dtype is None else values.astype(dtype)
+def memory_bandwidth(threads: int, array: np.ndarray, repeats: int = 5) -> float:
+    """Bytes per second that ``threads`` threads read summing ``array`` (NumPy releases the GIL), best of
+    ``repeats``: what reading weights from memory can reach."""
+    parts = np.array_split(array, threads)
+    best = float("inf")
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in range(repeats):
+            began = time.perf_counter()
+            list(pool.map(np.sum, parts))
+            best = min(best, time.perf_counter() - began)
+    return array.nbytes / best
 
 
-def _conv_direction(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-    """torch's nn.Conv1d weight init (kaiming uniform with a = sqrt(5)): uniform within 1/sqrt(fan in)."""
-    bound = 1 / np.sqrt(np.prod(shape[1:]))
-    return rng.uniform(-bound, bound, shape).astype(np.float32)
+def matmul_speed(threads: int, repeats: int = 20) -> float:
+    """Float32 operations per second (a multiply-add is 2) of ONNX Runtime's MatMul on ``threads`` threads, at
+    a shape whose weight stays in cache (a last-stage feed-forward matrix, 64 rows): what the arithmetic can
+    reach, best of ``repeats``."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
 
-
-def write_random_codec(config_path: Path, out_dir: Path) -> Path:
-    """A checkpoint directory with ``config_path``'s config and random decode-path weights in the published
-    layout, initialized as the codec's library initializes a new model."""
-    spec = read_codec_config(config_path)
-    tensors: dict[str, _RandomTensor] = {}
-
-    def add(name: str, shape: tuple[int, ...], kind: str = "normal", value: float = 0.0) -> None:
-        tensors[name] = _RandomTensor(shape, kind, zlib.crc32(name.encode()), value)
-
-    def add_weight_normed(prefix: str, out_dim: int, in_dim: int) -> None:
-        direction = f"{prefix}.parametrizations.weight.original1"
-        add(f"{prefix}.bias", (out_dim,), "fill", 0.0)
-        add(direction, (out_dim, in_dim, 1), "conv_v")
-        seed = tensors[direction].seed
-        tensors[f"{prefix}.parametrizations.weight.original0"] = _RandomTensor(
-            (out_dim, 1, 1), "conv_g", seed, v_shape=(out_dim, in_dim, 1)
-        )
-
-    for i in range(AudioCodec.n_quantizers):  # read_codec_config refuses any other count
-        add(f"quantizer.quantizers.{i}.codebook.weight", (CODEBOOK_SIZE, spec.codebook_dim))
-        add_weight_normed(f"quantizer.quantizers.{i}.out_proj", spec.rvq_dim, spec.codebook_dim)
-    add_weight_normed("quantizer.output_proj", spec.quantizer_output_dim, spec.rvq_dim)
-    for stage in spec.decoder:
-        if isinstance(stage, Patch):
-            continue
-        width = stage.d_model
-        if stage.input_dim != width:
-            add(f"{stage.prefix}.input_proj.weight", (width, stage.input_dim))
-        if stage.output_dim != width:
-            add(f"{stage.prefix}.output_proj.weight", (stage.output_dim, width))
-        for layer in range(stage.layers):
-            prefix = f"{stage.prefix}.transformer.layers.{layer}"
-            add(f"{prefix}.self_attn.in_projs.0.weight", (3 * width, width))
-            add(f"{prefix}.self_attn.out_projs.0.weight", (width, width))
-            add(f"{prefix}.linear1.weight", (stage.ffn, width))
-            add(f"{prefix}.linear2.weight", (width, stage.ffn))
-            for norm in ("norm1", "norm2"):
-                add(f"{prefix}.{norm}.weight", (width,), "fill", 1.0)
-                add(f"{prefix}.{norm}.bias", (width,), "fill", 0.0)
-            if stage.layer_scale is not None:
-                add(f"{prefix}.layer_scale_1.scale", (width,), "fill", stage.layer_scale)
-                add(f"{prefix}.layer_scale_2.scale", (width,), "fill", stage.layer_scale)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(config_path.read_text(encoding="utf-8"), encoding="utf-8")
-    write_safetensors(out_dir / "model.safetensors", tensors, "F32")  # array-likes, made as they are written
-    return out_dir
-
-
-def _seconds_per_call(decoder: StreamDecoder, pieces: list[np.ndarray], reset_each_call: bool) -> float:
-    """Median wall time of one ``decode`` call over ``pieces`` fed in order (the first call is untimed)."""
-    decoder.reset()
-    decoder.decode(pieces[0])
-    times = []
-    for piece in pieces[1:]:
-        if reset_each_call:
-            decoder.reset()
+    rows, inputs, outputs = 64, 768, 3072
+    weight = np.random.default_rng(0).standard_normal((inputs, outputs), dtype=np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "matmul",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, (rows, inputs))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, (rows, outputs))],
+        [numpy_helper.from_array(weight, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    feed = {"x": np.ones((rows, inputs), dtype=np.float32)}
+    best = float("inf")
+    for _ in range(repeats):
         began = time.perf_counter()
-        decoder.decode(piece)
-        times.append(time.perf_counter() - began)
-    return float(np.median(times))
+        session.run(None, feed)
+        best = min(best, time.perf_counter() - began)
+    return 2 * rows * inputs * outputs / best
 
 
-def _peak_rss_mb() -> float:
-    import resource
+def graph_facts(path: Path) -> tuple[int, dict[str, int]]:
+    """A graph's nodes, and the bytes of weights a call reads per stage (``decoder.<i>.``; "" for the rest:
+    the quantizer's), its weights left on disk."""
+    import onnx
+    from onnx import helper
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    model = onnx.load(str(path), load_external_data=False)
+    weight_bytes: dict[str, int] = {}
+    for tensor in model.graph.initializer:
+        stage = re.match(r"decoder\.\d+\.", tensor.name)
+        size = helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize * int(np.prod(tensor.dims))
+        key = stage[0] if stage else ""
+        weight_bytes[key] = weight_bytes.get(key, 0) + size
+    return len(model.graph.node), weight_bytes
+
+
+def stage_operations(config: Path) -> dict[str, float]:
+    """Float operations per frame of each decoder Transformer stage (``decoder.<i>.``): its weight MatMuls
+    (2 per weight and position) and its attention (4 x span x width per layer and position)."""
+    operations, positions = {}, 1
+    for module in read_codec_config(config).decoder:
+        if isinstance(module, Patch):
+            positions *= module.size
+            continue
+        width = module.d_model
+        weights = module.layers * (4 * width * width + 2 * width * module.ffn)
+        weights += width * (module.input_dim if module.input_dim != width else 0)
+        weights += width * (module.output_dim if module.output_dim != width else 0)
+        attention = module.layers * 4 * module.context * width
+        operations[f"{module.prefix}."] = positions * (2 * weights + attention)
+    return operations
+
+
+def roofline_ms(
+    weight_bytes: dict[str, int], operations: dict[str, float], frames: int, bandwidth: float, speed: float
+) -> float:
+    """The least a call of ``frames`` frames can take: each stage reads its weights at the memory's speed or
+    computes at the arithmetic's, whichever takes longer (the stages run one after the other)."""
+    seconds = sum(
+        max(size / bandwidth, frames * operations.get(stage, 0.0) / speed) for stage, size in weight_bytes.items()
+    )
+    return 1000 * seconds
+
+
+def baseline_tree(revision: str, work_dir: Path) -> Path:
+    """The package at ``revision`` (and the bridge's C sources, which it builds on first use), from this
+    checkout's git, with this revision's worker copied in."""
+    tree = work_dir / f"baseline-{revision[:12]}"
+    if not (tree / "moss_tts_node").is_dir():
+        tree.mkdir(parents=True, exist_ok=True)
+        repository = Path(moss_tts_node.__file__).resolve().parents[1]
+        archive = subprocess.run(
+            ["git", "-C", str(repository), "archive", revision, "moss_tts_node", "bridge"],
+            check=True,
+            capture_output=True,
+        )
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    for module in (stream_decoder_worker, resources):
+        shutil.copy(Path(module.__file__), tree / "moss_tts_node" / "tools" / "dev")
+    return tree
+
+
+def _running_on(tree: Path | None) -> dict[str, Any]:
+    """``subprocess`` arguments that make ``python -m moss_tts_node`` import the package in ``tree`` (None:
+    this one): first on the path, and the working directory too, which ``-m`` puts before it."""
+    return {} if tree is None else {"env": dict(os.environ, PYTHONPATH=str(tree)), "cwd": tree}
+
+
+class Worker:
+    """A ``stream_decoder_worker`` process on the package tree ``tree`` (None: this one)."""
+
+    def __init__(self, tree: Path | None) -> None:
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "moss_tts_node.tools.dev.stream_decoder_worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            **_running_on(tree),
+        )
+        self.peak_rss_mib = 0.0
+
+    def ask(self, **request: Any) -> dict[str, Any]:
+        stdin, stdout = self._streams()
+        stdin.write(json.dumps(request) + "\n")
+        stdin.flush()
+        line = stdout.readline()
+        if not line:
+            raise RuntimeError(f"the worker ended (exit status {self._process.wait()}) on {request}")
+        reply = json.loads(line)
+        self.peak_rss_mib = reply["peak_rss_mib"]
+        return reply
+
+    def close(self) -> None:
+        stdin, _ = self._streams()
+        stdin.close()
+        self._process.wait()
+
+    def _streams(self) -> tuple[IO[str], IO[str]]:
+        assert self._process.stdin is not None and self._process.stdout is not None
+        return self._process.stdin, self._process.stdout
+
+
+def build(tree: Path | None, checkpoint: Path, path: Path, precision: str, rebuild: bool) -> None:
+    """Build a graph with the builder of ``tree`` (None: this one), in a process of its own, unless it is there
+    and ``rebuild`` is False."""
+    if path.is_file() and not rebuild:
+        return
+    began = time.perf_counter()
+    command = [sys.executable, "-m", "moss_tts_node", "build-stream-decoder", str(checkpoint), "--out", str(path)]
+    command += ["--precision", precision, "--force"]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, **_running_on(tree))
+    print(f"built {path} in {time.perf_counter() - began:.0f} s", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config", type=Path, help="the codec's config.json (e.g. codec-tiny/real-config.json)")
-    parser.add_argument("work_dir", type=Path, help="where the random checkpoint and the graphs go (about 10 GB)")
-    parser.add_argument("--precision", nargs="*", choices=PRECISIONS, default=list(PRECISIONS), help="graphs to time")
+    parser.add_argument("work_dir", type=Path, help="where the random checkpoint, the baseline and the graphs go")
+    parser.add_argument("--baseline", default=UNFUSED_REVISION, help="git revision to compare with")
+    parser.add_argument(
+        "--precision", nargs="*", choices=PRECISIONS, default=["fp32", "w8-attention"], help="graphs to time"
+    )
     parser.add_argument("--threads", type=int, nargs="*", default=[1, 2], help="ONNX Runtime intra-op threads")
     parser.add_argument("--chunks", type=int, nargs="*", default=list(CHUNKS), help="frames per call")
     parser.add_argument("--frames", type=int, default=61, help="frames streamed per measurement")
-    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds over every graph")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds over every setting")
+    parser.add_argument(
+        "--spinning",
+        action="store_true",
+        help=f"also run this revision with ONNX Runtime's workers spinning during a call ({SPINNING!r})",
+    )
+    parser.add_argument(
+        "--end-to-end",
+        choices=("1.7b", "8b"),
+        help="then run `bench` on this bench model with each revision's graph, alternately, --rounds times",
+    )
+    parser.add_argument("--chunk-frames", type=int, default=5, help="audio.chunk_frames of --end-to-end")
     args = parser.parse_args()
+    args.work_dir = args.work_dir.resolve()  # the workers run elsewhere
     if args.frames < 2 * max(args.chunks) + 1:  # the first call of each measurement is not timed
         parser.error(f"--frames must be at least {2 * max(args.chunks) + 1} for chunks of {max(args.chunks)}")
 
     checkpoint = args.work_dir / "checkpoint"
     if not (checkpoint / "model.safetensors").is_file():
         write_random_codec(args.config, checkpoint)
-    graphs = {}
-    for precision in args.precision:
-        path = args.work_dir / f"stream-decoder-{precision}.onnx"
-        if not path.is_file():
-            began = time.perf_counter()
-            build_stream_decoder(checkpoint, path, precision=precision)
-            print(f"built {path} in {time.perf_counter() - began:.0f} s", flush=True)
-        graphs[precision] = path
+    trees = {"baseline": baseline_tree(args.baseline, args.work_dir), "this": None}
+    graphs = {
+        (revision, precision): _graph(tree, checkpoint, args.work_dir, precision)
+        for precision in args.precision
+        for revision, tree in trees.items()
+    }
+    # Each side: the revision whose graph and runtime it runs, and the session settings it adds.
+    sides = {revision: (revision, {}) for revision in trees}
+    if args.spinning:
+        sides[SPINNING] = ("this", SPINNING_CONFIG)
+    # Started before the 2 GiB below: Linux counts the parent's resident memory at a fork in the child's peak.
+    workers = {side: Worker(trees[revision]) for side, (revision, _) in sides.items()}
+    try:
+        machine = _measure_machine(args.threads)
+        facts = {key: graph_facts(path) for key, path in graphs.items()}
+        operations = stage_operations(checkpoint / "config.json")
+        print(f"  {sum(operations.values()) / 1e9:.2f} GFLOP a frame (weight MatMuls and attention)")
+        for (revision, precision), (nodes, weight_bytes) in facts.items():
+            total = sum(weight_bytes.values())
+            print(f"  {precision:12s} {revision:8s}: {nodes:5d} nodes, {total / 1e9:.2f} GB of weights a call reads")
+        results = _decode_rounds(args, workers, sides, graphs)
+    finally:
+        for worker in workers.values():
+            worker.close()
+    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
+    print("peak RSS of the worker: " + ", ".join(f"{side} {w.peak_rss_mib:.0f} MiB" for side, w in workers.items()))
+    _print_decode_table(args, sides, results, facts, operations, machine)
+    if args.end_to_end:
+        _end_to_end(args, trees, graphs)
 
-    frame_ms = 1000 / FRAMES_PER_SECOND
-    codes = np.random.default_rng(0).integers(0, CODEBOOK_SIZE, (args.frames, AudioCodec.n_quantizers))
-    window = STATELESS_CONTEXT + STATELESS_NEW
-    results: dict[tuple[str, int, str], list[float]] = {}  # (precision, threads, scheme): ms per frame, per round
+
+def _graph(tree: Path | None, checkpoint: Path, work_dir: Path, precision: str) -> Path:
+    """A revision's graph as a codec directory holds it (the end-to-end runs use the directory); the baseline's
+    are kept for the next run, this revision's built afresh (its code may have changed)."""
+    name = tree.name if tree else "this"
+    path = work_dir / f"{name}-{precision}" / STREAM_DECODER_FILE
+    build(tree, checkpoint, path, precision, rebuild=tree is None)
+    return path
+
+
+def _measure_machine(threads: list[int]) -> dict[int, tuple[float, float]]:
+    """Per thread count: the memory's speed (bytes/s) and float32 arithmetic's (operations/s), printed."""
+    array = np.ones(_BANDWIDTH_BYTES // 4, dtype=np.float32)
+    bandwidth = {count: memory_bandwidth(count, array) for count in sorted(set(threads))}
+    del array
+    machine = {count: (speed, matmul_speed(count)) for count, speed in bandwidth.items()}
+    print(f"load average {os.getloadavg()[0]:.2f}; memory read by NumPy sums over 2 GiB, float32 MatMul in cache:")
+    for count, (speed, arithmetic) in machine.items():
+        print(f"  {count} threads: {speed / 1e9:.1f} GB/s, {arithmetic / 1e9:.0f} GFLOP/s")
+    return machine
+
+
+Sides = dict[str, tuple[str, dict[str, str]]]  # side: (revision, session settings it adds)
+Results = dict[tuple[str, int, int, str], list[tuple[float, float]]]  # (precision, threads, chunk, side): per
+# round, ms per call of wall time and of CPU time
+
+
+def _decode_rounds(
+    args: argparse.Namespace, workers: dict[str, Worker], sides: Sides, graphs: dict[tuple[str, str], Path]
+) -> Results:
+    """Every precision, thread count and chunk, each side in turn, the first side alternating by round."""
+    results: Results = {}
     for round_index in range(args.rounds):
+        order = list(workers) if round_index % 2 == 0 else list(reversed(workers))
         for threads in args.threads:
-            print(f"round {round_index + 1}, {threads} threads: load average {os.getloadavg()[0]:.2f}", flush=True)
-            # One graph at a time in memory: a full-size fp32 graph holds 3.5 GB.
-            for precision, path in graphs.items():
-                decoder = StreamDecoder(path, threads=threads)
-                for chunk in args.chunks:
-                    pieces = [codes[start : start + chunk] for start in range(0, args.frames - chunk + 1, chunk)]
-                    ms = 1000 * _seconds_per_call(decoder, pieces, reset_each_call=False) / chunk
-                    results.setdefault((precision, threads, f"chunk {chunk}"), []).append(ms)
-                # Stateless: each call decodes 25 old frames again to produce 5 new ones.
-                ms = 1000 * _seconds_per_call(decoder, [codes[:window]] * 3, reset_each_call=True) / STATELESS_NEW
-                results.setdefault((precision, threads, f"stateless {STATELESS_NEW}+{STATELESS_CONTEXT}"), []).append(
-                    ms
+            for precision in args.precision:
+                for side in order:
+                    revision, session_config = sides[side]
+                    graph = str(graphs[revision, precision])
+                    workers[side].ask(load=graph, threads=threads, session_config=session_config)
+                if round_index == 0 and threads == args.threads[0]:
+                    _print_difference(workers, args.work_dir, precision)
+                print(
+                    f"round {round_index + 1}, {threads} threads, {precision}: load average {os.getloadavg()[0]:.2f}",
+                    flush=True,
                 )
-                del decoder
-    print(f"load average at the end: {os.getloadavg()[0]:.2f}; peak RSS {_peak_rss_mb():.0f} MB")
-    print(f"codec ms per frame (a frame is {frame_ms:.0f} ms of audio; real-time factor in brackets), per round:")
-    for (precision, threads, scheme), values in results.items():
-        figures = "  ".join(f"{value:6.1f} ({value / frame_ms:.2f}x)" for value in values)
-        print(f"  {precision:14s} {threads} thr  {scheme:14s} {figures}")
+                for chunk in args.chunks:
+                    for side in order:
+                        reply = workers[side].ask(time=chunk, frames=args.frames)
+                        results.setdefault((precision, threads, chunk, side), []).append(
+                            (1000 * reply["seconds_per_call"], 1000 * reply["cpu_seconds_per_call"])
+                        )
+    return results
+
+
+def _print_decode_table(
+    args: argparse.Namespace,
+    sides: Sides,
+    results: Results,
+    facts: dict[tuple[str, str], tuple[int, dict[str, int]]],
+    operations: dict[str, float],
+    machine: dict[int, tuple[float, float]],
+) -> None:
+    print(
+        f"ms per call (ms per frame; a frame is {1000 / FRAMES_PER_SECOND:.0f} ms of audio) per round, [CPU ms per "
+        "call]; x floor: the median ms per call / the memory floor (weight bytes / memory speed); x roofline: / the "
+        "floor of each stage's weight bytes or float32 arithmetic, whichever is slower (fp32 graphs); x baseline: "
+        "the medians against the baseline's, wall [CPU]"
+    )
+    for precision in args.precision:
+        for threads in args.threads:
+            bandwidth, arithmetic = machine[threads]
+            for chunk in args.chunks:
+                cells, medians = [], {}
+                for side, (revision, _) in sides.items():
+                    weight_bytes = facts[revision, precision][1]
+                    values = results[precision, threads, chunk, side]
+                    medians[side] = np.median(values, axis=0)
+                    figures = " / ".join(f"{wall:.0f} ({wall / chunk:.1f})" for wall, _ in values)
+                    cpu = " / ".join(f"{cpu:.0f}" for _, cpu in values)
+                    floor = 1000 * sum(weight_bytes.values()) / bandwidth
+                    cells.append(f"{side} {figures} [{cpu}], {medians[side][0] / floor:.2f}x floor")
+                    if precision == "fp32":
+                        roofline = roofline_ms(weight_bytes, operations, chunk, bandwidth, arithmetic)
+                        cells[-1] += f", {medians[side][0] / roofline:.2f}x roofline ({roofline:.0f} ms)"
+                    if side != "baseline":
+                        wall, cpu = medians[side] / medians["baseline"]
+                        cells[-1] += f", {wall:.2f} [{cpu:.2f}] x baseline"
+                print(f"  {precision:12s} {threads} thr chunk {chunk:2d}: " + "; ".join(cells))
+
+
+# The end-to-end figures --end-to-end prints, from `bench --json`: (label, key, scale, format).
+_END_TO_END = (
+    ("steps/s", "steps_per_s", 1, ".2f"),
+    ("llama.cpp decode ms a step", "decode_ms", 1, ".1f"),
+    ("codec ms a step", "codec_ms", 1, ".1f"),
+    ("real-time factor", "rtf", 1, ".2f"),
+    ("steady-state real-time factor", "rtf_steady", 1, ".2f"),
+    ("time to first audio ms", "ttfa_ms", 1, ".0f"),
+    ("peak RSS MiB", "peak_rss_bytes", 2**-20, ".0f"),
+    ("other processes' CPU", "foreign_cpu", 100, ".0f"),
+)
+
+
+def _end_to_end(args: argparse.Namespace, trees: dict[str, Path | None], graphs: dict[tuple[str, str], Path]) -> None:
+    """``bench`` on a bench model with each revision's graph as its stream decoder, on that revision's package,
+    alternately; a table of the figures a listener's real time depends on."""
+    from moss_tts_node.tools.dev.bench_models import ensure_bench_model
+
+    demo_codec = ensure_bench_model(args.end_to_end).parent / "codec"  # its encoder.onnx and decoder.onnx
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for round_index in range(args.rounds):
+        order = list(trees) if round_index % 2 == 0 else list(reversed(trees))
+        for precision in args.precision:
+            for revision in order:
+                codec_dir = graphs[revision, precision].parent
+                for name in (ENCODER_FILE, DECODER_FILE):
+                    if not (codec_dir / name).exists():
+                        (codec_dir / name).symlink_to(demo_codec / name)
+                out = args.work_dir / "end-to-end.json"
+                command = [sys.executable, "-m", "moss_tts_node", "bench", "--model", args.end_to_end]
+                command += ["--set", f"model.codec_dir={codec_dir}", "--set", f"audio.chunk_frames={args.chunk_frames}"]
+                command += ["--no-prefill-compare", "--json", str(out)]
+                subprocess.run(command, check=True, stdout=subprocess.DEVNULL, **_running_on(trees[revision]))
+                runs.setdefault((precision, revision), []).append(json.loads(out.read_text())["runs"][0])
+                print(f"end to end, round {round_index + 1}, {precision}, {revision}: done", flush=True)
+    print(f"end to end: `bench --model {args.end_to_end}`, audio.chunk_frames {args.chunk_frames}, per round")
+    for precision in args.precision:
+        for label, key, scale, style in _END_TO_END:
+            cells = [
+                f"{revision} " + " / ".join(format(run[key] * scale, style) for run in runs[precision, revision])
+                for revision in trees
+            ]
+            print(f"  {precision:12s} {label:30s} " + "; ".join(cells))
+        for revision in trees:
+            frames = [run["codec_ms"] * run["steps"] / run["frames"] for run in runs[precision, revision]]
+            print(f"  {precision:12s} {revision} codec ms a frame: " + " / ".join(f"{ms:.1f}" for ms in frames))
+
+
+def _print_difference(workers: dict[str, Worker], work_dir: Path, precision: str) -> None:
+    """The largest difference between the two revisions' decodes of the same frames, and its SNR."""
+    audio = {}
+    for side in ("baseline", "this"):
+        out = work_dir / f"difference-{side}.npy"
+        workers[side].ask(decode=DIFFERENCE_CHUNK, frames=DIFFERENCE_FRAMES, out=str(out))
+        audio[side] = np.load(out)
+        out.unlink()
+    difference = float(np.abs(audio["this"] - audio["baseline"]).max())
+    print(
+        f"{precision}: {DIFFERENCE_FRAMES} frames in chunks of {DIFFERENCE_CHUNK}, this revision against the "
+        f"baseline: largest difference {difference:.2e} on a peak of {np.abs(audio['baseline']).max():.3g}, "
+        f"{snr_db(audio['this'], audio['baseline']):.1f} dB",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 
 Run as ``python -m moss_tts_node.tools.dev.stream_decoder_precision CHECKPOINT WORK_DIR``.
 
-``CHECKPOINT`` is a codec checkpoint directory (``stream_decoder_bench`` writes a random one of the
-published shape, initialized as the codec's library initializes it). For each group of weight MatMuls
+``CHECKPOINT`` is a codec checkpoint directory (``random_codec.write_random_codec`` writes a random one of
+the published shape, initialized as the codec's library initializes it). For each group of weight MatMuls
 (a stage's attention projections, its output projection, each feed-forward matrix, the in/out
 projections, a quarter of the first stage's layers, everything) a graph is built with that group 8-bit
 (``WeightPrecision``: MatMulNBits, int8 activations per row and block) and the rest float32, and its
@@ -37,7 +37,7 @@ GROUPS = [
         (f"stage {stage} {kind}", _LAYERS.format(stage=stage) + pattern)
         for stage in (0, 2, 4, 6)
         for kind, pattern in (
-            ("q/k/v", r"self_attn\.(query|key|value)"),
+            ("q/k/v", r"self_attn\.in_proj"),
             ("attn out", r"self_attn\.out_proj"),
             ("ffn in", r"linear1"),
             ("ffn out", r"linear2"),

@@ -24,26 +24,36 @@ import numpy as np
 from moss_tts_node.codec.base import AudioCodec
 from moss_tts_node.codec.layout import STREAM_DECODER_FILE
 from moss_tts_node.codec.stream_decoder import (
+    ATTENTION_KEY,
     AUDIO_OUTPUT,
     CODES_INPUT,
     FORMAT_KEY,
     FORMAT_VERSION,
     FRAMES_INPUT,
     FRAMES_OUTPUT,
-    MAX_FRAMES_KEY,
+    POSITIONS_KEY,
+    SPANS_KEY,
+    WHOLE_DECODE_FRAMES_PER_CALL,
     key_cache_name,
-    new_keys_name,
-    new_values_name,
+    present_key_name,
+    present_value_name,
     value_cache_name,
     write_slots_name,
 )
 from moss_tts_node.errors import WeightsError
 from moss_tts_node.tools.prepare.safetensors_io import SafetensorsCheckpoint
-from moss_tts_node.tools.prepare.stream_decoder_checkpoint import CodecSpec, CodecWeights, Patch, read_codec_config
+from moss_tts_node.tools.prepare.stream_decoder_checkpoint import (
+    CodecSpec,
+    CodecWeights,
+    Patch,
+    TransformerStage,
+    read_codec_config,
+)
 from moss_tts_node.tools.prepare.stream_decoder_layers import (
     CONTRIB_DOMAIN,
     OnnxGraph,
     WeightPrecision,
+    check_stage,
     quantizer_decode,
     stage_clock,
     transformer_stage,
@@ -58,7 +68,7 @@ OPSET = 20  # Gelu is a standard op from 20 on
 IR_VERSION = 9  # the oldest IR that carries opset 20, so older ONNX Runtimes load the graph too
 # The graphs --precision names: every weight float32, or some weight MatMuls 8-bit (MatMulNBits), chosen
 # from each group's measured cost in fidelity (docs/stream-decoder.md "Precision").
-_ATTENTION_WEIGHTS = re.compile(r"decoder\.\d+\.transformer\.layers\.\d+\.self_attn\.(query|key|value|out_proj)")
+_ATTENTION_WEIGHTS = re.compile(r"decoder\.\d+\.transformer\.layers\.\d+\.self_attn\.(in_proj|out_proj)")
 PRECISIONS: dict[str, WeightPrecision | None] = {
     "fp32": None,
     "w8-attention": WeightPrecision(lambda name: _ATTENTION_WEIGHTS.fullmatch(name) is not None),
@@ -69,32 +79,50 @@ _EXTERNAL_DATA_BYTES = 1_800_000_000
 
 
 def build_stream_decoder(
-    checkpoint_dir: Path | str, out_path: Path | str, *, precision: str = "fp32", attention: str = "window"
+    checkpoint_dir: Path | str,
+    out_path: Path | str,
+    *,
+    precision: str = "fp32",
+    attention: str = "window",
+    quantizers: int = AudioCodec.n_quantizers,
 ) -> Path:
     """Write the stream decoder graph of the checkpoint in ``checkpoint_dir`` to ``out_path``; return it.
 
     ``precision``: a name of PRECISIONS (float32, or which weight MatMuls are 8-bit). ``attention``:
     "window" (each new position sees exactly what the offline decode shows it) or "ring" (reproduces the
-    codec's own streaming). Weights go to ``<out_path>.data`` when the graph would pass protobuf's 2 GiB
-    limit. Raises WeightsError for a missing, inconsistent or unsupported checkpoint.
+    codec's own streaming). ``quantizers``: how many of the codec's codebooks the codes hold (the first
+    ones; the 16-codebook models of the family decode 16). Weights go to ``<out_path>.data`` when the graph
+    would pass protobuf's 2 GiB limit. Raises WeightsError for a missing, inconsistent or unsupported
+    checkpoint.
     """
     if attention not in ATTENTION_MODES:
         raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {tuple(PRECISIONS)}, got {precision!r}")
+    if not 0 < quantizers <= AudioCodec.n_quantizers:
+        raise ValueError(f"quantizers must be in 1..{AudioCodec.n_quantizers}, got {quantizers}")
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    write_graph(Path(checkpoint_dir), out_path, attention, PRECISIONS[precision])
+    write_graph(Path(checkpoint_dir), out_path, attention, PRECISIONS[precision], quantizers)
     return out_path
 
 
-def write_graph(checkpoint_dir: Path, out_path: Path, attention: str, weights: WeightPrecision | None) -> None:
+def write_graph(
+    checkpoint_dir: Path,
+    out_path: Path,
+    attention: str,
+    weights: WeightPrecision | None,
+    quantizers: int = AudioCodec.n_quantizers,
+) -> None:
     """Write the graph of the checkpoint in ``checkpoint_dir``, float32 but for the 8-bit weights that
     ``weights`` picks (``tools/dev/stream_decoder_precision.py`` measures any such choice)."""
     import onnx
     from onnx import helper
 
     spec = read_codec_config(checkpoint_dir / "config.json")
+    stages = [module for module in spec.decoder if isinstance(module, TransformerStage)]
+    for stage in stages:
+        check_stage(stage)
     checkpoint = SafetensorsCheckpoint(checkpoint_dir)
     weight_bytes = 4 * sum(  # the graph is float32 whatever the checkpoint stores
         int(np.prod(info.shape))
@@ -108,47 +136,60 @@ def write_graph(checkpoint_dir: Path, out_path: Path, attention: str, weights: W
         with contextlib.ExitStack() as stack:
             data_file = stack.enter_context(data_path.open("wb")) if external else None
             graph = OnnxGraph(data_file, data_name, weights)
-            inputs, outputs = _decode_path(graph, CodecWeights(checkpoint), spec, attention)
+            inputs, outputs = _decode_path(graph, CodecWeights(checkpoint), spec, attention, quantizers)
     except BaseException:
         if external:
             data_path.unlink(missing_ok=True)  # gigabytes of weights for a graph that will not exist
         raise
     body = helper.make_graph(graph.nodes, "moss_stream_decoder", inputs, outputs, graph.initializers)
-    opsets = [helper.make_opsetid("", OPSET)]
-    if graph.contrib_ops:
-        opsets.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
+    opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(CONTRIB_DOMAIN, 1)]
     model = helper.make_model(body, opset_imports=opsets, producer_name=__name__)
     model.ir_version = IR_VERSION
-    properties = {FORMAT_KEY: FORMAT_VERSION, "attention": attention}
-    if attention == "ring":
-        properties[MAX_FRAMES_KEY] = str(_ring_max_frames(spec))
+    positions = _positions_per_frame(spec)
+    properties = {
+        FORMAT_KEY: FORMAT_VERSION,
+        ATTENTION_KEY: attention,
+        SPANS_KEY: ",".join(str(stage.context) for stage in stages),
+        POSITIONS_KEY: ",".join(map(str, positions)),
+    }
     helper.set_model_props(model, properties)
     onnx.save_model(model, out_path)
     onnx.checker.check_model(str(out_path))  # by path, so that external data and > 2 GiB models are checked too
 
 
-def _ring_max_frames(spec: CodecSpec) -> int:
-    """Most frames per call in ring mode: a chunk longer than a stage's span overwrites keys it still needs.
-
-    That is the codec's own rule (its streaming chunks may not exceed the attention duration).
-    """
-    spans, positions_per_frame = [], 1
+def _positions_per_frame(spec: CodecSpec) -> list[int]:
+    """Each Transformer stage's positions per frame: the product of the patch sizes before it."""
+    per_frame, positions = [], 1
     for module in spec.decoder:
         if isinstance(module, Patch):
-            positions_per_frame *= module.size
+            positions *= module.size
         else:
-            spans.append(module.context // positions_per_frame)
-    return min(spans)
+            per_frame.append(positions)
+    return per_frame
+
+
+def _frames_per_call(spec: CodecSpec, attention: str) -> int:
+    """The most frames a call holds, which sizes the caches' rows after the ring.
+
+    Window graphs: WHOLE_DECODE_FRAMES_PER_CALL (the runtime cuts longer decodes into calls of that many,
+    which changes nothing in the output). Ring graphs: the codec's own limit, since a ring decode depends
+    on how it is cut: a chunk longer than a stage's span overwrites keys it still needs, so the codec's
+    streaming chunks may not exceed the attention duration.
+    """
+    if attention == "window":
+        return WHOLE_DECODE_FRAMES_PER_CALL
+    stages = [module for module in spec.decoder if isinstance(module, TransformerStage)]
+    return min(stage.context // per_frame for stage, per_frame in zip(stages, _positions_per_frame(spec), strict=True))
 
 
 def _decode_path(
-    graph: OnnxGraph, weights: CodecWeights, spec: CodecSpec, attention: str
+    graph: OnnxGraph, weights: CodecWeights, spec: CodecSpec, attention: str, quantizers: int
 ) -> tuple[list[Any], list[Any]]:
     """Add the whole decode to ``graph``; return the graph's input and output declarations."""
     from onnx import TensorProto, helper
 
     inputs = [
-        helper.make_tensor_value_info(CODES_INPUT, TensorProto.INT64, (AudioCodec.n_quantizers, 1, "frames")),
+        helper.make_tensor_value_info(CODES_INPUT, TensorProto.INT64, (quantizers, 1, "frames")),
         helper.make_tensor_value_info(FRAMES_INPUT, TensorProto.INT64, ()),
     ]
     outputs = [
@@ -156,7 +197,8 @@ def _decode_path(
         helper.make_tensor_value_info(FRAMES_OUTPUT, TensorProto.INT64, ()),
     ]
     frames = graph.op("Squeeze", graph.op("Shape", CODES_INPUT, start=2, end=3), graph.constant("axis", [0]))
-    x, channels = quantizer_decode(graph, weights, spec), spec.quantizer_output_dim
+    x, channels = quantizer_decode(graph, weights, spec, quantizers), spec.quantizer_output_dim
+    call_frames = _frames_per_call(spec, attention)
     positions_per_frame = 1
     stage = 0
     for module in spec.decoder:
@@ -165,29 +207,17 @@ def _decode_path(
             x = unpatch(graph, x, channels, module.size)
             positions_per_frame *= module.size
             continue
-        clock = stage_clock(graph, module, stage, frames, positions_per_frame, attention)
+        rows = module.context + call_frames * positions_per_frame  # the ring, then a call's positions
+        clock = stage_clock(graph, module, stage, frames, positions_per_frame, attention, rows)
         x = transformer_stage(graph, weights, module, stage, clock, x)
         channels = module.output_dim
-        heads, head_dim, span = module.heads, module.head_dim, module.context
+        cache = (1, module.heads, rows, module.head_dim)
         for layer in range(module.layers):
-            inputs.append(
-                helper.make_tensor_value_info(key_cache_name(stage, layer), TensorProto.FLOAT, (heads, head_dim, span))
-            )
-            inputs.append(
-                helper.make_tensor_value_info(
-                    value_cache_name(stage, layer), TensorProto.FLOAT, (heads, span, head_dim)
-                )
-            )
-        rows = f"rows_{stage}"
-        outputs += [
-            helper.make_tensor_value_info(
-                new_keys_name(stage), TensorProto.FLOAT, (module.layers, heads, head_dim, rows)
-            ),
-            helper.make_tensor_value_info(
-                new_values_name(stage), TensorProto.FLOAT, (module.layers, heads, rows, head_dim)
-            ),
-            helper.make_tensor_value_info(write_slots_name(stage), TensorProto.INT64, (rows,)),
-        ]
+            for name in (key_cache_name, value_cache_name):
+                inputs.append(helper.make_tensor_value_info(name(stage, layer), TensorProto.FLOAT, cache))
+            for name in (present_key_name, present_value_name):
+                outputs.append(helper.make_tensor_value_info(name(stage, layer), TensorProto.FLOAT, cache))
+        outputs.append(helper.make_tensor_value_info(write_slots_name(stage), TensorProto.INT64, (f"rows_{stage}",)))
         stage += 1
     graph.op("Reshape", x, graph.constant("audio_shape", [1, 1, -1]), out=AUDIO_OUTPUT)
     graph.op("Add", FRAMES_INPUT, frames, out=FRAMES_OUTPUT)
@@ -224,6 +254,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         default=ATTENTION_MODES[0],
         help="window: equals the offline decode (default); ring: reproduces the codec's own streaming",
     )
+    parser.add_argument(
+        "--quantizers",
+        type=int,
+        default=AudioCodec.n_quantizers,
+        help="codebooks the codes hold, the first ones: 32 (default) or 16 for the 16-codebook models of the family",
+    )
     parser.add_argument("--force", action="store_true", help="overwrite an existing output")
     parser.set_defaults(run=run)
 
@@ -231,6 +267,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 def run(args: argparse.Namespace) -> int:
     if args.out.exists() and not args.force:
         raise WeightsError(f"{args.out} exists; pass --force to overwrite it")
-    path = build_stream_decoder(args.checkpoint, args.out, precision=args.precision, attention=args.attention)
-    print(f"wrote {path} ({args.precision}, {args.attention} attention)")
+    path = build_stream_decoder(
+        args.checkpoint, args.out, precision=args.precision, attention=args.attention, quantizers=args.quantizers
+    )
+    print(f"wrote {path} ({args.precision}, {args.attention} attention, {args.quantizers} quantizers)")
     return 0

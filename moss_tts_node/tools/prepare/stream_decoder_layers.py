@@ -3,8 +3,9 @@
 ``OnnxGraph`` holds the nodes and initializers being written (big weights stream to a side file). The
 decode path's pieces: the quantizer's codebook lookup (``quantizer_decode``), the patch reshape
 (``unpatch``), a stage's clock (positions, visibility, rotary tables, ring slots: ``stage_clock``) and a
-causal Transformer stage with its layers (``transformer_stage``). ``stream_decoder_build`` puts them in
-order; docs/stream-decoder.md describes the state they keep.
+causal Transformer stage with its layers (``transformer_stage``), each layer a few of ONNX Runtime's fused
+operators. ``stream_decoder_build`` puts them in order; docs/stream-decoder.md, "The graph", says which
+operators and why, and describes the state they keep.
 """
 
 from __future__ import annotations
@@ -17,23 +18,26 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from moss_tts_node.codec.base import CODEBOOK_SIZE, AudioCodec
+from moss_tts_node.codec.base import CODEBOOK_SIZE
 from moss_tts_node.codec.stream_decoder import (
     CODES_INPUT,
     FRAMES_INPUT,
     key_cache_name,
-    new_keys_name,
-    new_values_name,
+    present_key_name,
+    present_value_name,
     value_cache_name,
     write_slots_name,
 )
 from moss_tts_node.errors import WeightsError
+from moss_tts_node.model.q8_blocks import quantize_q8_blocks
 from moss_tts_node.tools.prepare.stream_decoder_checkpoint import CodecSpec, CodecWeights, TransformerStage
 
 _EXTERNAL_ALIGN = 4096  # lets ONNX Runtime map the side file instead of reading it
 _LAYER_NORM_EPS = 1e-5  # the codec's nn.LayerNorm default
 _INT64_MAX = np.iinfo(np.int64).max
-CONTRIB_DOMAIN = "com.microsoft"  # ONNX Runtime's own operators (MatMulNBits)
+CONTRIB_DOMAIN = "com.microsoft"  # ONNX Runtime's own operators (GroupQueryAttention, MatMulNBits, ...)
+# GroupQueryAttention's CPU kernel rotates heads whose size is a multiple of 16 only.
+_ROTARY_HEAD_MULTIPLE = 16
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,6 @@ class OnnxGraph:
         self._data_name = data_name
         self._precision = precision
         self._used: dict[str, int] = {}
-        self.contrib_ops = False  # whether a node of ONNX Runtime's com.microsoft domain was added
 
     def name(self, hint: str) -> str:
         count = self._used.get(hint, 0)
@@ -92,13 +95,12 @@ class OnnxGraph:
         if self._precision is None or not self._precision.quantized(hint):
             return self.op("MatMul", x, self.weight(hint, matrix))
         block = self._precision.block
-        packed, scales = quantize_8bit_blocks(matrix, block)
-        self.contrib_ops = True
+        codes, scales = quantize_q8_blocks(matrix.T, block)
         return self.op(
             "MatMulNBits",
             x,
-            self.weight(f"{hint}.q8", packed),
-            self.weight(f"{hint}.scales", scales),
+            self.weight(f"{hint}.q8", codes),
+            self.weight(f"{hint}.scales", scales.reshape(-1)),
             domain=CONTRIB_DOMAIN,
             K=matrix.shape[0],
             N=matrix.shape[1],
@@ -107,34 +109,30 @@ class OnnxGraph:
             accuracy_level=self._precision.accuracy_level,
         )
 
-    def op(self, op_type: str, *inputs: str, outputs: int = 1, out: str | None = None, **attributes: Any) -> Any:
+    def op(
+        self, op_type: str, *inputs: str, outputs: int = 1, out: str | list[str] | None = None, **attributes: Any
+    ) -> Any:
         """Add a node; return its output name (``out`` if given), or a list of ``outputs`` names.
 
-        The node is named after its first output, so that profiles and the quantizer can refer to it.
+        ``out`` as a list names every output ("" for an optional one left out). The node is named after its
+        first output, so that profiles and the quantizer can refer to it.
         """
         from onnx import helper
 
-        names = [out] if out is not None else [self.name(op_type.lower()) for _ in range(outputs)]
+        if isinstance(out, list):
+            names = out
+        else:
+            names = [out] if out is not None else [self.name(op_type.lower()) for _ in range(outputs)]
         self.nodes.append(helper.make_node(op_type, list(inputs), names, name=names[0], **attributes))
         return names[0] if len(names) == 1 else names
 
 
-def quantize_8bit_blocks(matrix: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
-    """A (K, N) weight as MatMulNBits stores 8 bits: (N, K / block, block) uint8 codes around 128, and
-    one float32 scale per output column and block (N * K / block,), the block's largest |w| / 127."""
-    k, n = matrix.shape
-    if k % block:
-        raise WeightsError(f"a weight of {k} input channels does not split into 8-bit blocks of {block}")
-    blocks = np.ascontiguousarray(matrix.T, dtype=np.float32).reshape(n, k // block, block)
-    scales = np.abs(blocks).max(axis=2) / np.float32(127)
-    safe = np.where(scales > 0, scales, np.float32(1))  # an all-zero block: any scale gives codes of 128
-    codes = np.clip(np.rint(blocks / safe[:, :, None]), -127, 127).astype(np.int16) + 128
-    return codes.astype(np.uint8), scales.astype(np.float32).reshape(-1)
+def quantizer_decode(graph: OnnxGraph, weights: CodecWeights, spec: CodecSpec, count: int) -> str:
+    """Codes (count, 1, n) -> (1, n, channels): each codebook's vector, projected, summed, projected again.
 
-
-def quantizer_decode(graph: OnnxGraph, weights: CodecWeights, spec: CodecSpec) -> str:
-    """Codes (32, 1, n) -> (n, channels): each codebook's vector, projected, summed, projected again."""
-    count, width, rvq = AudioCodec.n_quantizers, spec.codebook_dim, spec.rvq_dim
+    ``count``: how many of the codec's codebooks the codes hold, the first ones (a residual quantizer's
+    coarse levels): the codec decodes fewer quantizers by summing fewer codebooks."""
+    width, rvq = spec.codebook_dim, spec.rvq_dim
     prefix = "quantizer.quantizers"
     # One table for all codebooks: codebook i's rows start at i * CODEBOOK_SIZE.
     table = np.concatenate(
@@ -147,7 +145,7 @@ def quantizer_decode(graph: OnnxGraph, weights: CodecWeights, spec: CodecSpec) -
         projections = [weights.weight_normed(f"{prefix}.{i}.out_proj", rvq, width) for i in range(count)]
         matrices = graph.weight("quantizer.out_projs", np.stack([m for m, _ in projections]))
         biases = graph.weight("quantizer.out_proj_biases", np.stack([b[None, :] for _, b in projections]))
-        # One batched (32, 8, 512) MatMul, always float32: its 0.5 M weights are not worth a precision loss.
+        # One batched (count, 8, 512) MatMul, always float32: its 0.5 M weights are not worth a precision loss.
         x = graph.op("Add", graph.op("MatMul", x, matrices), biases)
     x = graph.op("ReduceSum", x, graph.constant("axis", [0]), keepdims=0)
     if rvq != spec.quantizer_output_dim:
@@ -155,37 +153,44 @@ def quantizer_decode(graph: OnnxGraph, weights: CodecWeights, spec: CodecSpec) -
         x = graph.op(
             "Add", graph.linear(x, "quantizer.output_proj", matrix), graph.weight("quantizer.output_proj.bias", bias)
         )
-    return x
+    return graph.op("Unsqueeze", x, graph.constant("axis", [0]))  # (1, n, channels): attention wants a batch
 
 
 def unpatch(graph: OnnxGraph, x: str, channels: int, size: int) -> str:
-    """(T, channels * size) -> (T * size, channels): channel c * size + j at t moves to position t * size + j."""
+    """(1, T, channels * size) -> (1, T * size, channels): channel c * size + j at t moves to position t * size + j."""
     split = graph.op("Reshape", x, graph.constant("patch_shape", [-1, channels, size]))
     return graph.op(
-        "Reshape", graph.op("Transpose", split, perm=[0, 2, 1]), graph.constant("unpatch_shape", [-1, channels])
+        "Reshape", graph.op("Transpose", split, perm=[0, 2, 1]), graph.constant("unpatch_shape", [1, -1, channels])
     )
 
 
 @dataclass(frozen=True)
 class StageClock:
-    """What every layer of a stage shares in one call: rotary tables and which keys each query sees."""
+    """What every layer of a stage shares in one call: GroupQueryAttention's lengths, rotary tables and mask."""
 
-    cos: str  # (T, head_dim / 2, 1)
+    seqlens: str  # (1,) int32: keys of the call minus one (the ring's slots, then the new positions)
+    total: str  # () int32: keys of the call
+    cos: str  # (rows, head_dim / 2): cache row r holds position start - span + r
     sin: str
-    visible: str  # (T, span + T) bool: the cached keys, then the new ones
+    bias: str  # (1, 1, T, span + T) float32: 0 where a query sees the key, -inf where it does not
 
 
 def stage_clock(
-    graph: OnnxGraph, stage: TransformerStage, index: int, frames: str, per_frame: int, attention: str
+    graph: OnnxGraph, stage: TransformerStage, index: int, frames: str, per_frame: int, attention: str, rows: int
 ) -> StageClock:
-    """Positions of this call at one stage, the visibility mask, rotary tables, and the ring slots to write."""
+    """Positions of this call at one stage, the visibility mask, rotary tables, and the ring slots to write.
+
+    The caches hold ``rows`` positions per layer: the ring's ``span`` slots, then room for the call's new
+    keys, which GroupQueryAttention writes after them (docs/stream-decoder.md, "The ring").
+    """
     from onnx import TensorProto
 
     span = graph.constant("span", stage.context)
     one = graph.constant("one", 1)
     zero = graph.constant("zero", 0)
     start = graph.op("Mul", FRAMES_INPUT, graph.constant("positions_per_frame", per_frame))
-    end = graph.op("Add", start, graph.op("Mul", frames, graph.constant("positions_per_frame", per_frame)))
+    count = graph.op("Mul", frames, graph.constant("positions_per_frame", per_frame))
+    end = graph.op("Add", start, count)
     new = graph.op("Range", start, end, one)
     # Position p is stored in ring slot p % span, so before this call slot i holds the latest
     # p < start with p = i (mod span), or nothing yet when that p is negative.
@@ -205,6 +210,11 @@ def stage_clock(
     )
     if attention == "ring":  # the codec stores the chunk first: keys its newest `span` positions overwrite are gone
         visible = graph.op("And", visible, graph.op("GreaterOrEqual", keys, graph.op("Sub", end, span)))
+    # The mask goes in as an additive bias, not as GroupQueryAttention's local window: ONNX Runtime 1.23
+    # changed what local_window_size counts (the query's own key in or out), the bias means one thing.
+    bias = graph.op(
+        "Where", visible, graph.constant("visible", 0.0, np.float32), graph.constant("hidden", -np.inf, np.float32)
+    )
     # Only the newest `span` positions are stored (more would overwrite each other in the ring).
     newest = graph.op(
         "Slice",
@@ -213,26 +223,47 @@ def stage_clock(
         graph.constant("end", [_INT64_MAX]),
     )
     graph.op("Mod", newest, span, fmod=0, out=write_slots_name(index))
+    total = graph.op("Add", count, span)
     half = stage.head_dim // 2
     # The codec's RoPE: pair (2i, 2i+1) turns by position x max_period^(-2i / head_dim), in float32.
+    # GroupQueryAttention reads the angles of key row r at row r of the tables: position start - span + r.
     freqs = np.exp(np.arange(half, dtype=np.float32) * np.float32(-math.log(stage.max_period) * 2 / stage.head_dim))
+    first = graph.op("Sub", start, span)
+    positions = graph.op("Range", first, graph.op("Add", first, graph.constant("cache_rows", rows)), one)
     angle = graph.op(
         "Mul",
-        graph.op("Unsqueeze", graph.op("Cast", new, to=TensorProto.FLOAT), graph.constant("axis", [1])),
+        graph.op("Unsqueeze", graph.op("Cast", positions, to=TensorProto.FLOAT), graph.constant("axis", [1])),
         graph.weight("rope_freqs", freqs[None, :]),
     )
-    last_axis = graph.constant("axis", [2])
     return StageClock(
-        cos=graph.op("Unsqueeze", graph.op("Cos", angle), last_axis),
-        sin=graph.op("Unsqueeze", graph.op("Sin", angle), last_axis),
-        visible=visible,
+        seqlens=graph.op("Cast", graph.op("Reshape", graph.op("Sub", total, one), one), to=TensorProto.INT32),
+        total=graph.op("Cast", total, to=TensorProto.INT32),
+        cos=graph.op("Cos", angle),
+        sin=graph.op("Sin", angle),
+        bias=graph.op("Unsqueeze", bias, graph.constant("axes", [0, 1])),
     )
+
+
+def check_stage(stage: TransformerStage) -> None:
+    """Refuse a stage the fused attention cannot run, naming the setting."""
+    if stage.head_dim % _ROTARY_HEAD_MULTIPLE:
+        raise WeightsError(
+            f"{stage.prefix}: heads of {stage.head_dim} channels (d_model {stage.d_model} / {stage.heads} heads); "
+            f"the stream decoder's attention (ONNX Runtime's GroupQueryAttention) rotates heads of a multiple of "
+            f"{_ROTARY_HEAD_MULTIPLE} channels only"
+        )
 
 
 def transformer_stage(
     graph: OnnxGraph, weights: CodecWeights, stage: TransformerStage, index: int, clock: StageClock, x: str
 ) -> str:
-    """One decoder Transformer stage on (T, input_dim); outputs its cache rows by the contract's names."""
+    """One decoder Transformer stage on (1, T, input_dim); its layers write their caches by the contract's names.
+
+    Pre-norm layers, x + scale * attention(norm1(x)), then x + scale * ffn(norm2(x)), written so that each
+    residual sum and the norm after it are one SkipLayerNormalization: the sum of one layer's feed-forward
+    branch is normed by the next layer's norm1, and the layer scales are folded into the projections
+    before them (a per-channel scale of a MatMul's output is a scale of its weight's columns).
+    """
     width = stage.d_model
     if stage.input_dim != width:  # the codec has no projection where the widths agree
         x = graph.linear(
@@ -240,13 +271,25 @@ def transformer_stage(
             f"{stage.prefix}.input_proj",
             weights.linear(f"{stage.prefix}.input_proj.weight", width, stage.input_dim),
         )
-    key_rows, value_rows = [], []
+    normed = graph.op(
+        "LayerNormalization", x, *_norm(graph, weights, stage, 0, "norm1"), axis=-1, epsilon=_LAYER_NORM_EPS
+    )
     for layer in range(stage.layers):
-        x, key_row, value_row = _layer(graph, weights, stage, index, layer, clock, x)
-        key_rows.append(key_row)
-        value_rows.append(value_row)
-    graph.op("Concat", *key_rows, axis=0, out=new_keys_name(index))
-    graph.op("Concat", *value_rows, axis=0, out=new_values_name(index))
+        prefix = f"{stage.prefix}.transformer.layers.{layer}"
+        attended = _attention(graph, weights, stage, index, layer, clock, normed)
+        normed, x = _add_and_norm(graph, x, attended, _norm(graph, weights, stage, layer, "norm2"))
+        hidden = graph.linear(normed, f"{prefix}.linear1", weights.linear(f"{prefix}.linear1.weight", stage.ffn, width))
+        ffn = graph.linear(
+            graph.op("Gelu", hidden),
+            f"{prefix}.linear2",
+            _scaled(
+                weights, stage, layer, "layer_scale_2", weights.linear(f"{prefix}.linear2.weight", width, stage.ffn)
+            ),
+        )
+        if layer + 1 == stage.layers:
+            x = graph.op("Add", x, ffn)
+        else:
+            normed, x = _add_and_norm(graph, x, ffn, _norm(graph, weights, stage, layer + 1, "norm1"))
     if stage.output_dim != width:
         x = graph.linear(
             x,
@@ -256,92 +299,70 @@ def transformer_stage(
     return x
 
 
-def _layer(
-    graph: OnnxGraph, weights: CodecWeights, stage: TransformerStage, index: int, layer: int, clock: StageClock, x: str
-) -> tuple[str, str, str]:
-    """One pre-norm layer: x + scale * attention(norm(x)), then x + scale * ffn(norm(x)).
+def _norm(graph: OnnxGraph, weights: CodecWeights, stage: TransformerStage, layer: int, name: str) -> tuple[str, str]:
+    """A layer norm's scale and bias, as graph weights."""
+    prefix = f"{stage.prefix}.transformer.layers.{layer}.{name}"
+    scale, bias = (weights.read(f"{prefix}.{part}", (stage.d_model,)) for part in ("weight", "bias"))
+    return graph.weight(f"{prefix}.weight", scale), graph.weight(f"{prefix}.bias", bias)
 
-    Returns the new x and this layer's rows to store: keys (1, heads, head_dim, w), values (1, heads, w, head_dim).
+
+def _add_and_norm(graph: OnnxGraph, x: str, update: str, norm: tuple[str, str]) -> tuple[str, str]:
+    """The residual sum x + update and its layer norm, in one SkipLayerNormalization: (normed, sum)."""
+    normed, summed = graph.name("skip_norm"), graph.name("residual")
+    graph.op(
+        "SkipLayerNormalization",
+        x,
+        update,
+        *norm,
+        domain=CONTRIB_DOMAIN,
+        epsilon=_LAYER_NORM_EPS,
+        out=[normed, "", "", summed],  # the mean and inverse deviation are not needed
+    )
+    return normed, summed
+
+
+def _scaled(weights: CodecWeights, stage: TransformerStage, layer: int, name: str, matrix: np.ndarray) -> np.ndarray:
+    """An (in, out) projection with the layer scale that multiplies its output folded into its columns."""
+    if stage.layer_scale is None:
+        return matrix
+    prefix = f"{stage.prefix}.transformer.layers.{layer}.{name}"
+    return matrix * weights.read(f"{prefix}.scale", (stage.d_model,))[None, :]
+
+
+def _attention(
+    graph: OnnxGraph, weights: CodecWeights, stage: TransformerStage, index: int, layer: int, clock: StageClock, x: str
+) -> str:
+    """Self-attention of (1, T, width) normed inputs over the ring and the call, its output projected and scaled.
+
+    One GroupQueryAttention (as many key heads as query heads): q, k and v packed in one projection, the
+    rotary turn of q and k inside (pairs of adjacent channels, ``rotary_interleaved``), the keys and
+    values read from the layer's cache and the call's own written after them, in place.
     """
     prefix = f"{stage.prefix}.transformer.layers.{layer}"
-    width, heads, head_dim, span = stage.d_model, stage.heads, stage.head_dim, stage.context
-
-    def norm(name: str, value: str) -> str:
-        scale = graph.weight(f"{prefix}.{name}.weight", weights.read(f"{prefix}.{name}.weight", (width,)))
-        bias = graph.weight(f"{prefix}.{name}.bias", weights.read(f"{prefix}.{name}.bias", (width,)))
-        return graph.op("LayerNormalization", value, scale, bias, axis=-1, epsilon=_LAYER_NORM_EPS)
-
-    def residual(name: str, update: str) -> str:
-        if stage.layer_scale is not None:
-            update = graph.op(
-                "Mul", update, graph.weight(f"{prefix}.{name}.scale", weights.read(f"{prefix}.{name}.scale", (width,)))
-            )
-        return graph.op("Add", x, update)
-
-    def split_heads(value: str) -> str:  # (T, width) -> (heads, T, head_dim)
-        return graph.op(
-            "Transpose",
-            graph.op("Reshape", value, graph.constant("heads_shape", [-1, heads, head_dim])),
-            perm=[1, 0, 2],
-        )
-
-    def rotate(value: str) -> str:  # RoPE on (heads, T, head_dim), pairs of adjacent channels
-        pairs = graph.op("Reshape", value, graph.constant("pairs_shape", [heads, -1, head_dim // 2, 2]))
-        real, imag = graph.op("Split", pairs, axis=3, num_outputs=2, outputs=2)
-        turned_real = graph.op("Sub", graph.op("Mul", real, clock.cos), graph.op("Mul", imag, clock.sin))
-        turned_imag = graph.op("Add", graph.op("Mul", real, clock.sin), graph.op("Mul", imag, clock.cos))
-        return graph.op(
-            "Reshape",
-            graph.op("Concat", turned_real, turned_imag, axis=3),
-            graph.constant("heads_shape", [heads, -1, head_dim]),
-        )
-
-    normed = norm("norm1", x)
-    in_proj = weights.read(f"{prefix}.self_attn.in_projs.0.weight", (3 * width, width))
-    query, key, value = (
-        split_heads(
-            graph.linear(
-                normed, f"{prefix}.self_attn.{part}", np.ascontiguousarray(in_proj[i * width : (i + 1) * width].T)
-            )
-        )
-        for i, part in enumerate(("query", "key", "value"))
-    )
-    query = graph.op("Mul", rotate(query), graph.constant("attention_scale", 1 / math.sqrt(head_dim), np.float32))
-    key_t = graph.op("Transpose", rotate(key), perm=[0, 2, 1])  # (heads, head_dim, T), the cache's layout
-    # Scores against the cache and against the new keys are computed apart: concatenating the
-    # cache with the new keys first would copy the whole cache on every call.
-    scores = graph.op(
-        "Concat", graph.op("MatMul", query, key_cache_name(index, layer)), graph.op("MatMul", query, key_t), axis=2
-    )
-    masked = graph.op("Where", clock.visible, scores, graph.constant("minus_inf", -np.inf, np.float32))
-    probs = graph.op("Softmax", masked, axis=-1)
-    old = graph.op(
-        "Slice", probs, graph.constant("zero_1d", [0]), graph.constant("span_1d", [span]), graph.constant("axis", [2])
-    )
-    new = graph.op(
-        "Slice",
-        probs,
-        graph.constant("span_1d", [span]),
-        graph.constant("end", [_INT64_MAX]),
-        graph.constant("axis", [2]),
-    )
-    attended = graph.op("Add", graph.op("MatMul", old, value_cache_name(index, layer)), graph.op("MatMul", new, value))
-    merged = graph.op(
-        "Reshape", graph.op("Transpose", attended, perm=[1, 0, 2]), graph.constant("width_shape", [-1, width])
-    )
+    width = stage.d_model
+    in_proj = weights.read(f"{prefix}.self_attn.in_projs.0.weight", (3 * width, width))  # rows: q, k, v
+    qkv = graph.linear(x, f"{prefix}.self_attn.in_proj", np.ascontiguousarray(in_proj.T))
+    attended = graph.op(
+        "GroupQueryAttention",
+        qkv,
+        "",
+        "",
+        key_cache_name(index, layer),
+        value_cache_name(index, layer),
+        clock.seqlens,
+        clock.total,
+        clock.cos,
+        clock.sin,
+        "",  # position_ids: the kernel's own, the rows after the ring
+        clock.bias,
+        domain=CONTRIB_DOMAIN,
+        num_heads=stage.heads,
+        kv_num_heads=stage.heads,
+        do_rotary=1,
+        rotary_interleaved=1,
+        out=[graph.name("attention"), present_key_name(index, layer), present_value_name(index, layer)],
+    )[0]
     out_proj = weights.linear(f"{prefix}.self_attn.out_projs.0.weight", width, width)
-    x = residual("layer_scale_1", graph.linear(merged, f"{prefix}.self_attn.out_proj", out_proj))
-    hidden = graph.linear(
-        norm("norm2", x), f"{prefix}.linear1", weights.linear(f"{prefix}.linear1.weight", stage.ffn, width)
+    return graph.linear(
+        attended, f"{prefix}.self_attn.out_proj", _scaled(weights, stage, layer, "layer_scale_1", out_proj)
     )
-    ffn = graph.linear(
-        graph.op("Gelu", hidden), f"{prefix}.linear2", weights.linear(f"{prefix}.linear2.weight", width, stage.ffn)
-    )
-    x = residual("layer_scale_2", ffn)
-    # Keep only the newest `span` positions: the rows the ring will hold.
-    newest = graph.constant("newest", [-span])
-    end = graph.constant("end", [_INT64_MAX])
-    first = graph.constant("axis", [0])
-    key_row = graph.op("Unsqueeze", graph.op("Slice", key_t, newest, end, graph.constant("axis", [2])), first)
-    value_row = graph.op("Unsqueeze", graph.op("Slice", value, newest, end, graph.constant("axis", [1])), first)
-    return x, key_row, value_row

@@ -1,0 +1,173 @@
+"""A random codec checkpoint of the real architecture, in the published layout, initialized as a new model.
+
+``write_random_codec(config, out_dir)`` writes ``config.json`` (a copy of ``config``) and ``model.safetensors``
+with the decode path's tensors (the quantizer and the decoder), shaped as the config says and made as the
+codec's library makes a new model's (docs/stream-decoder.md, "Test weights"): no trained weights are at
+hand, and a figure measured on weights of another scale would mean nothing (it sets the size of every
+activation, and with it what 8-bit rounding costs). Its audio means nothing. The stream decoder builder
+reads it as it reads the published checkpoint: the benches use the real codec's config
+(``codec-tiny/real-config.json``), the demo weights ``tiny_codec_config``.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moss_tts_node.codec.base import CODEBOOK_SIZE, AudioCodec
+from moss_tts_node.model.rates import SAMPLE_RATE, SAMPLES_PER_FRAME
+from moss_tts_node.tools.prepare.safetensors_io import write_safetensors
+from moss_tts_node.tools.prepare.stream_decoder_checkpoint import Patch, read_codec_config
+
+# The codec's library initializes its weights this way (docs/stream-decoder.md, "Test weights"): every
+# nn.Linear and nn.Embedding weight normal with std 0.02, norms 1 and 0, each layer scale at the value
+# config.json gives; the weight-normed 1x1 convolutions keep torch's own init (v uniform within
+# 1/sqrt(fan in), g = |v| per output channel), their biases zeroed.
+WEIGHT_STD = 0.02
+
+
+@dataclass(frozen=True)
+class _RandomTensor:
+    """A tensor made only when written, so a 3.5 GB checkpoint never sits in memory whole.
+
+    ``kind``: "normal" (std WEIGHT_STD), "fill" (every element ``value``), "conv_v" (a weight-normed
+    convolution's direction: uniform within 1/sqrt(fan in)) or "conv_g" (its magnitude: the norm of each
+    output channel of the "conv_v" tensor made from the same seed, shape ``v_shape``).
+    """
+
+    shape: tuple[int, ...]
+    kind: str
+    seed: int
+    value: float = 0.0
+    v_shape: tuple[int, ...] = ()
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape))
+
+    def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
+        rng = np.random.default_rng(self.seed)
+        if self.kind == "normal":
+            values = rng.standard_normal(self.shape, dtype=np.float32) * np.float32(WEIGHT_STD)
+        elif self.kind == "conv_v":
+            values = _conv_direction(rng, self.shape)
+        elif self.kind == "conv_g":
+            direction = _conv_direction(rng, self.v_shape)
+            values = np.sqrt(np.sum(np.square(direction, dtype=np.float64), axis=(1, 2), keepdims=True))
+            values = values.astype(np.float32)
+        else:
+            values = np.full(self.shape, self.value, dtype=np.float32)
+        return values if dtype is None else values.astype(dtype)
+
+
+def _conv_direction(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """torch's nn.Conv1d weight init (kaiming uniform with a = sqrt(5)): uniform within 1/sqrt(fan in)."""
+    bound = 1 / np.sqrt(np.prod(shape[1:]))
+    return rng.uniform(-bound, bound, shape).astype(np.float32)
+
+
+def tiny_codec_config() -> dict[str, Any]:
+    """The published codec's config.json (OpenMOSS-Team/MOSS-Audio-Tokenizer) with tiny Transformers: the
+    same stages, patch sizes, quantizer and 10 s attention window, each Transformer 2 layers of width 64 (4
+    heads of 16) with a feed-forward of 128, where the published ones have 12 or 32 layers of 768 or 1280."""
+    tiny = {"d_model": 64, "num_heads": 4, "num_layers": 2, "dim_feedforward": 128}
+
+    def stages(dims: tuple[tuple[int, int], ...]) -> list[dict[str, Any]]:  # (input, output) channels each
+        entries: list[dict[str, Any]] = []
+        for input_dimension, output_dimension in dims:
+            if entries:
+                entries.append({"module_type": "PatchedPretransform", "patch_size": 2})
+            entries.append(
+                {
+                    "module_type": "Transformer",
+                    "causal": True,
+                    "conv_layout": True,
+                    "gating": "none",
+                    "input_dimension": input_dimension,
+                    "output_dimension": output_dimension,
+                    "layer_scale": 0.01,
+                    "max_period": 10000,
+                    "norm": "layer_norm",
+                    "positional_embedding": "rope",
+                    **tiny,
+                }
+            )
+        return entries
+
+    samples = {"module_type": "PatchedPretransform", "patch_size": 240}  # a position's samples, the codec's ends
+    return {
+        "architectures": ["MossAudioTokenizerModel"],
+        "model_type": "speech_tokenizer",
+        "sampling_rate": SAMPLE_RATE,
+        "downsample_rate": SAMPLES_PER_FRAME,
+        "causal_transformer_context_duration": 10,
+        "code_dim": 768,
+        "encoder_kwargs": [samples, *stages(((240, 384), (768, 384), (768, 640), (1280, 768)))],
+        "decoder_kwargs": [*stages(((768, 1280), (640, 768), (384, 768), (384, 240))), samples],
+        "quantizer_type": "rlfq",
+        "quantizer_kwargs": {
+            "quantizer_type": "rlfq",
+            "num_quantizers": AudioCodec.n_quantizers,
+            "codebook_size": CODEBOOK_SIZE,
+            "codebook_dim": 8,
+            "rvq_dim": 512,
+            "input_dim": 768,
+            "output_dim": 768,
+        },
+    }
+
+
+def write_random_codec(config: Path | Mapping[str, Any], out_dir: Path) -> Path:
+    """A checkpoint directory with a codec config (a config.json's path, or its content) and random decode-path
+    weights in the published layout, initialized as the codec's library initializes a new model."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config_path = out_dir / "config.json"
+    text = json.dumps(config, indent=2) + "\n" if isinstance(config, Mapping) else config.read_text(encoding="utf-8")
+    config_path.write_text(text, encoding="utf-8")
+    spec = read_codec_config(config_path)
+    tensors: dict[str, _RandomTensor] = {}
+
+    def add(name: str, shape: tuple[int, ...], kind: str = "normal", value: float = 0.0) -> None:
+        tensors[name] = _RandomTensor(shape, kind, zlib.crc32(name.encode()), value)
+
+    def add_weight_normed(prefix: str, out_dim: int, in_dim: int) -> None:
+        direction = f"{prefix}.parametrizations.weight.original1"
+        add(f"{prefix}.bias", (out_dim,), "fill", 0.0)
+        add(direction, (out_dim, in_dim, 1), "conv_v")
+        seed = tensors[direction].seed
+        tensors[f"{prefix}.parametrizations.weight.original0"] = _RandomTensor(
+            (out_dim, 1, 1), "conv_g", seed, v_shape=(out_dim, in_dim, 1)
+        )
+
+    for i in range(AudioCodec.n_quantizers):  # read_codec_config refuses any other count
+        add(f"quantizer.quantizers.{i}.codebook.weight", (CODEBOOK_SIZE, spec.codebook_dim))
+        add_weight_normed(f"quantizer.quantizers.{i}.out_proj", spec.rvq_dim, spec.codebook_dim)
+    add_weight_normed("quantizer.output_proj", spec.quantizer_output_dim, spec.rvq_dim)
+    for stage in spec.decoder:
+        if isinstance(stage, Patch):
+            continue
+        width = stage.d_model
+        if stage.input_dim != width:
+            add(f"{stage.prefix}.input_proj.weight", (width, stage.input_dim))
+        if stage.output_dim != width:
+            add(f"{stage.prefix}.output_proj.weight", (stage.output_dim, width))
+        for layer in range(stage.layers):
+            prefix = f"{stage.prefix}.transformer.layers.{layer}"
+            add(f"{prefix}.self_attn.in_projs.0.weight", (3 * width, width))
+            add(f"{prefix}.self_attn.out_projs.0.weight", (width, width))
+            add(f"{prefix}.linear1.weight", (stage.ffn, width))
+            add(f"{prefix}.linear2.weight", (width, stage.ffn))
+            for norm in ("norm1", "norm2"):
+                add(f"{prefix}.{norm}.weight", (width,), "fill", 1.0)
+                add(f"{prefix}.{norm}.bias", (width,), "fill", 0.0)
+            if stage.layer_scale is not None:
+                add(f"{prefix}.layer_scale_1.scale", (width,), "fill", stage.layer_scale)
+                add(f"{prefix}.layer_scale_2.scale", (width,), "fill", stage.layer_scale)
+    write_safetensors(out_dir / "model.safetensors", tensors, "F32")  # array-likes, made as they are written
+    return out_dir
