@@ -189,13 +189,22 @@ class Synthesizer:
         config = config if config is not None else self.config
         check_request(request, config.limits)
         gen = config.generation
-        text = self._clean_text(_new_text(request.text, _transcript(request)), gen.normalize_text)
+        if _is_sound(request):  # no text, a sound described: a sound effect (docs/family.md, "Sound effects")
+            text = None
+            if not no_voice(request.prefix):
+                raise RequestError(
+                    "a sound without text cannot continue a recording: leave the prefix out, or give the text the "
+                    "recording's speech goes on with"
+                )
+        else:
+            text = self._clean_text(_new_text(request.text, _transcript(request)), gen.normalize_text)
         prompt_fields = _prompt_fields(gen, request, text)
+        self.prompts.check_fields(prompt_fields)
         references, prefix = self._voices(request, config)
         continuation = _continuation(request, prefix, gen.normalize_text)
         measured = self.planner.measure(prompt_fields, references, self._pause_mode(gen), continuation)
         expected_s = measured.expected_seconds
-        if max_expected_s is not None and expected_s > max_expected_s:
+        if max_expected_s is not None and expected_s is not None and expected_s > max_expected_s:
             raise ExpectedTooLong(expected_s, max_expected_s)
         plan = self.planner.pieces(measured, request.max_new_tokens or gen.max_new_tokens)
         max_frames = None if max_audio_s is None else frames_for_seconds(max_audio_s)
@@ -250,6 +259,7 @@ class Synthesizer:
         check_request(request, config.limits)
         gen = config.generation
         prompt_fields = _prompt_fields(gen, request, "")
+        self.prompts.check_fields(prompt_fields)
         references, prefix = self._voices(request, config)
         continuation = _continuation(request, prefix, gen.normalize_text)
         if continuation is not None and continuation.transcript is None:
@@ -318,8 +328,10 @@ class Synthesizer:
         """
         request = _request(request if request is not None else "", fields)
         check_request(request, self.config.limits)
+        prompt_fields = _prompt_fields(self.config.generation, request, "")
+        self.prompts.check_fields(prompt_fields)
         references, _ = self._voices(replace(request, prefix=None), self.config)
-        prefix = self.prompts.voice_prefix(_prompt_fields(self.config.generation, request, ""), references)
+        prefix = self.prompts.voice_prefix(prompt_fields, references)
         return self.stages.prepare_prefix(prefix)
 
     def _pause_mode(self, gen: GenerationConfig) -> str:
@@ -340,6 +352,11 @@ class Synthesizer:
                 "or control characters)"
             )
         return text
+
+
+def _is_sound(request: SpeechRequest) -> bool:
+    """Whether the request asks for a sound and nothing to say: a sound event or an ambient sound, and no text."""
+    return not request.text.strip() and bool(request.sound_event or request.ambient_sound)
 
 
 def _frames(voice: Voice) -> int:
@@ -397,9 +414,9 @@ def _sampling_params(request: SpeechRequest, config: Config, spec: ModelSpec) ->
     return SamplingParams(**{**asdict(sampling), "seed": seed if seed >= 0 else secrets.randbits(63)})
 
 
-def _prompt_fields(gen: GenerationConfig, request: SpeechRequest, text: str) -> PromptFields:
-    """A request's prompt fields, those left ``None`` taken from the generation defaults ``gen``; the language
-    spelled as upstream's table does (``text/languages.py``), or refused."""
+def _prompt_fields(gen: GenerationConfig, request: SpeechRequest, text: str | None) -> PromptFields:
+    """A request's prompt fields (``text`` None: a sound without text), those left ``None`` taken from the generation
+    defaults ``gen``; the language spelled as upstream's table does (``text/languages.py``), or refused."""
     language = request.language if request.language is not None else gen.language or None
     if language:
         try:
@@ -414,6 +431,7 @@ def _prompt_fields(gen: GenerationConfig, request: SpeechRequest, text: str) -> 
         tokens=request.tokens,
         sound_event=request.sound_event,
         ambient_sound=request.ambient_sound,
+        scene=request.scene,
     )
 
 

@@ -46,9 +46,10 @@ class SpeechRequest:
     prefix_text: str | None = None
     sound_event: str | None = None  # the prompt's sound event field
     ambient_sound: str | None = None  # the prompt's ambient sound field
+    scene: str | None = None  # the prompt's scene field (MOSS-TTSD's template)
 
 
-_TEXT_FIELDS = ("text", "language", "instruction", "quality", "prefix_text", "sound_event", "ambient_sound")
+_TEXT_FIELDS = ("text", "language", "instruction", "quality", "prefix_text", "sound_event", "ambient_sound", "scene")
 _COUNT_FIELDS = ("tokens", "max_new_tokens")
 
 
@@ -65,9 +66,9 @@ def check_request(request: SpeechRequest, limits: LimitsConfig) -> None:
     chars = sum(len(value) for value in texts.values() if value is not None)
     if chars > limits.max_text_chars:
         raise RequestError(
-            f"the request has {chars} characters (text, instruction, quality, language, prefix_text, sound_event and "
-            f"ambient_sound together), more than the {limits.max_text_chars} of 'limits.max_text_chars': split the "
-            "text into several requests"
+            f"the request has {chars} characters (text, instruction, quality, language, prefix_text, sound_event, "
+            f"ambient_sound and scene together), more than the {limits.max_text_chars} of 'limits.max_text_chars': "
+            "split the text into several requests"
         )
     for name, value in texts.items():
         if value is not None and not value.isascii() and _has_lone_surrogate(value):

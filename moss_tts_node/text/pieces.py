@@ -94,9 +94,12 @@ class Measured:
         return sum(self.tokens)
 
     @property
-    def expected_seconds(self) -> float:
+    def expected_seconds(self) -> float | None:
         """What the request is expected to take: its tokens field, or FRAMES_PER_TEXT_TOKEN frames per text
-        token (generous for speech at a normal pace), and its pauses."""
+        token (generous for speech at a normal pace), and its pauses; None for a sound without text nor tokens
+        field, whose length the model decides (within max_new_tokens and the context)."""
+        if self.fields.text is None and not self.fields.tokens:
+            return None
         frames = self.fields.tokens or self.speech_tokens * FRAMES_PER_TEXT_TOKEN
         return frames / FRAMES_PER_SECOND + self.pause_seconds
 
@@ -135,6 +138,10 @@ class PiecePlanner:
     ) -> Measured:
         """The request's text in parts, each speech part in its prompt. Refuses (RequestError) a marker longer
         than the pauses allow and a text that is only markers to be rendered as silence."""
+        references = tuple(references)
+        if fields.text is None:  # a sound without text: one piece, with nothing to split nor to pause
+            sound = self.prompts.encode(fields, references)
+            return Measured(fields, references, None, pause_markers, [], [sound], [0], 0.0)
         markers_are_pauses = pause_markers in (PAUSE_MODEL, PAUSE_SILENCE)
         if markers_are_pauses:
             try:
@@ -145,7 +152,6 @@ class PiecePlanner:
         speech = [part for part in parts if isinstance(part, str)]
         if not speech:
             raise RequestError("the text is only pause markers: give at least one word to speak with them")
-        references = tuple(references)
         prompts = [self._prompt(fields, text, references, continuation) for text in speech]
         transcript = continuation.transcript if continuation is not None else None
         before = self.count_tokens(continuation.text("")) if transcript else 0  # the transcript, in every prompt
@@ -172,6 +178,9 @@ class PiecePlanner:
         to what n_ctx leaves after its prompt; a prompt that leaves no room for one frame is refused
         (RequestError)."""
         fields, references, continuation = measured.fields, measured.references, measured.continuation
+        if fields.text is None:
+            sound = measured.prompts[0].rows
+            return [Piece(sound, self.step_budget(sound, max_new_tokens))]
         speech_tokens = measured.speech_tokens
         per_token = fields.tokens / speech_tokens if fields.tokens else FRAMES_PER_TEXT_TOKEN
         other_rows = measured.prompts[0].rows.shape[0] - measured.tokens[0]
