@@ -14,6 +14,11 @@ A request that continues a recording (a ``Continuation``, docs/continuation.md) 
 piece's prompt holds the recording's codes, and its text follows the recording's transcript, so each piece is what
 upstream's processor makes of a continuation request; the recording's rows and transcript count as the piece's
 prompt, and its frames as the codec window's.
+
+A dialogue model's text (MOSS-TTSD: docs/family.md, "Dialogues") is cut between speaker turns, each piece opened
+with its speaker's tag, and each piece after the first continues the audio the piece before it generated, with that
+piece's text as the transcript (``PiecePlanner.continued``, once that audio exists). So that the carried piece fits
+beside the next, a dialogue's pieces are at most half of what the context and the codec window leave.
 """
 
 from __future__ import annotations
@@ -31,21 +36,29 @@ from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.text.normalize import normalize_text
 from moss_tts_node.text.pauses import check_pause_lengths, find_markers, split_at_markers
 from moss_tts_node.text.prompt import Prompt, PromptBuilder, PromptFields
+from moss_tts_node.text.speakers import MAX_SPEAKERS, reopened, speaker_label
 from moss_tts_node.text.split import split_text
 
 # Speech frames (80 ms) per text token, to plan how much of the context a text will need:
 # about 3 in English and Chinese at a normal pace; 4 leaves room for slow speech.
 FRAMES_PER_TEXT_TOKEN = 4
+_WIDEST_TAG = speaker_label(MAX_SPEAKERS - 1)  # what opening a dialogue's piece again with its speaker may add
 
 
 @dataclass(frozen=True)
 class Piece:
     """One part of a request's text: its prompt and step budget. A piece that continues a recording ends its prompt
-    inside that recording's audio, on its ``prefix_frames``-th frame (docs/model.md, "Continuation")."""
+    inside that recording's audio, on its ``prefix_frames``-th frame (docs/model.md, "Continuation").
+
+    ``fields`` are the piece's own prompt fields (its text without a transcript before it, its share of the tokens
+    field) and ``expected_frames`` what its speech is planned to take: what a piece that continues this one, or that
+    this one is made to continue, is built from (``PiecePlanner.continued``)."""
 
     prompt: np.ndarray
     max_steps: int
     prefix_frames: int = 0
+    fields: PromptFields | None = None
+    expected_frames: int = 0
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: codes are an array, which has no truth value to compare by
@@ -199,8 +212,12 @@ class PiecePlanner:
 
         if continuation is not None:
             self._check_continuation_room(measured, limit, other_rows, per_token)
+        dialogue = self.spec.identity.dialogue
+        if dialogue:  # each piece is cut to be carried whole beside the next: a tag more, reopened
+            limit = min(limit, self._carried_limit(measured, per_token)) - self.count_tokens(_WIDEST_TAG)
         measured_parts = iter(zip(measured.prompts, measured.tokens, strict=True))
         pieces: list[Piece | Pause] = []
+        speaker: str | None = None  # in a dialogue, whose turn is under way
         for part in measured.parts:
             if not isinstance(part, str):
                 samples = round(part * self.spec.sampling_rate)
@@ -212,16 +229,47 @@ class PiecePlanner:
             if part_tokens + pause_tokens(part) <= limit or limit < 1:
                 texts: list[tuple[str, int | None]] = [(part, part_tokens)]
             else:
-                texts = [(text, None) for text in split_text(part, limit, measure)]
+                texts = [(text, None) for text in split_text(part, limit, measure, turns=dialogue)]
             for text, known_tokens in texts:
-                share = None
-                if fields.tokens:
-                    tokens = known_tokens if known_tokens is not None else self.count_tokens(text)
-                    share = max(1, round(fields.tokens * tokens / speech_tokens))
+                if dialogue:
+                    text, speaker = reopened(text, speaker)
+                    known_tokens = known_tokens if text == part else None
+                tokens = known_tokens if known_tokens is not None else self.count_tokens(text)
+                share = max(1, round(fields.tokens * tokens / speech_tokens)) if fields.tokens else None
                 reuse = known_tokens is not None and share == fields.tokens
                 prompt = part_prompt.rows if reuse else self._prompt(fields, text, references, continuation, share).rows
-                pieces.append(Piece(prompt, self.step_budget(prompt, max_new_tokens), prefix_frames))
+                expected = share or math.ceil((tokens + pause_tokens(text)) * per_token)
+                own = replace(fields, text=text, tokens=share or fields.tokens)
+                pieces.append(Piece(prompt, self.step_budget(prompt, max_new_tokens), prefix_frames, own, expected))
         return pieces
+
+    def _carried_limit(self, measured: Measured, per_token: float) -> float:
+        """The most tokens a dialogue's piece may take so that, carried whole (its text as the transcript, its frames
+        as the prefix, ``per_token`` frames a token), it fits beside the next piece as long: in the context, after
+        the rows every piece has (fields and references), and in the codec window."""
+        fixed = self.prompts.encode(replace(measured.fields, text=""), measured.references).rows.shape[0]
+        return min((self.n_ctx - fixed - self.spec.n_vq) / (2 * (1 + per_token)), self.codec_frames / (2 * per_token))
+
+    def continued(
+        self,
+        piece: Piece,
+        previous: Piece,
+        frames: np.ndarray,
+        references: Sequence[np.ndarray | None],
+        normalize: bool,
+    ) -> Piece | None:
+        """``piece`` continuing the audio ``previous`` generated (``frames``, its new ones): its prompt holds them as
+        the prefix, and ``previous``'s text as their transcript (docs/family.md, "Dialogues"); None where that
+        leaves less room than ``piece`` expects to need, in the context or the codec window."""
+        own, said = piece.fields, previous.fields
+        if own is None or said is None or own.text is None or not said.text or not frames.shape[0]:
+            return None
+        carried = Continuation(frames, said.text, normalize)
+        prompt = self.prompts.encode(replace(own, text=carried.text(own.text)), references, frames)
+        room = self.n_ctx - prompt.rows.shape[0]
+        if room < piece.expected_frames + self.spec.n_vq or frames.shape[0] + piece.expected_frames > self.codec_frames:
+            return None
+        return Piece(prompt.rows, min(piece.max_steps, room), frames.shape[0], own, piece.expected_frames)
 
     def _check_continuation_room(self, measured: Measured, limit: int, other_rows: int, per_token: float) -> None:
         """Refuse (RequestError, with the numbers) a continuation whose prefix leaves no room for its text, and one
