@@ -204,7 +204,7 @@ class Synthesizer:
         prompt_fields = _prompt_fields(gen, request, text)
         self.prompts.check_fields(prompt_fields)
         references, prefix = self._voices(request, config)
-        continuation = _continuation(request, prefix, gen.normalize_text)
+        continuation = _continuation(request, prefix, gen.normalize_text, self.spec.identity.dialogue)
         measured = self.planner.measure(prompt_fields, references, self._pause_mode(gen), continuation)
         expected_s = measured.expected_seconds
         if max_expected_s is not None and expected_s is not None and expected_s > max_expected_s:
@@ -266,7 +266,7 @@ class Synthesizer:
         prompt_fields = _prompt_fields(gen, request, "")
         self.prompts.check_fields(prompt_fields)
         references, prefix = self._voices(request, config)
-        continuation = _continuation(request, prefix, gen.normalize_text)
+        continuation = _continuation(request, prefix, gen.normalize_text, self.spec.identity.dialogue)
         if continuation is not None and continuation.transcript is None:
             raise RequestError(
                 "text that arrives in fragments is spoken in pieces, each continuing the prefix after its transcript: "
@@ -408,15 +408,17 @@ def _transcript(request: SpeechRequest) -> str | None:
     return request.prefix.transcript if isinstance(request.prefix, LibraryVoice) else None
 
 
-def _continuation(request: SpeechRequest, prefix: np.ndarray | None, normalize: bool) -> Continuation | None:
+def _continuation(
+    request: SpeechRequest, prefix: np.ndarray | None, normalize: bool, turns: bool
+) -> Continuation | None:
     """What the request continues: the prefix's codes and its transcript, cleaned as the text is (None where the
-    request's text begins with it); None without a prefix."""
+    request's text begins with it); None without a prefix. ``turns``: a dialogue model's (``Continuation``)."""
     if prefix is None:
         return None
     transcript = _transcript(request)
     if transcript is not None:
         transcript = normalize_text(transcript) if normalize else transcript.strip()
-    return Continuation(prefix, transcript, normalize)
+    return Continuation(prefix, transcript, normalize, turns)
 
 
 def _new_text(text: str, transcript: str | None) -> str:

@@ -179,6 +179,10 @@ def test_the_speakers_clips_and_transcripts_are_the_first_pieces_prefix(dialogue
     audio = stream.prompt[stream.prompt.shape[0] - frames :, 1:]
     np.testing.assert_array_equal(audio, apply_delay(np.concatenate([ALICE, BOB]), 1024)[:frames])
     assert f"- Text:\n[S1] Hello robot. [S2] Good day. {TURNS[0]}\n" in prompt_text(dialogue, stream.prompt)
+    # Bob's turn goes on where his transcript ends: one turn, as upstream's app joins a speaker's turns.
+    bobs = dialogue.stream(TURNS[1], voice=[alice, bob], seed=1)
+    assert bobs.prompt is not None
+    assert f"- Text:\n[S1] Hello robot. [S2] Good day. {TURNS[1][4:]}\n" in prompt_text(dialogue, bobs.prompt)
     # A speaker without a transcript: no prefix, the references alone (the prompt ends on audio_start).
     plain = dialogue.stream(TURNS[0], voice=[alice, carol], seed=1)
     assert plain.prompt is not None and plain.prompt[-1, 0] == dialogue.spec.audio_start_token_id

@@ -36,7 +36,7 @@ from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.text.normalize import normalize_text
 from moss_tts_node.text.pauses import check_pause_lengths, find_markers, split_at_markers
 from moss_tts_node.text.prompt import Prompt, PromptBuilder, PromptFields
-from moss_tts_node.text.speakers import MAX_SPEAKERS, reopened, speaker_label
+from moss_tts_node.text.speakers import MAX_SPEAKERS, going_on, reopened, speaker_label
 from moss_tts_node.text.split import split_text
 
 # Speech frames (80 ms) per text token, to plan how much of the context a text will need:
@@ -65,18 +65,20 @@ class Piece:
 class Continuation:
     """The recording a request's speech continues: its (T, n_vq) codes and its transcript (``normalize``: cleaned as
     the request's text is), which every piece's text follows; None where the request's text begins with it
-    already, which is then spoken as one piece."""
+    already, which is then spoken as one piece. ``turns``: a dialogue's, in which a piece that opens with the
+    speaker whose turn ends the transcript goes on with that turn (``speakers.going_on``)."""
 
     codes: np.ndarray
     transcript: str | None
     normalize: bool
+    turns: bool = False
 
     def text(self, piece: str) -> str:
         """A piece's text as its prompt holds it: the transcript, a space, the piece; cleaned together, as upstream
         cleans the text it is given whole (the space goes where the clean-up takes it out, between CJK)."""
         if not self.transcript:
             return piece
-        joined = f"{self.transcript} {piece}"
+        joined = f"{self.transcript} {going_on(self.transcript, piece) if self.turns else piece}"
         return normalize_text(joined) if self.normalize else joined
 
 
@@ -264,7 +266,7 @@ class PiecePlanner:
         own, said = piece.fields, previous.fields
         if own is None or said is None or own.text is None or not said.text or not frames.shape[0]:
             return None
-        carried = Continuation(frames, said.text, normalize)
+        carried = Continuation(frames, said.text, normalize, turns=True)
         prompt = self.prompts.encode(replace(own, text=carried.text(own.text)), references, frames)
         room = self.n_ctx - prompt.rows.shape[0]
         if room < piece.expected_frames + self.spec.n_vq or frames.shape[0] + piece.expected_frames > self.codec_frames:

@@ -47,3 +47,13 @@ def reopened(text: str, speaker: str | None) -> tuple[str, str | None]:
     tags = SPEAKER_TAG.findall(text)
     opens = SPEAKER_TAG.match(text) is not None
     return (text if opens or speaker is None else f"{speaker}{text}"), (tags[-1] if tags else speaker)
+
+
+def going_on(said: str, text: str) -> str:
+    """``text`` as it follows ``said`` in one dialogue: without its opening tag where the last turn of ``said`` is
+    that speaker's already, as upstream's MOSS-TTSD app joins a speaker's consecutive turns into one."""
+    tags = SPEAKER_TAG.findall(said)
+    opening = SPEAKER_TAG.match(text)
+    if opening is None or not tags or tags[-1] != opening.group():
+        return text
+    return text[opening.end() :].lstrip()
