@@ -345,7 +345,8 @@ class Synthesizer:
         transcripts: with the speakers' clips one after the other as its prefix, and their transcripts, each opened
         with its speaker's tag, as the prefix's, as upstream's MOSS-TTSD card builds it (docs/family.md,
         "Dialogues"). Any other request as it is."""
-        if not self.spec.identity.dialogue or not no_voice(request.prefix) or request.prefix_text is not None:
+        given = not no_voice(request.prefix) or request.prefix_text is not None
+        if not self.spec.identity.dialogue or given or _is_sound(request):
             return request
         speakers = [(i, voice) for i, voice in enumerate(self._references(request.voice)) if voice is not None]
         voices = [voice for _, voice in speakers if isinstance(voice, LibraryVoice) and voice.transcript]

@@ -218,6 +218,7 @@ class PiecePlanner:
         if dialogue:  # each piece is cut to be carried whole beside the next: a tag more, reopened
             limit = min(limit, self._carried_limit(measured, per_token)) - self.count_tokens(_WIDEST_TAG)
         measured_parts = iter(zip(measured.prompts, measured.tokens, strict=True))
+        transcript_tokens = measured.prompts[0].text_tokens - measured.tokens[0]
         pieces: list[Piece | Pause] = []
         speaker: str | None = None  # in a dialogue, whose turn is under way
         for part in measured.parts:
@@ -236,13 +237,19 @@ class PiecePlanner:
                 if dialogue:
                     text, speaker = reopened(text, speaker)
                     known_tokens = known_tokens if text == part else None
-                tokens = known_tokens if known_tokens is not None else self.count_tokens(text)
-                share = max(1, round(fields.tokens * tokens / speech_tokens)) if fields.tokens else None
+                tokens = known_tokens
+                share = None
+                if fields.tokens:
+                    tokens = known_tokens if known_tokens is not None else self.count_tokens(text)
+                    share = max(1, round(fields.tokens * tokens / speech_tokens))
                 reuse = known_tokens is not None and share == fields.tokens
-                prompt = part_prompt.rows if reuse else self._prompt(fields, text, references, continuation, share).rows
+                prompt = part_prompt if reuse else self._prompt(fields, text, references, continuation, share)
+                if tokens is None:  # its own, from its prompt's one tokenization: the transcript's are not its own
+                    tokens = prompt.text_tokens - transcript_tokens
                 expected = share or math.ceil((tokens + pause_tokens(text)) * per_token)
                 own = replace(fields, text=text, tokens=share or fields.tokens)
-                pieces.append(Piece(prompt, self.step_budget(prompt, max_new_tokens), prefix_frames, own, expected))
+                rows = prompt.rows
+                pieces.append(Piece(rows, self.step_budget(rows, max_new_tokens), prefix_frames, own, expected))
         return pieces
 
     def _carried_limit(self, measured: Measured, per_token: float) -> float:
