@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import linked_copy
+from conftest import bad_input_message, linked_copy, run_cli
 
 from moss_tts_node.codec.onnx import OnnxCodec
 from moss_tts_node.errors import RequestError
@@ -248,3 +248,14 @@ def test_a_dialogue_streams_what_the_codec_decodes_after_the_audio_each_piece_co
         np.testing.assert_allclose(audio[start : start + expected.shape[0]], expected, rtol=0, atol=1e-6)
         start += expected.shape[0]
     assert start == audio.shape[0]
+
+
+def test_the_cli_takes_a_scene_where_the_model_has_one(
+    dialogue: Synthesizer, dialogue_config: Path, demo_config: Path, tmp_path: Path
+) -> None:
+    tokens, out = tmp_path / "tokens.npz", tmp_path / "out.wav"
+    scene = ("--scene", "a lab", "--output", out)
+    done = run_cli("synth", "--config", dialogue_config, "--text", TURNS[0], *scene, "--save-tokens", tokens)
+    assert done.returncode == 0, done.stderr
+    assert "- Scene:\na lab\n- Text:\n" in prompt_text(dialogue, np.load(tokens)["prompt"])
+    assert "prompt has no scene field" in bad_input_message("synth", "--config", demo_config, "--text", "Hi.", *scene)

@@ -99,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     synth.add_argument("--sound-event", help="the prompt's sound event field")
     synth.add_argument("--ambient-sound", help="the prompt's ambient sound field")
+    synth.add_argument("--scene", help="the prompt's scene field (MOSS-TTSD's; docs/family.md, \"Dialogues\")")
     synth.add_argument("--seed", type=int, help="random seed; the same seed gives the same audio")
     synth.add_argument("--text-temperature", type=float, help="overrides sampling.text_temperature")
     synth.add_argument("--audio-temperature", type=float, help="overrides sampling.audio_temperature")
@@ -177,6 +178,7 @@ def run_synth(args: argparse.Namespace) -> int:
         "tokens": args.tokens,
         "sound_event": args.sound_event,
         "ambient_sound": args.ambient_sound,
+        "scene": args.scene,
         "voice": _references(args.reference),
         "prefix": args.prefix,
         "prefix_text": args.prefix_text,
