@@ -15,10 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from moss_tts_node.llama.backbone import Backbone, BackboneParams
+from moss_tts_node.model.generation import generate_rows
 from moss_tts_node.model.identity import RECORD_KEY
 from moss_tts_node.model.layout import CONFIG_FILE
+from moss_tts_node.synthesis import pipeline as pipeline_module
 from moss_tts_node.synthesizer import Synthesizer
 from moss_tts_node.tools.dev.demo_weights import CHECKPOINT_DIR
 from moss_tts_node.tools.prepare.convert import convert_checkpoint
@@ -60,6 +63,25 @@ def exact_synthesizer(demo_config: Path, workdir: Path, **overrides: Any) -> Ite
     }
     with Synthesizer.from_config_file(demo_config, settings) as synth:
         yield synth
+
+
+def recorded_rows(monkeypatch: pytest.MonkeyPatch) -> list[np.ndarray]:
+    """The rows the synthesizer's pipeline generates from now on, as they come (a stream that a wrong rule breaks may
+    stop at a decode before it ends; what it generated up to there is in the list anyway)."""
+    rows: list[np.ndarray] = []
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        generation = generate_rows(*args, **kwargs)
+        while True:
+            try:
+                row = next(generation)
+            except StopIteration as end:
+                return end.value
+            rows.append(row)
+            yield row
+
+    monkeypatch.setattr(pipeline_module, "generate_rows", recorded)
+    return rows
 
 
 def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:

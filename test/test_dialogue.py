@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from moss_tts_node.text.pieces import Piece, PiecePlanner
 from moss_tts_node.text.prompt import PromptFields
 from moss_tts_node.text.speakers import SPEAKER_TAG
 from moss_tts_node.timing import StopReason
-from moss_tts_node.tools.dev.demo_weights import DIALOGUE_TEMPLATE, write_demo_weights
+from moss_tts_node.tools.dev.demo_weights import DIALOGUE_TEMPLATE
 
 TURNS = [
     "[S1]Hello there, robot. The quick brown fox jumps over the lazy dog.",
@@ -51,8 +51,8 @@ def prompt_text(synth: Synthesizer, prompt: np.ndarray) -> str:
 
 
 @pytest.fixture(scope="module")
-def dialogue_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_demo_weights(tmp_path_factory.mktemp("moss-ttsd"), seed=0, model="moss-ttsd")
+def dialogue_config(family_demo: Callable[[str], Path]) -> Path:
+    return family_demo("moss-ttsd")
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ its prompt, its length bounds, the command line and batch lists. That the rows a
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,7 +25,7 @@ from moss_tts_node.synthesizer import Synthesizer
 from moss_tts_node.text.pieces import Piece
 from moss_tts_node.text.prompt import PromptBuilder, PromptFields
 from moss_tts_node.timing import StopReason
-from moss_tts_node.tools.dev.demo_weights import DIALOGUE_TEMPLATE, write_demo_weights
+from moss_tts_node.tools.dev.demo_weights import DIALOGUE_TEMPLATE
 
 PAD = 1024
 RAIN = "rain on a tin roof"
@@ -116,8 +116,8 @@ def test_a_sound_prompt_prints_none_for_its_text(weights: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def sound_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_demo_weights(tmp_path_factory.mktemp("sound-effect"), seed=0, model="sound-effect")
+def sound_config(family_demo: Callable[[str], Path]) -> Path:
+    return family_demo("sound-effect")
 
 
 @pytest.fixture(scope="module")

@@ -12,25 +12,23 @@ template field, penalty set, cut or text).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from qwen3_reference import exact_synthesizer
+from qwen3_reference import exact_synthesizer, recorded_rows
 from threadpoolctl import threadpool_limits
 from upstream_reference import Upstream
 
 from moss_tts_node.errors import MossTTSError
 from moss_tts_node.model import sampling as sampling_module
-from moss_tts_node.model.generation import generate_rows
-from moss_tts_node.synthesis import pipeline as pipeline_module
 from moss_tts_node.synthesis.request import SpeechRequest
 from moss_tts_node.synthesizer import Synthesizer
 from moss_tts_node.text.prompt import PromptBuilder
-from moss_tts_node.tools.dev.demo_weights import CHECKPOINT_DIR, write_demo_weights
+from moss_tts_node.tools.dev.demo_weights import CHECKPOINT_DIR
 
 STEPS = 40  # past the ramp of every codebook (17 steps at 16 codebooks)
 N_VQ = 16
@@ -61,21 +59,16 @@ class Case:
     penalty: float
 
 
+VOICE_DESIGN = Case(
+    "voice design",
+    "voice-generator",
+    {"text": TEXT, "language": "en", "instruction": INSTRUCTION},
+    {"text": TEXT, "references": None, "instruction": INSTRUCTION},
+    1.0,
+)
 CASES = [
-    Case(
-        "voice design",
-        "voice-generator",
-        {"text": TEXT, "language": "en", "instruction": INSTRUCTION},
-        {"text": TEXT, "references": None, "instruction": INSTRUCTION},
-        1.0,
-    ),
-    Case(
-        "voice design, the card's penalty",
-        "voice-generator",
-        {"text": TEXT, "language": "en", "instruction": INSTRUCTION},
-        {"text": TEXT, "references": None, "instruction": INSTRUCTION},
-        1.1,
-    ),
+    VOICE_DESIGN,
+    replace(VOICE_DESIGN, name="voice design, the card's penalty", penalty=1.1),
     Case(
         "sound without text",
         "sound-effect",
@@ -124,9 +117,9 @@ MODELS = sorted({case.model for case in CASES})
 
 
 @pytest.fixture(scope="module")
-def demos(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def demos(family_demo: Callable[[str], Path]) -> dict[str, Path]:
     """Each model's demo config.yaml."""
-    return {model: write_demo_weights(tmp_path_factory.mktemp(model), seed=0, model=model) for model in MODELS}
+    return {model: family_demo(model) for model in MODELS}
 
 
 @pytest.fixture(scope="module")
@@ -221,24 +214,13 @@ def test_the_check_fails_on_a_wrong_penalty_set(
     exact: dict[str, Synthesizer], expected: dict[str, tuple[np.ndarray, np.ndarray]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Channels 1.. penalised over column 1 alone, not over the union of theirs: other rows."""
-    rows: list[np.ndarray] = []
-
-    def recorded(*args: Any, **kwargs: Any) -> Any:
-        generation = generate_rows(*args, **kwargs)
-        while True:
-            try:
-                row = next(generation)
-            except StopIteration as end:
-                return end.value
-            rows.append(row)
-            yield row
+    rows = recorded_rows(monkeypatch)
 
     def observe(self: Any, audio_rows: np.ndarray) -> None:
         audio_rows = np.atleast_2d(audio_rows)
         self._seen_first[audio_rows[:, 0]] = True
         self._seen_rest[audio_rows[:, 1]] = True
 
-    monkeypatch.setattr(pipeline_module, "generate_rows", recorded)
     monkeypatch.setattr(sampling_module.Sampler, "observe", observe)
     case = CASES[1]
     synth = exact[case.model]

@@ -5,6 +5,7 @@ designer's own 16-codebook codes are refused by MOSS-TTS, naming both counts."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,6 @@ from conftest import bad_input_message, run_cli
 
 from moss_tts_node.model.delay import apply_delay
 from moss_tts_node.model.spec import ModelSpec
-from moss_tts_node.tools.dev.demo_weights import write_demo_weights
 
 DESCRIPTION = "a warm, low voice of an old man"
 SAID = "Good evening. I am the butler of this house."
@@ -22,8 +22,8 @@ TEXT = "Dinner is served in the east wing."
 
 
 @pytest.fixture(scope="module")
-def designer(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_demo_weights(tmp_path_factory.mktemp("voice-generator"), seed=0, model="voice-generator")
+def designer(family_demo: Callable[[str], Path]) -> Path:
+    return family_demo("voice-generator")
 
 
 def cli(*args: str | Path) -> str:
