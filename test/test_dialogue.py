@@ -200,6 +200,19 @@ def test_text_that_arrives_in_fragments_is_spoken_the_same_way(
     assert len(spoken.pieces) > 2 and len(continued) == len(spoken.pieces) - 1
 
 
+def test_low_memory_speaks_a_dialogue_alike(
+    dialogue: Synthesizer, dialogue_config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """There every piece is generated before any is decoded: each is still made to continue the one before."""
+    spoken = Spoken(monkeypatch)
+    with Synthesizer.from_config_file(dialogue_config, {**SMALL_CONTEXT, "model.low_memory": True}) as low:
+        turns = low.synthesize(DIALOGUE, seed=3)
+    assert len(spoken.pieces) > 2 and all(piece.prefix_frames for piece, _ in spoken.pieces[1:])
+    usual = dialogue.synthesize(DIALOGUE, seed=3)
+    np.testing.assert_array_equal(turns.codes, usual.codes)
+    np.testing.assert_array_equal(turns.audio, usual.audio)
+
+
 def test_moss_tts_does_not_speak_in_turns(synth: Synthesizer) -> None:
     """MOSS-TTS's long texts stay as they were: each piece on its own (the existing tests pin its audio)."""
     assert not synth.spec.identity.dialogue and MOSS_TTSD.dialogue
