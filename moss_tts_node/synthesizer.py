@@ -28,8 +28,9 @@ from moss_tts_node.model.layout import TOKENIZER_DIR
 from moss_tts_node.model.rates import frames_for_seconds
 from moss_tts_node.model.sampling import SamplingParams
 from moss_tts_node.model.spec import ModelSpec
+from moss_tts_node.synthesis.dialogue import DialoguePieces
 from moss_tts_node.synthesis.feed import TextFeed
-from moss_tts_node.synthesis.pipeline import Pipeline
+from moss_tts_node.synthesis.pipeline import ListedPlan, Pipeline, PlanSource
 from moss_tts_node.synthesis.request import SpeechRequest, Voice, Voices, check_request, no_voice
 from moss_tts_node.synthesis.results import AudioStream, Synthesis
 from moss_tts_node.synthesis.stages import Stages, open_stages
@@ -41,6 +42,7 @@ from moss_tts_node.text.normalize import has_something_to_say, normalize_text
 from moss_tts_node.text.pauses import resolve_pause_mode
 from moss_tts_node.text.pieces import Continuation, Piece, PiecePlanner
 from moss_tts_node.text.prompt import PromptBuilder, PromptFields
+from moss_tts_node.text.speakers import in_turn
 
 CancelFlag = threading.Event | Callable[[], bool] | None
 
@@ -188,19 +190,30 @@ class Synthesizer:
         request = _request(request, fields)
         config = config if config is not None else self.config
         check_request(request, config.limits)
+        request = self._speakers_prefix(request, config)
         gen = config.generation
-        text = self._clean_text(_new_text(request.text, _transcript(request)), gen.normalize_text)
+        if _is_sound(request):  # no text, a sound described: a sound effect (docs/family.md, "Sound effects")
+            text = None
+            if not no_voice(request.prefix):
+                raise RequestError(
+                    "a sound without text cannot continue a recording: leave the prefix out, or give the text the "
+                    "recording's speech goes on with"
+                )
+        else:
+            text = self._clean_text(_new_text(request.text, _transcript(request)), gen.normalize_text)
         prompt_fields = _prompt_fields(gen, request, text)
+        self.prompts.check_fields(prompt_fields)
         references, prefix = self._voices(request, config)
-        continuation = _continuation(request, prefix, gen.normalize_text)
+        continuation = _continuation(request, prefix, gen.normalize_text, self.spec.identity.dialogue)
         measured = self.planner.measure(prompt_fields, references, self._pause_mode(gen), continuation)
         expected_s = measured.expected_seconds
-        if max_expected_s is not None and expected_s > max_expected_s:
+        if max_expected_s is not None and expected_s is not None and expected_s > max_expected_s:
             raise ExpectedTooLong(expected_s, max_expected_s)
         plan = self.planner.pieces(measured, request.max_new_tokens or gen.max_new_tokens)
         max_frames = None if max_audio_s is None else frames_for_seconds(max_audio_s)
+        source = self._in_turns(ListedPlan(plan), references, gen.normalize_text)
         chunks = self.pipeline.run(
-            plan, _sampling_params(request, config, self.spec), config.audio, _flag(cancel), streaming, max_frames
+            source, _sampling_params(request, config, self.spec), config.audio, _flag(cancel), streaming, max_frames
         )
         prompt = next(item.prompt for item in plan if isinstance(item, Piece))
         return AudioStream(prompt, chunks, expected_s)
@@ -248,10 +261,12 @@ class Synthesizer:
             raise RequestError(f"pack_tokens must be 0 to {RUN_TOKENS}, got {pack_tokens}")
         config = config if config is not None else self.config
         check_request(request, config.limits)
+        request = self._speakers_prefix(request, config)
         gen = config.generation
         prompt_fields = _prompt_fields(gen, request, "")
+        self.prompts.check_fields(prompt_fields)
         references, prefix = self._voices(request, config)
-        continuation = _continuation(request, prefix, gen.normalize_text)
+        continuation = _continuation(request, prefix, gen.normalize_text, self.spec.identity.dialogue)
         if continuation is not None and continuation.transcript is None:
             raise RequestError(
                 "text that arrives in fragments is spoken in pieces, each continuing the prefix after its transcript: "
@@ -267,7 +282,7 @@ class Synthesizer:
         max_new_tokens = request.max_new_tokens or gen.max_new_tokens
         flag = _flag(cancel)
         pause_markers = self._pause_mode(gen)
-        source = CutPieces(
+        source: PlanSource = CutPieces(
             fragments if isinstance(fragments, TextFeed) else TextFeed.reading(fragments),
             TextCutter(
                 normalize_text if gen.normalize_text else str, RUN_TOKENS, self.planner.count_tokens, pack_tokens
@@ -278,6 +293,7 @@ class Synthesizer:
             flag,
             input_pause_s,
         )
+        source = self._in_turns(source, references, gen.normalize_text)
         chunks = self.pipeline.run(source, _sampling_params(request, config, self.spec), config.audio, flag, streaming)
         return AudioStream(None, chunks)
 
@@ -318,9 +334,39 @@ class Synthesizer:
         """
         request = _request(request if request is not None else "", fields)
         check_request(request, self.config.limits)
+        prompt_fields = _prompt_fields(self.config.generation, request, "")
+        self.prompts.check_fields(prompt_fields)
         references, _ = self._voices(replace(request, prefix=None), self.config)
-        prefix = self.prompts.voice_prefix(_prompt_fields(self.config.generation, request, ""), references)
+        prefix = self.prompts.voice_prefix(prompt_fields, references)
         return self.stages.prepare_prefix(prefix)
+
+    def _speakers_prefix(self, request: SpeechRequest, config: Config) -> SpeechRequest:
+        """A dialogue model's request that gives no prefix, whose speakers are all voices of the library with their
+        transcripts: with the speakers' clips one after the other as its prefix, and their transcripts, each opened
+        with its speaker's tag, as the prefix's, as upstream's MOSS-TTSD card builds it (docs/family.md,
+        "Dialogues"). Any other request as it is."""
+        given = not no_voice(request.prefix) or request.prefix_text is not None
+        if not self.spec.identity.dialogue or given or _is_sound(request):
+            return request
+        speakers = [(i, voice) for i, voice in enumerate(self._references(request.voice)) if voice is not None]
+        voices = [voice for _, voice in speakers if isinstance(voice, LibraryVoice) and voice.transcript]
+        if not speakers or len(voices) < len(speakers):
+            return request
+        codes = np.concatenate([voice.codes for voice in voices])
+        self._voice_limit(config).check(codes.shape[0], "the prefix made of the speakers' clips")
+        numbers = [number for number, _ in speakers]
+        transcript = " ".join(in_turn(n, voice.transcript or "") for n, voice in zip(numbers, voices, strict=True))
+        return replace(request, prefix=codes, prefix_text=transcript)
+
+    def _in_turns(self, source: PlanSource, references: list[np.ndarray | None], normalize: bool) -> PlanSource:
+        """``source`` as a dialogue model speaks it, each piece continuing the one before (``synthesis/dialogue.py``);
+        as it is for the other models."""
+        if not self.spec.identity.dialogue:
+            return source
+        planner = self.planner
+        return DialoguePieces(
+            source, lambda piece, previous, frames: planner.continued(piece, previous, frames, references, normalize)
+        )
 
     def _pause_mode(self, gen: GenerationConfig) -> str:
         """What a pause marker means for these weights under ``generation.pause_markers`` (``text/pauses.py``)."""
@@ -342,6 +388,11 @@ class Synthesizer:
         return text
 
 
+def _is_sound(request: SpeechRequest) -> bool:
+    """Whether the request asks for a sound and nothing to say: a sound event or an ambient sound, and no text."""
+    return not request.text.strip() and bool(request.sound_event or request.ambient_sound)
+
+
 def _frames(voice: Voice) -> int:
     """A voice's frames, read without decoding it."""
     if isinstance(voice, LibraryVoice):
@@ -358,15 +409,17 @@ def _transcript(request: SpeechRequest) -> str | None:
     return request.prefix.transcript if isinstance(request.prefix, LibraryVoice) else None
 
 
-def _continuation(request: SpeechRequest, prefix: np.ndarray | None, normalize: bool) -> Continuation | None:
+def _continuation(
+    request: SpeechRequest, prefix: np.ndarray | None, normalize: bool, turns: bool
+) -> Continuation | None:
     """What the request continues: the prefix's codes and its transcript, cleaned as the text is (None where the
-    request's text begins with it); None without a prefix."""
+    request's text begins with it); None without a prefix. ``turns``: a dialogue model's (``Continuation``)."""
     if prefix is None:
         return None
     transcript = _transcript(request)
     if transcript is not None:
         transcript = normalize_text(transcript) if normalize else transcript.strip()
-    return Continuation(prefix, transcript, normalize)
+    return Continuation(prefix, transcript, normalize, turns)
 
 
 def _new_text(text: str, transcript: str | None) -> str:
@@ -397,9 +450,9 @@ def _sampling_params(request: SpeechRequest, config: Config, spec: ModelSpec) ->
     return SamplingParams(**{**asdict(sampling), "seed": seed if seed >= 0 else secrets.randbits(63)})
 
 
-def _prompt_fields(gen: GenerationConfig, request: SpeechRequest, text: str) -> PromptFields:
-    """A request's prompt fields, those left ``None`` taken from the generation defaults ``gen``; the language
-    spelled as upstream's table does (``text/languages.py``), or refused."""
+def _prompt_fields(gen: GenerationConfig, request: SpeechRequest, text: str | None) -> PromptFields:
+    """A request's prompt fields (``text`` None: a sound without text), those left ``None`` taken from the generation
+    defaults ``gen``; the language spelled as upstream's table does (``text/languages.py``), or refused."""
     language = request.language if request.language is not None else gen.language or None
     if language:
         try:
@@ -414,6 +467,7 @@ def _prompt_fields(gen: GenerationConfig, request: SpeechRequest, text: str) -> 
         tokens=request.tokens,
         sound_event=request.sound_event,
         ambient_sound=request.ambient_sound,
+        scene=request.scene,
     )
 
 

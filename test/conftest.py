@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -51,6 +51,20 @@ if TYPE_CHECKING:
 def demo_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """config.yaml of a freshly written demo model; treat the directory as read-only."""
     return write_demo_weights(tmp_path_factory.mktemp("demo"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def family_demo(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """config.yaml of the demo of a model of the family (a key of ``FAMILY``: ``demo-weights --model``), written at
+    its first use in the session; treat its directory as read-only."""
+    written: dict[str, Path] = {}
+
+    def demo(model: str) -> Path:
+        if model not in written:
+            written[model] = write_demo_weights(tmp_path_factory.mktemp(model), seed=0, model=model)
+        return written[model]
+
+    return demo
 
 
 @pytest.fixture(scope="session")

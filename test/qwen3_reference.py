@@ -8,14 +8,20 @@ is all a reference needs.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from moss_tts_node.llama.backbone import Backbone, BackboneParams
+from moss_tts_node.model.generation import generate_rows
+from moss_tts_node.model.identity import RECORD_KEY
+from moss_tts_node.model.layout import CONFIG_FILE
+from moss_tts_node.synthesis import pipeline as pipeline_module
 from moss_tts_node.synthesizer import Synthesizer
 from moss_tts_node.tools.dev.demo_weights import CHECKPOINT_DIR
 from moss_tts_node.tools.prepare.convert import convert_checkpoint
@@ -41,9 +47,10 @@ def exact_backbone(gguf_path: Path) -> Backbone:
 def exact_synthesizer(demo_config: Path, workdir: Path, **overrides: Any) -> Iterator[Synthesizer]:
     """The demo model converted (into ``workdir``) from its original checkpoint to F32, with an F32 KV cache and
     greedy sampling: equal inputs give bit-equal rows, and rows this reference can be held to. ``overrides``: more
-    config keys."""
+    config keys. The model is the one the demo's weights record (a 16-codebook checkpoint cannot always tell)."""
     demo = demo_config.parent
-    gguf = convert_checkpoint(demo / CHECKPOINT_DIR, workdir, "F32")
+    model = json.loads((demo / CONFIG_FILE).read_text())[RECORD_KEY]["model"]
+    gguf = convert_checkpoint(demo / CHECKPOINT_DIR, workdir, "F32", model=model)
     settings = {
         "model.weights_dir": str(gguf.parent),
         "model.backbone_gguf": gguf.name,
@@ -56,6 +63,25 @@ def exact_synthesizer(demo_config: Path, workdir: Path, **overrides: Any) -> Ite
     }
     with Synthesizer.from_config_file(demo_config, settings) as synth:
         yield synth
+
+
+def recorded_rows(monkeypatch: pytest.MonkeyPatch) -> list[np.ndarray]:
+    """The rows the synthesizer's pipeline generates from now on, as they come (a stream that a wrong rule breaks may
+    stop at a decode before it ends; what it generated up to there is in the list anyway)."""
+    rows: list[np.ndarray] = []
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        generation = generate_rows(*args, **kwargs)
+        while True:
+            try:
+                row = next(generation)
+            except StopIteration as end:
+                return end.value
+            rows.append(row)
+            yield row
+
+    monkeypatch.setattr(pipeline_module, "generate_rows", recorded)
+    return rows
 
 
 def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:

@@ -129,3 +129,18 @@ def test_clone_runs_alternate_and_the_summary_compares_them(
     summary = capsys.readouterr().out.splitlines()
     assert "| reference | 2 | 300 | 1100 (1.00) | 11.00 (1.00) |" in summary
     assert "| continuation | 2 | 250 | 1600 (1.45) | 10.00 (0.91) |" in summary
+
+
+def test_the_dialogue_piece_prefills_what_it_carries_after_what_it_shares(synth: Any) -> None:
+    import numpy as np
+
+    from moss_tts_node.tools.dev.bench import dialogue_piece_figures
+
+    figures = dialogue_piece_figures(synth, np.zeros((10, 32), dtype=np.int64), seed=1)
+    carried, alone = figures["dialogue_carried_rows"], figures["dialogue_alone_rows"]
+    # The rows before the text are kept in the KV cache either way; the carried piece prefills its transcript (the
+    # piece before's text) and its frames more.
+    shared = figures["dialogue_alone_prompt_rows"] - alone
+    assert shared > 2 * (10 + 31) and figures["dialogue_carried_prompt_rows"] - carried == shared
+    assert carried > figures["dialogue_carried_frames"] > 0
+    assert figures["dialogue_carried_ms"] > 0 and figures["dialogue_alone_ms"] > 0

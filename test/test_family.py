@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +33,6 @@ from moss_tts_node.tools.dev.demo_weights import (
     demo_checkpoint,
     processing_source,
     write_checkpoint,
-    write_demo_weights,
 )
 from moss_tts_node.tools.prepare.attach_heads import append_audio_heads_to_gguf
 from moss_tts_node.tools.prepare.convert import ConversionError, convert_checkpoint
@@ -215,8 +214,8 @@ def test_moss_tts_samples_as_it_did_before_bit_for_bit(synth: Synthesizer) -> No
 
 
 @pytest.fixture(scope="module")
-def voice_generator_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_demo_weights(tmp_path_factory.mktemp("voice-generator"), seed=0, model="voice-generator")
+def voice_generator_config(family_demo: Callable[[str], Path]) -> Path:
+    return family_demo("voice-generator")
 
 
 @pytest.fixture(scope="module")

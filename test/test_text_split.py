@@ -14,9 +14,9 @@ def squeeze(text: str) -> str:
     return re.sub(r"\s+", "", text)
 
 
-def check(text: str, limit: int, measure: Callable[[str], int] = len) -> list[str]:
+def check(text: str, limit: int, measure: Callable[[str], int] = len, turns: bool = False) -> list[str]:
     """Split, and check the invariants every split must keep."""
-    pieces = split_text(text, limit, measure)
+    pieces = split_text(text, limit, measure, turns)
     assert all(piece == piece.strip() and piece for piece in pieces)
     assert all(measure(piece) <= limit for piece in pieces), pieces
     assert squeeze("".join(pieces)) == squeeze(text)  # nothing lost, nothing reordered
@@ -92,3 +92,17 @@ def test_speaker_tags_stay_whole_and_with_their_speech_and_a_turn_may_end_before
     # by words, by characters: never "[S2]" alone, nor "[S" | "1]"
     assert check("[S1] one two three [S2] four five six", 9) == ["[S1] one", "two three", "[S2] four", "five six"]
     assert check("[S1]一二三四五六七八", 5) == ["[S1]一", "二三四五六", "七八"]
+
+
+def test_a_dialogue_is_cut_between_turns_and_a_long_turn_at_its_sentences() -> None:
+    text = "[S1]Hi. How are you? [S2]Fine. And you? [S1]Good. Thanks for asking, really. [S2]Bye."
+    # Turns packed whole while they fit, where sentences packed would end pieces inside turns.
+    turns = ["[S1]Hi. How are you?", "[S2]Fine. And you?", "[S1]Good. Thanks for asking, really.", "[S2]Bye."]
+    assert check(text, 36, turns=True) == turns
+    assert check(text, 36) == [
+        "[S1]Hi. How are you? [S2]Fine.",
+        "And you? [S1]Good.",
+        "Thanks for asking, really. [S2]Bye.",
+    ]
+    # A turn longer than the limit is cut at its sentences, then clauses, as any text.
+    assert check(text, 20, turns=True) == [*turns[:2], "[S1]Good.", "Thanks for asking,", "really.", "[S2]Bye."]

@@ -37,6 +37,9 @@ class FamilyModel:
     codebooks: tuple[int, ...]  # the n_vq its checkpoints may have
     sampling: RecommendedSampling
     use: str  # what it is for, in a few words
+    # A dialogue model: a text longer than one generation is cut between speaker turns, and each piece continues
+    # the audio of the piece before it (docs/family.md, "Dialogues").
+    dialogue: bool = False
 
 
 MOSS_TTS = FamilyModel(
@@ -52,6 +55,7 @@ MOSS_TTSD = FamilyModel(
     (16,),
     RecommendedSampling(**_TEXT, audio_temperature=1.1, audio_top_k=50, audio_top_p=0.9, audio_repetition_penalty=1.1),
     "dialogues of 1 to 5 speakers, continuing their clips",
+    dialogue=True,
 )
 VOICE_GENERATOR = FamilyModel(
     "voice-generator",

@@ -58,6 +58,11 @@ class ModelIdentity:
         return (self.model or MOSS_TTS).sampling
 
     @property
+    def dialogue(self) -> bool:
+        """Whether the model speaks dialogues piece after piece, each continuing the one before (``FamilyModel``)."""
+        return self.model is not None and self.model.dialogue
+
+    @property
     def trained_on_pause_markers(self) -> bool | None:
         """Whether the model was trained on ``[pause X.Ys]`` markers (MOSS-TTS v1.5 was, 1.0 was not); None when
         unknown (the other models' cards do not say)."""

@@ -70,6 +70,10 @@ class PlanSource(ABC):
     def close(self) -> None:
         """The request has ended (finished, cancelled, failed or dropped): no item will be asked for."""
 
+    def spoken(self, piece: Piece, generated: Generated) -> None:  # noqa: B027 (most plans need not know)
+        """``piece``, an item this source gave, has been generated: what it generated, which a plan whose next
+        piece continues it needs (a dialogue's: ``synthesis/dialogue.py``). Told before the next item is asked for."""
+
 
 class ListedPlan(PlanSource):
     """A plan known in advance (a whole text's)."""
@@ -154,13 +158,18 @@ class _BudgetedPlan(PlanSource):
     def close(self) -> None:
         self._source.close()
 
+    def spoken(self, piece: Piece, generated: Generated) -> None:
+        self._source.spoken(piece, generated)
+
 
 @dataclass(frozen=True)
 class Generated:
-    """What generating one piece produced."""
+    """What generating one piece produced: its rows, why it stopped, and its new frames (those after a recording it
+    continues, gaps left out)."""
 
     rows: np.ndarray  # (N, 1 + n_vq)
     stop: StopReason
+    frames: np.ndarray  # (F, n_vq)
 
 
 @dataclass
@@ -276,6 +285,7 @@ class Pipeline:
                 generated = yield from self._decoded(frames, item.prefix_frames, decoder, out)
                 spoken.done.append((item, generated))
                 spoken.codes.append(decoder.codes())
+                source.spoken(item, generated)
                 if generated.stop is not StopReason.CANCELLED:
                     with out.clock.stage("codec"):
                         rest = decoder.end_segment()
@@ -342,7 +352,10 @@ class Pipeline:
                 break
             end = min(start + step, pause.samples)
             yield out.chunk(np.zeros(end - start, dtype=np.float32), final=final and end == pause.samples)
-        return Generated(np.empty((0, self.spec.channels), dtype=np.int64), stop)
+        return Generated(np.empty((0, self.spec.channels), dtype=np.int64), stop, self._no_frames())
+
+    def _no_frames(self) -> np.ndarray:
+        return np.empty((0, self.spec.n_vq), dtype=np.int64)
 
     @staticmethod
     def _decoded(
@@ -405,6 +418,7 @@ class Pipeline:
             if frame is not None:
                 yield frame
         rows: list[np.ndarray] = []
+        new: list[np.ndarray] = []  # the frames after the recording's
         generation = generate_rows(
             stage.backbone,
             stage.embeddings,
@@ -425,10 +439,17 @@ class Pipeline:
             rows.append(row)
             frame = assembler.push(row[1:])
             if frame is not None:
+                gap = assembler.is_gap(frame)
                 if assembler.frames > context:
                     budget.spend()
-                yield None if assembler.is_gap(frame) else frame
-        return Generated(np.stack(rows) if rows else np.empty((0, spec.channels), dtype=np.int64), stop)
+                    if not gap:
+                        new.append(frame)
+                yield None if gap else frame
+        return Generated(
+            np.stack(rows) if rows else np.empty((0, spec.channels), dtype=np.int64),
+            stop,
+            np.stack(new) if new else self._no_frames(),
+        )
 
     def _generated_first(
         self,
@@ -451,6 +472,7 @@ class Pipeline:
                 piece_frames = self._frames(stage, item, budget, _seeded(sampling, len(replays)), cancelled, clock)
                 frames, generated = _run_to_end(piece_frames)
                 replays.append(_replay(frames, generated))
+                source.spoken(item, generated)
                 if generated.stop is StopReason.CANCELLED:
                     break
         return ListedPlan(items), lambda piece, number: replays[number]

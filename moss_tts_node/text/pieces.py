@@ -14,6 +14,11 @@ A request that continues a recording (a ``Continuation``, docs/continuation.md) 
 piece's prompt holds the recording's codes, and its text follows the recording's transcript, so each piece is what
 upstream's processor makes of a continuation request; the recording's rows and transcript count as the piece's
 prompt, and its frames as the codec window's.
+
+A dialogue model's text (MOSS-TTSD: docs/family.md, "Dialogues") is cut between speaker turns, each piece opened
+with its speaker's tag, and each piece after the first continues the audio the piece before it generated, with that
+piece's text as the transcript (``PiecePlanner.continued``, once that audio exists). So that the carried piece fits
+beside the next, a dialogue's pieces are at most half of what the context and the codec window leave.
 """
 
 from __future__ import annotations
@@ -31,39 +36,49 @@ from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.text.normalize import normalize_text
 from moss_tts_node.text.pauses import check_pause_lengths, find_markers, split_at_markers
 from moss_tts_node.text.prompt import Prompt, PromptBuilder, PromptFields
+from moss_tts_node.text.speakers import MAX_SPEAKERS, going_on, reopened, speaker_label
 from moss_tts_node.text.split import split_text
 
 # Speech frames (80 ms) per text token, to plan how much of the context a text will need:
 # about 3 in English and Chinese at a normal pace; 4 leaves room for slow speech.
 FRAMES_PER_TEXT_TOKEN = 4
+_WIDEST_TAG = speaker_label(MAX_SPEAKERS - 1)  # what opening a dialogue's piece again with its speaker may add
 
 
 @dataclass(frozen=True)
 class Piece:
     """One part of a request's text: its prompt and step budget. A piece that continues a recording ends its prompt
-    inside that recording's audio, on its ``prefix_frames``-th frame (docs/model.md, "Continuation")."""
+    inside that recording's audio, on its ``prefix_frames``-th frame (docs/model.md, "Continuation").
+
+    ``fields`` are the piece's own prompt fields (its text without a transcript before it, its share of the tokens
+    field) and ``expected_frames`` what its speech is planned to take: what a piece that continues this one, or that
+    this one is made to continue, is built from (``PiecePlanner.continued``)."""
 
     prompt: np.ndarray
     max_steps: int
     prefix_frames: int = 0
+    fields: PromptFields | None = None
+    expected_frames: int = 0
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: codes are an array, which has no truth value to compare by
 class Continuation:
     """The recording a request's speech continues: its (T, n_vq) codes and its transcript (``normalize``: cleaned as
     the request's text is), which every piece's text follows; None where the request's text begins with it
-    already, which is then spoken as one piece."""
+    already, which is then spoken as one piece. ``turns``: a dialogue's, in which a piece that opens with the
+    speaker whose turn ends the transcript goes on with that turn (``speakers.going_on``)."""
 
     codes: np.ndarray
     transcript: str | None
     normalize: bool
+    turns: bool = False
 
     def text(self, piece: str) -> str:
         """A piece's text as its prompt holds it: the transcript, a space, the piece; cleaned together, as upstream
         cleans the text it is given whole (the space goes where the clean-up takes it out, between CJK)."""
         if not self.transcript:
             return piece
-        joined = f"{self.transcript} {piece}"
+        joined = f"{self.transcript} {going_on(self.transcript, piece) if self.turns else piece}"
         return normalize_text(joined) if self.normalize else joined
 
 
@@ -94,9 +109,12 @@ class Measured:
         return sum(self.tokens)
 
     @property
-    def expected_seconds(self) -> float:
+    def expected_seconds(self) -> float | None:
         """What the request is expected to take: its tokens field, or FRAMES_PER_TEXT_TOKEN frames per text
-        token (generous for speech at a normal pace), and its pauses."""
+        token (generous for speech at a normal pace), and its pauses; None for a sound without text nor tokens
+        field, whose length the model decides (within max_new_tokens and the context)."""
+        if self.fields.text is None and not self.fields.tokens:
+            return None
         frames = self.fields.tokens or self.speech_tokens * FRAMES_PER_TEXT_TOKEN
         return frames / FRAMES_PER_SECOND + self.pause_seconds
 
@@ -135,6 +153,10 @@ class PiecePlanner:
     ) -> Measured:
         """The request's text in parts, each speech part in its prompt. Refuses (RequestError) a marker longer
         than the pauses allow and a text that is only markers to be rendered as silence."""
+        references = tuple(references)
+        if fields.text is None:  # a sound without text: one piece, with nothing to split nor to pause
+            sound = self.prompts.encode(fields, references)
+            return Measured(fields, references, None, pause_markers, [], [sound], [0], 0.0)
         markers_are_pauses = pause_markers in (PAUSE_MODEL, PAUSE_SILENCE)
         if markers_are_pauses:
             try:
@@ -145,7 +167,6 @@ class PiecePlanner:
         speech = [part for part in parts if isinstance(part, str)]
         if not speech:
             raise RequestError("the text is only pause markers: give at least one word to speak with them")
-        references = tuple(references)
         prompts = [self._prompt(fields, text, references, continuation) for text in speech]
         transcript = continuation.transcript if continuation is not None else None
         before = self.count_tokens(continuation.text("")) if transcript else 0  # the transcript, in every prompt
@@ -172,6 +193,9 @@ class PiecePlanner:
         to what n_ctx leaves after its prompt; a prompt that leaves no room for one frame is refused
         (RequestError)."""
         fields, references, continuation = measured.fields, measured.references, measured.continuation
+        if fields.text is None:
+            sound = measured.prompts[0].rows
+            return [Piece(sound, self.step_budget(sound, max_new_tokens))]
         speech_tokens = measured.speech_tokens
         per_token = fields.tokens / speech_tokens if fields.tokens else FRAMES_PER_TEXT_TOKEN
         other_rows = measured.prompts[0].rows.shape[0] - measured.tokens[0]
@@ -190,8 +214,13 @@ class PiecePlanner:
 
         if continuation is not None:
             self._check_continuation_room(measured, limit, other_rows, per_token)
+        dialogue = self.spec.identity.dialogue
+        if dialogue:  # each piece is cut to be carried whole beside the next: a tag more, reopened
+            limit = min(limit, self._carried_limit(measured, per_token)) - self.count_tokens(_WIDEST_TAG)
         measured_parts = iter(zip(measured.prompts, measured.tokens, strict=True))
+        transcript_tokens = measured.prompts[0].text_tokens - measured.tokens[0]
         pieces: list[Piece | Pause] = []
+        speaker: str | None = None  # in a dialogue, whose turn is under way
         for part in measured.parts:
             if not isinstance(part, str):
                 samples = round(part * self.spec.sampling_rate)
@@ -203,16 +232,53 @@ class PiecePlanner:
             if part_tokens + pause_tokens(part) <= limit or limit < 1:
                 texts: list[tuple[str, int | None]] = [(part, part_tokens)]
             else:
-                texts = [(text, None) for text in split_text(part, limit, measure)]
+                texts = [(text, None) for text in split_text(part, limit, measure, turns=dialogue)]
             for text, known_tokens in texts:
+                if dialogue:
+                    text, speaker = reopened(text, speaker)
+                    known_tokens = known_tokens if text == part else None
+                tokens = known_tokens
                 share = None
                 if fields.tokens:
                     tokens = known_tokens if known_tokens is not None else self.count_tokens(text)
                     share = max(1, round(fields.tokens * tokens / speech_tokens))
                 reuse = known_tokens is not None and share == fields.tokens
-                prompt = part_prompt.rows if reuse else self._prompt(fields, text, references, continuation, share).rows
-                pieces.append(Piece(prompt, self.step_budget(prompt, max_new_tokens), prefix_frames))
+                prompt = part_prompt if reuse else self._prompt(fields, text, references, continuation, share)
+                if tokens is None:  # its own, from its prompt's one tokenization: the transcript's are not its own
+                    tokens = prompt.text_tokens - transcript_tokens
+                expected = share or math.ceil((tokens + pause_tokens(text)) * per_token)
+                own = replace(fields, text=text, tokens=share or fields.tokens)
+                rows = prompt.rows
+                pieces.append(Piece(rows, self.step_budget(rows, max_new_tokens), prefix_frames, own, expected))
         return pieces
+
+    def _carried_limit(self, measured: Measured, per_token: float) -> float:
+        """The most tokens a dialogue's piece may take so that, carried whole (its text as the transcript, its frames
+        as the prefix, ``per_token`` frames a token), it fits beside the next piece as long: in the context, after
+        the rows every piece has (fields and references), and in the codec window."""
+        fixed = self.prompts.encode(replace(measured.fields, text=""), measured.references).rows.shape[0]
+        return min((self.n_ctx - fixed - self.spec.n_vq) / (2 * (1 + per_token)), self.codec_frames / (2 * per_token))
+
+    def continued(
+        self,
+        piece: Piece,
+        previous: Piece,
+        frames: np.ndarray,
+        references: Sequence[np.ndarray | None],
+        normalize: bool,
+    ) -> Piece | None:
+        """``piece`` continuing the audio ``previous`` generated (``frames``, its new ones): its prompt holds them as
+        the prefix, and ``previous``'s text as their transcript (docs/family.md, "Dialogues"); None where that
+        leaves less room than ``piece`` expects to need, in the context or the codec window."""
+        own, said = piece.fields, previous.fields
+        if own is None or said is None or own.text is None or not said.text or not frames.shape[0]:
+            return None
+        carried = Continuation(frames, said.text, normalize, turns=True)
+        prompt = self.prompts.encode(replace(own, text=carried.text(own.text)), references, frames)
+        room = self.n_ctx - prompt.rows.shape[0]
+        if room < piece.expected_frames + self.spec.n_vq or frames.shape[0] + piece.expected_frames > self.codec_frames:
+            return None
+        return Piece(prompt.rows, min(piece.max_steps, room), frames.shape[0], own, piece.expected_frames)
 
     def _check_continuation_room(self, measured: Measured, limit: int, other_rows: int, per_token: float) -> None:
         """Refuse (RequestError, with the numbers) a continuation whose prefix leaves no room for its text, and one

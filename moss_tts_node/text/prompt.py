@@ -4,13 +4,18 @@ The layout follows docs/model.md ("Prompt format") exactly: a ChatML user turn h
 ``<user_inst>`` block, the assistant header, then one ``audio_start`` row; in continuation mode the assistant
 turn goes on with the prefix recording's codes, cut where upstream's processor cuts them (docs/model.md,
 "Continuation"). Special tokens are looked up in the tokenizer by the ids of the model config, never by name.
+The ``<user_inst>`` block is the weights' own template (``ModelSpec.identity.template``, read from the checkpoint's
+processing code: docs/family.md, "Prompt templates"), which says which fields the model's prompt has, in what order,
+and how a speaker without a clip prints.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -19,23 +24,26 @@ from moss_tts_node.errors import RequestError, WeightsError
 from moss_tts_node.model.delay import apply_delay
 from moss_tts_node.model.layout import TOKENIZER_DIR, TOKENIZER_FILE
 from moss_tts_node.model.spec import ModelSpec
-from moss_tts_node.text.speakers import speaker_label
-
-AUDIO_PLACEHOLDER = "<|audio|>"
+from moss_tts_node.model.template import TEXT
 
 
 @dataclass(frozen=True)
 class PromptFields:
-    """The user-instruction fields; ``None`` prints as ``None``, as in upstream's processor (docs/model.md,
-    "Upstream")."""
+    """The user-instruction fields, named as the templates name them; ``None`` prints as ``None``, as in upstream's
+    processor (docs/model.md, "Upstream"). A field the model's template lacks must stay None."""
 
-    text: str
+    text: str | None  # None: no text at all (a sound effect), which prints None as upstream's processor does
     language: str | None = None
     instruction: str | None = None
     tokens: int | None = None  # target duration in frames (rates.FRAMES_PER_SECOND per second)
     quality: str | None = None
     sound_event: str | None = None
     ambient_sound: str | None = None
+    scene: str | None = None  # MOSS-TTSD's
+
+
+_FIELD_NAMES = tuple(field.name for field in dataclasses.fields(PromptFields))
+_TEXT_FIELDS = tuple(name for name in _FIELD_NAMES if name != "tokens")  # those a user's words fill
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,7 @@ class PromptBuilder:
         except Exception as exc:  # the Rust side raises plain Exception
             raise WeightsError(f"{path}: not a readable tokenizer.json: {exc}") from exc
         self.spec = spec
+        self.template = spec.identity.template
         self._token_text = {name: self._token_string(path, name, i) for name, i in spec.special_token_ids.items()}
 
     def _token_string(self, path: Path, name: str, token_id: int) -> str:
@@ -66,19 +75,27 @@ class PromptBuilder:
         return text
 
     def user_content(self, fields: PromptFields, references: Sequence[np.ndarray | None]) -> str:
-        return f"{self._content_before_text(fields, references)}{fields.text}\n</user_inst>"
+        """The user turn's content: the template filled in with the fields and a line per speaker."""
+        return self.template.user_content(self._values(fields), _speakers(references))
 
-    @staticmethod
-    def _content_before_text(fields: PromptFields, references: Sequence[np.ndarray | None]) -> str:
-        # A None reference is a speaker without a clip: no line, and the next speaker keeps its number.
-        lines = [f"{speaker_label(i)}:\n{AUDIO_PLACEHOLDER}" for i, codes in enumerate(references) if codes is not None]
-        ref = "\n".join(lines) if references else None
-        return (
-            f"<user_inst>\n- Reference(s):\n{ref}\n- Instruction:\n{fields.instruction}\n"
-            f"- Tokens:\n{fields.tokens}\n- Quality:\n{fields.quality}\n- Sound Event:\n{fields.sound_event}\n"
-            f"- Ambient Sound:\n{fields.ambient_sound}\n- Language:\n{fields.language}\n"
-            "- Text:\n"
-        )
+    def _content_before_text(self, fields: PromptFields, references: Sequence[np.ndarray | None]) -> str:
+        """The user turn's content up to its text field's label: what every text of these fields shares."""
+        return self.template.user_content(self._values(fields), _speakers(references), stop_before=TEXT)
+
+    def check_fields(self, fields: PromptFields) -> None:
+        """RequestError for a field given that this model's template has no place for (a scene to MOSS-TTS)."""
+        self._values(fields)
+
+    def _values(self, fields: PromptFields) -> dict[str, Any]:
+        """The fields that are given, by name; RequestError for one this model's template has no place for."""
+        values = {name: getattr(fields, name) for name in _FIELD_NAMES if getattr(fields, name) is not None}
+        missing = [name for name in values if name not in self.template.names]
+        if missing:
+            raise RequestError(
+                f"{self.spec.identity.name}'s prompt has no {missing[0]} field (its template's fields: "
+                f"{', '.join(self.template.names)}): leave {missing[0]} out"
+            )
+        return values
 
     def build(
         self, fields: PromptFields, references: Sequence[np.ndarray | None] = (), prefix: np.ndarray | None = None
@@ -97,9 +114,8 @@ class PromptBuilder:
         spec = self.spec
         tok = self._token_text
         before_text = f"{tok['im_start_token_id']}user\n{self._content_before_text(fields, references)}"
-        chat = (
-            f"{before_text}{fields.text}\n</user_inst>{tok['im_end_token_id']}\n{tok['im_start_token_id']}assistant\n"
-        )
+        chat = f"{tok['im_start_token_id']}user\n{self.user_content(fields, references)}"
+        chat += f"{tok['im_end_token_id']}\n{tok['im_start_token_id']}assistant\n"
         clips = [codes for codes in references if codes is not None]
         text_start = len(self._with_clip_blocks(before_text, clips))
         frames = 0 if prefix is None else prefix.shape[0]
@@ -110,7 +126,7 @@ class PromptBuilder:
             # Upstream lays the turn out whole (T gen slots, n_vq - 1 delay slots, audio_end, im_end) and cuts all
             # after the T-th gen slot: the delayed codes of those T rows stay, the flush's rows go.
             rows[rows.shape[0] - frames :, 1:] = apply_delay(prefix, spec.audio_pad_code)[:frames]
-        text_end = text_start + len(fields.text)
+        text_end = text_start + len(fields.text or "")  # no text (None) prints a word of the template's, not text
         return Prompt(rows, sum(1 for start, _ in offsets if text_start <= start < text_end))
 
     def voice_prefix(self, fields: PromptFields, references: Sequence[np.ndarray | None] = ()) -> np.ndarray:
@@ -129,7 +145,7 @@ class PromptBuilder:
         for codes in clips:
             slots = tok["audio_user_slot_token_id"] * (codes.shape[0] + spec.n_vq - 1)
             block = tok["audio_start_token_id"] + slots + tok["audio_end_token_id"]
-            chat = chat.replace(AUDIO_PLACEHOLDER, block, 1)
+            chat = chat.replace(self.template.audio_placeholder, block, 1)
         return chat
 
     def _rows(
@@ -162,10 +178,15 @@ class PromptBuilder:
             rows[start + 1 : start + 1 + delayed.shape[0], 1:] = delayed
 
     def _refuse_control_tokens(self, fields: PromptFields) -> None:
-        for name in ("text", "language", "instruction", "quality", "sound_event", "ambient_sound"):
+        for name in _TEXT_FIELDS:
             value = getattr(fields, name)
             if not value:
                 continue
-            for token in (*self._token_text.values(), AUDIO_PLACEHOLDER):
+            for token in (*self._token_text.values(), self.template.audio_placeholder):
                 if token in value:
                     raise RequestError(f"the {name} contains the control token {token!r}; remove it")
+
+
+def _speakers(references: Sequence[np.ndarray | None]) -> list[bool]:
+    """Which speakers, [S1] first, have a reference clip (None: a speaker without one)."""
+    return [codes is not None for codes in references]

@@ -11,7 +11,8 @@ A pause marker (``[pause 0.8s]``, ``text/pauses.py``) is one unit: no cut falls 
 below the sentence level the text is cut before and after each marker as at a clause mark, so a marker is never
 glued to a word around it (``wait[pause 1s]go``). A marker alone is never cut, even where it measures more
 than the limit. A speaker tag (``[S1]``, ``text/speakers.py``) opens a turn: a cut may fall before one, at every level,
-never inside one nor between it and the speech that follows.
+never inside one nor between it and the speech that follows. A dialogue (``turns``) is cut between turns first: whole
+turns are packed into a piece while they fit, and only a turn too long alone is cut at its sentences, and so on.
 """
 
 from __future__ import annotations
@@ -30,26 +31,29 @@ _CLAUSE_END = re.compile(r"(?:[，、；：]|[,;:](?=\s|$))\s*")
 _WORD_END = re.compile(r"\s+")
 # What stays with a marker when the text is cut after it: the punctuation and the whitespace that follow it.
 _AFTER_MARKER = re.compile(rf"[{_CLOSERS}。！？，、；：.!?…,;:]*\s*")
-_LEVELS = (_SENTENCE_END, _CLAUSE_END, _WORD_END)
+_NOTHING = re.compile(r"(?!)")  # the turn level's own boundaries: none, only the speaker tags every level has
+_LEVELS = (_NOTHING, _SENTENCE_END, _CLAUSE_END, _WORD_END)
 # The levels of cut_positions: indices of _LEVELS.
-SENTENCE = 0
-CLAUSE = 1
-WORD = 2
+TURN = 0
+SENTENCE = 1
+CLAUSE = 2
+WORD = 3
 _MARKER_LEVEL = CLAUSE  # from this level on, each marker is a unit of its own
 
 
-def split_text(text: str, limit: int, measure: Callable[[str], int] = len) -> list[str]:
+def split_text(text: str, limit: int, measure: Callable[[str], int] = len, turns: bool = False) -> list[str]:
     """Pieces of ``text``, in order, each measuring at most ``limit`` by ``measure``.
 
     ``measure`` is the cost of a piece (characters by default; the synthesizer counts
     tokens). Consecutive sentences are packed into one piece while they fit; a sentence
-    that alone exceeds the limit is cut at clauses, then words, then characters. Joining
+    that alone exceeds the limit is cut at clauses, then words, then characters. With ``turns`` (a dialogue),
+    whole speaker turns are packed first, and a turn too long alone is cut at its sentences. Joining
     the pieces with spaces gives the text back up to whitespace at the cuts.
     """
     if limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
     text = text.strip()
-    return _split(text, limit, measure, 0) if text else []
+    return _split(text, limit, measure, TURN if turns else SENTENCE) if text else []
 
 
 def _split(text: str, limit: int, measure: Callable[[str], int], level: int) -> list[str]:
@@ -86,9 +90,10 @@ def _is_one_marker(text: str, markers: list[Marker]) -> bool:
 
 
 def cut_positions(text: str, level: int, markers: list[Marker] | None = None) -> list[int]:
-    """Where ``text`` may be cut at ``level`` (``SENTENCE``, ``CLAUSE`` or ``WORD``): after each boundary of that
-    level, before each speaker tag and, from ``CLAUSE`` on, before each pause marker and after it and the
-    punctuation that follows it; never inside a marker, nor inside a speaker tag or between it and its speech.
+    """Where ``text`` may be cut at ``level`` (``TURN``, ``SENTENCE``, ``CLAUSE`` or ``WORD``): after each boundary
+    of that level (``TURN`` has none of its own), before each speaker tag and, from ``CLAUSE`` on, before each pause
+    marker and after it and the punctuation that follows it; never inside a marker, nor inside a speaker tag or
+    between it and its speech.
     Sorted positions strictly inside the text (``markers``: its markers, when already found).
 
     The rule every cutter of text shares: this splitter, and one that cuts text as it arrives (which must also

@@ -53,6 +53,7 @@ JSONL_FIELDS = (
     "tokens",
     "sound_event",
     "ambient_sound",
+    "scene",
     "seed",
 )
 _JSONL_STRINGS = (
@@ -64,6 +65,7 @@ _JSONL_STRINGS = (
     "quality",
     "sound_event",
     "ambient_sound",
+    "scene",
 )
 # utt_id|prompt_text|prompt_wav|target_text, and some lists add the ground-truth clip as a fifth field.
 SEED_TTS_FIELDS = (4, 5)
@@ -81,7 +83,8 @@ class Utterance:
     """One line to synthesize. ``reference``: a resolved clip or .npy of codes, ``""`` for no voice,
     ``None`` for the configured default voice (``generation.reference_audio``); ``references`` instead: one
     per speaker, [S1] first, None for a speaker without one; ``prefix``: a recording the speech continues, with its
-    ``prefix_text`` (docs/continuation.md). The other fields left ``None`` take the config's."""
+    ``prefix_text`` (docs/continuation.md). ``text`` is empty for a sound (``ambient_sound`` or ``sound_event``
+    and no text: docs/family.md, "Sound effects"). The other fields left ``None`` take the config's."""
 
     line: int  # 1-based, in the list file
     id: str
@@ -97,6 +100,7 @@ class Utterance:
     tokens: int | None = None
     sound_event: str | None = None
     ambient_sound: str | None = None
+    scene: str | None = None
 
     @property
     def clips(self) -> list[Path]:
@@ -242,14 +246,15 @@ def _jsonl_line(number: int, line: str, folder: Path) -> Utterance:
     unknown = sorted(set(item) - set(JSONL_FIELDS))
     if unknown:
         raise _LineError(f"unknown key(s) {', '.join(unknown)}; known: {', '.join(JSONL_FIELDS)}", utt_id)
-    text = item.get("text")
-    if not isinstance(text, str):
-        raise _LineError('no "text" string: it is the one key every line needs', utt_id)
-    utt_id = utt_id if utt_id is not None else derived_id(number, text.strip())
-    _check(utt_id, text)
     for key in _JSONL_STRINGS:
         if item.get(key) is not None and not isinstance(item[key], str):
             raise _LineError(f"{key} must be a string or null, got {json.dumps(item[key])}", utt_id)
+    sound = item.get("ambient_sound") or item.get("sound_event")  # no text needed: a sound
+    text = item.get("text", "" if sound else None)
+    if not isinstance(text, str):
+        raise _LineError('no "text" string: every line needs one but a sound (ambient_sound or sound_event)', utt_id)
+    utt_id = utt_id if utt_id is not None else derived_id(number, text.strip() or sound)
+    _check(utt_id, text, bool(sound))
     seed, tokens = item.get("seed"), item.get("tokens")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         raise _LineError(f"seed must be an integer >= 0 or null, got {json.dumps(seed)}", utt_id)
@@ -271,6 +276,7 @@ def _jsonl_line(number: int, line: str, folder: Path) -> Utterance:
         tokens=tokens,
         sound_event=item.get("sound_event"),
         ambient_sound=item.get("ambient_sound"),
+        scene=item.get("scene"),
     )
 
 
@@ -292,8 +298,9 @@ def _references(folder: Path, item: dict[str, Any], utt_id: str) -> tuple[Path |
     return tuple(_reference(folder, value, utt_id) if value else None for value in references)
 
 
-def _check(utt_id: str, text: str) -> None:
-    """Refuse an id that cannot name ``DIR/<id>.wav`` (empty, a path, hidden, too long) and empty text."""
+def _check(utt_id: str, text: str, sound: bool = False) -> None:
+    """Refuse an id that cannot name ``DIR/<id>.wav`` (empty, a path, hidden, too long) and empty text, but for a
+    ``sound``."""
     if not utt_id:
         raise _LineError("empty id")
     if _UNSAFE_ID.search(utt_id) or utt_id.startswith(".") or len(utt_id.encode("utf-8")) > MAX_ID_BYTES:
@@ -302,7 +309,7 @@ def _check(utt_id: str, text: str) -> None:
             f"no leading '.', at most {MAX_ID_BYTES} bytes",
             utt_id,
         )
-    if not text.strip():
+    if not text.strip() and not sound:
         raise _LineError("empty text", utt_id)
 
 
@@ -418,6 +425,7 @@ class Batch:
                 tokens=utterance.tokens,
                 sound_event=utterance.sound_event,
                 ambient_sound=utterance.ambient_sound,
+                scene=utterance.scene,
                 seed=utterance.seed,
             )
         except MossTTSError as exc:

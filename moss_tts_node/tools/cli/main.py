@@ -52,8 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--config", required=True, type=Path, help="params file (config/*.yaml)")
     synth.add_argument(
         "--text",
-        required=True,
-        help="what to say; - reads standard input as it arrives and speaks it sentence by sentence (an LLM's output)",
+        help="what to say; - reads standard input as it arrives and speaks it sentence by sentence (an LLM's output); "
+        "left out with --ambient-sound or --sound-event: a sound, no speech",
     )
     synth.add_argument(
         "--output",
@@ -94,9 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     synth.add_argument("--instruction", help="style instruction")
     synth.add_argument("--quality", help="the prompt's quality field")
-    synth.add_argument("--tokens", type=int, help="how long the speech should be, in frames (12.5 per second)")
+    synth.add_argument(
+        "--tokens", type=int, help="how long the speech (or the sound) should be, in frames (12.5 per second)"
+    )
     synth.add_argument("--sound-event", help="the prompt's sound event field")
     synth.add_argument("--ambient-sound", help="the prompt's ambient sound field")
+    synth.add_argument("--scene", help="the prompt's scene field (MOSS-TTSD's; docs/family.md, \"Dialogues\")")
     synth.add_argument("--seed", type=int, help="random seed; the same seed gives the same audio")
     synth.add_argument("--text-temperature", type=float, help="overrides sampling.text_temperature")
     synth.add_argument("--audio-temperature", type=float, help="overrides sampling.audio_temperature")
@@ -150,6 +153,9 @@ def run_synth(args: argparse.Namespace) -> int:
 
     if args.output is None and not args.play:
         raise RequestError("nothing to do: give --output FILE.wav, --play, or both")
+    if args.text is None and not (args.ambient_sound or args.sound_event):
+        raise RequestError("nothing to say: give --text, or --ambient-sound or --sound-event for a sound")
+    text = args.text or ""
     if args.language is not None:  # refused before the model loads
         try:
             language_tag(args.language)
@@ -172,19 +178,20 @@ def run_synth(args: argparse.Namespace) -> int:
         "tokens": args.tokens,
         "sound_event": args.sound_event,
         "ambient_sound": args.ambient_sound,
+        "scene": args.scene,
         "voice": _references(args.reference),
         "prefix": args.prefix,
         "prefix_text": args.prefix_text,
     }
-    check_request(SpeechRequest("" if args.text == STDIN else args.text, **fields), config.limits)  # before loading
+    check_request(SpeechRequest("" if text == STDIN else text, **fields), config.limits)  # before loading
     with Synthesizer(config) as synth, ExitStack() as playing:
         fields = {**fields, "voice": _named(fields["voice"], synth.voices), "prefix": _named(args.prefix, synth.voices)}
         # A file alone gets the codec's decode of the whole utterance (of each sentence, for standard input);
         # --play streams, and the file then holds what was played.
-        if args.text == STDIN:
+        if text == STDIN:
             stream = synth.stream_text(standard_input(), seed=args.seed, streaming=args.play, **fields)
         else:
-            stream = synth.stream(args.text, seed=args.seed, streaming=args.play, **fields)
+            stream = synth.stream(text, seed=args.seed, streaming=args.play, **fields)
         speaker = playing.enter_context(Speaker(open_output, args.prebuffer)) if open_output else None
         chunks = []
         progress = Progress(sys.stderr)
@@ -198,7 +205,7 @@ def run_synth(args: argparse.Namespace) -> int:
             speaker.wait()
     report = stream.report
     assert report is not None and stream.generated is not None and stream.codes is not None
-    if args.text == STDIN and report.steps == 0:
+    if text == STDIN and report.steps == 0:
         raise RequestError("standard input held nothing to speak: pipe some text into it")
     audio = np.concatenate(chunks)
     if args.output:

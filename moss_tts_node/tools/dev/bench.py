@@ -18,6 +18,11 @@ reports:
   text; its prefilled rows, prefill ms and time to first audio against the bound prefill(its new rows) +
   n_vq + 1 steps + one chunk decode, next to the first request's (which prefills its whole prompt).
 
+``--dialogue-piece`` adds what a dialogue's next piece costs to prefill (docs/family.md, "Dialogues"): it carries the
+piece before it, its text as the transcript and its frames (as many as that piece is planned to make) as the prefix,
+after the rows it shares with that piece's prompt (fields, voices); its rows and prefill ms, against the same piece
+not carried (which prefills its text and what follows).
+
 ``--clone`` says how the voice enters each request: as the ``[S1]`` reference, as the prefix the speech continues
 (docs/continuation.md), or both; given several times, the runs alternate between them, ``--rounds`` times over
 (A, B, C, A, B, C...), so that a shared machine's drift falls on each alike, and a summary gives each one's mean
@@ -65,6 +70,11 @@ FRAME_MS = 1000 / FRAMES_PER_SECOND  # the audio one step makes
 REFERENCE, CONTINUATION, BOTH = "reference", "continuation", "both"
 CLONE_MODES = (REFERENCE, CONTINUATION, BOTH)
 PREFIX_TEXT = "This is how I sound when I speak."  # the bench voice's transcript (its codes are random)
+DIALOGUE_TURNS = (  # a dialogue's piece and the next (--dialogue-piece): each fits half the default codec window
+    "[S1]Hello, robot. The quick brown fox jumps over the lazy dog. Speech synthesis on a small computer.",
+    "[S2]Hello, robot. Speech synthesis on a small computer. The quick brown fox jumps over the lazy dog.",
+)
+DIALOGUE_EARLIER = "The quick brown fox jumps over the lazy dog."  # what the piece before carried itself
 
 
 def register(commands: Any) -> None:
@@ -99,6 +109,11 @@ def register(commands: Any) -> None:
         "speech continues, or both; repeat to alternate runs between them",
     )
     bench.add_argument("--rounds", type=int, default=1, help="run every --clone this many times, alternating")
+    bench.add_argument(
+        "--dialogue-piece",
+        action="store_true",
+        help="also measure the prefill of a dialogue's next piece, which carries the piece before it",
+    )
     bench.add_argument("--no-prefill-compare", action="store_true", help="skip the every-position prefill run")
     bench.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     bench.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for every run")
@@ -150,6 +165,7 @@ def run_bench(args: argparse.Namespace) -> int:
                         "voice_seconds": args.voice_seconds,
                         "demo_codec": not args.config and "model.codec_dir" not in overrides,
                         "prefill_compare": not args.no_prefill_compare,
+                        "dialogue_piece": args.dialogue_piece,
                     }
                 )
                 results.append({**result, "clone": mode})
@@ -265,6 +281,8 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
         **first_audio_figures(stream.report, repeat.report, steps["step_ms"], chunk_ms, spec),
         **memory_figures(synth, peak_rss),
     }
+    if job.get("dialogue_piece"):
+        result.update(dialogue_piece_figures(synth, voice, job["seed"]))
     synth.close()
     return result
 
@@ -387,6 +405,45 @@ def first_audio_figures(
         "repeat_ttfa_bound_ms": first_audio_bound_ms(repeat.prefill_ms, step_ms, chunk_ms, spec),
         "first_chunk_decode_ms": chunk_ms,
     }
+
+
+def dialogue_piece_figures(synth: Synthesizer, voice: np.ndarray, seed: int) -> dict[str, Any]:
+    """The prefill of a dialogue's next piece (``DIALOGUE_TURNS[1]``) after the piece before it
+    (``DIALOGUE_TURNS[0]``, with ``voice`` as both speakers' reference when there is one): carried (its text and
+    as many random frames as it is planned to make, as ``PiecePlanner.continued`` builds it) and not. The KV cache
+    holds the piece before's prompt first, as after its generation, and as in a long dialogue that piece carries
+    another itself, so that only the rows before the text are shared. Best of 3 each."""
+    import numpy as np
+
+    from moss_tts_node.text.pieces import Piece
+    from moss_tts_node.text.prompt import PromptFields
+
+    planner, spec = synth.planner, synth.spec
+    references = [voice, voice] if voice.shape[0] else []
+    earlier, before, piece = (
+        next(p for p in planner.plan(PromptFields(text=turn, language="en"), references, 1) if isinstance(p, Piece))
+        for turn in (DIALOGUE_EARLIER, *DIALOGUE_TURNS)
+    )
+    rng = np.random.default_rng(seed)
+    frames = rng.integers(0, spec.audio_vocab_size, (before.expected_frames, spec.n_vq))
+    carried = planner.continued(piece, before, frames, references, True)
+    other = rng.integers(0, spec.audio_vocab_size, (earlier.expected_frames, spec.n_vq))
+    cached = planner.continued(before, earlier, other, references, True)  # the piece before, as a long dialogue's
+    if carried is None or cached is None:
+        return {"dialogue_error": "the piece before does not fit beside the next in this context"}
+    figures: dict[str, Any] = {}
+    with synth.stages.generation() as stage:
+        backbone, embed = stage.backbone, stage.embeddings.embed
+        for name, prompt in (("dialogue_carried", carried.prompt), ("dialogue_alone", piece.prompt)):
+            times = []
+            for _ in range(3):
+                backbone.clear()
+                backbone.prefill_prompt(cached.prompt, embed, text_logits=False)
+                started = time.perf_counter()
+                rows = backbone.prefill_prompt(prompt, embed)
+                times.append(time.perf_counter() - started)
+            figures |= {f"{name}_rows": rows, f"{name}_prompt_rows": prompt.shape[0], f"{name}_ms": 1000 * min(times)}
+    return {**figures, "dialogue_carried_frames": frames.shape[0]}
 
 
 def memory_figures(synth: Synthesizer, peak_rss: float) -> dict[str, Any]:
@@ -630,6 +687,23 @@ def format_table(results: list[dict[str, Any]]) -> str:
                     r.get("codec_resident_bytes"),
                     BUDGET_SLACK,
                 )
+            ),
+        ),
+        row(
+            "dialogue's next piece: prefilled / prompt rows, prefill ms (carried frames)",
+            lambda r: (
+                "-"
+                if "dialogue_carried_ms" not in r
+                else f"{r['dialogue_carried_rows']} / {r['dialogue_carried_prompt_rows']}, "
+                f"{_ms(r['dialogue_carried_ms'], 0)} ({r['dialogue_carried_frames']})"
+            ),
+        ),
+        row(
+            "the same piece not carried: prefilled / prompt rows, prefill ms",
+            lambda r: (
+                "-"
+                if "dialogue_alone_ms" not in r
+                else f"{r['dialogue_alone_rows']} / {r['dialogue_alone_prompt_rows']}, {_ms(r['dialogue_alone_ms'], 0)}"
             ),
         ),
         row("load average before / after", lambda r: f"{r['load_before'][0]:.2f} / {r['load_after'][0]:.2f}"),
