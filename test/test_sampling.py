@@ -121,3 +121,19 @@ def test_same_seed_same_tokens_different_seed_different_tokens() -> None:
 
     assert run(7) == run(7)
     assert run(7) != run(8)
+
+
+@pytest.mark.parametrize("penalty", [1.0, 1.5])
+def test_a_temperature_too_small_to_divide_by_is_greedy(penalty: float) -> None:
+    """1e-310 overflows a logit divided by it; the draw is then the argmax (the limit), with no NaN and no warning,
+    in the text channel and in both audio paths (the top-k shortcut without a penalty, the general one with)."""
+    rng = np.random.default_rng(4)
+    text = rng.standard_normal(64).astype(np.float32) * 3 - 2  # negative and positive logits
+    audio = rng.standard_normal((N, SPEC.audio_rows)).astype(np.float32) * 3 - 2
+    audio[:, SPEC.audio_pad_code] = -100.0  # masked anyway; the argmax below is over the rest
+    tiny = {"text_temperature": 1e-310, "audio_temperature": 1e-310, "audio_repetition_penalty": penalty}
+    with np.errstate(over="raise", invalid="raise", divide="raise"):  # underflow to 0 is the softmax working
+        for seed in range(5):
+            s = sampler(seed=seed, **tiny)
+            assert s.sample_text(text, TextRule(allowed=tuple(range(64)))) == int(np.argmax(text))
+            assert s.sample_audio(audio, np.ones(N, dtype=bool)).tolist() == np.argmax(audio, axis=1).tolist()

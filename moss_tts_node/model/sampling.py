@@ -2,7 +2,8 @@
 
 Order (docs/model.md, "Sampling"): divide by temperature; phase masks and the audio pad column at
 -inf; repetition penalty; top-k; top-p within the top-k (the first token that crosses p is
-kept); softmax; multinomial draw. Temperature <= 0 is greedy: argmax after the penalty.
+kept); softmax; multinomial draw. Temperature <= 0 is greedy: argmax after the penalty. The penalty is applied
+first here: it scales a logit by its sign, which a positive temperature keeps, so the two commute.
 """
 
 from __future__ import annotations
@@ -14,6 +15,15 @@ import numpy as np
 
 from moss_tts_node.model.delay import TextRule
 from moss_tts_node.model.spec import ModelSpec
+
+
+def tempered(logits: np.ndarray, temperature: float) -> np.ndarray:
+    """Float64 logits (C, V) over a positive ``temperature``, each row shifted so its maximum is 0: the same softmax,
+    and a temperature so small that the division overflows (1e-310) gives the greedy limit (0 at the maximum, -inf
+    elsewhere) instead of inf - inf."""
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    with np.errstate(over="ignore"):
+        return shifted / temperature
 
 
 def sample_rows(scaled: np.ndarray, top_k: int, top_p: float, rng: np.random.Generator) -> np.ndarray:
@@ -102,7 +112,7 @@ class Sampler:
         if config.text_temperature <= 0:
             pick = int(np.argmax(scaled[0]))
         else:
-            scaled /= config.text_temperature
+            scaled = tempered(scaled, config.text_temperature)
             pick = int(sample_rows(scaled, config.text_top_k, config.text_top_p, self.rng)[0])
         return int(ids[pick]) if ids is not None else pick
 
@@ -123,13 +133,10 @@ class Sampler:
             # The common case, made cheap: dividing by the temperature keeps the order, so the top-k is
             # selected on the float32 logits and only the k candidates are widened and scaled.
             candidates = np.argpartition(rows, vocab - top_k, axis=1)[:, vocab - top_k :]
-            values = np.take_along_axis(rows, candidates, axis=1).astype(np.float64)
-            values /= config.audio_temperature
+            values = tempered(np.take_along_axis(rows, candidates, axis=1).astype(np.float64), config.audio_temperature)
             codes[index] = sample_candidates(candidates, values, config.audio_top_p, self.rng)
             return codes
         scaled = rows.astype(np.float64)
-        if config.audio_temperature > 0:
-            scaled /= config.audio_temperature
         if config.audio_repetition_penalty != 1.0:
             first = index == 0
             seen = np.where(first[:, None], self._seen_first, self._seen_rest)
@@ -137,5 +144,5 @@ class Sampler:
         if config.audio_temperature <= 0:
             codes[index] = np.argmax(scaled, axis=1)
         else:
-            codes[index] = sample_rows(scaled, top_k, config.audio_top_p, self.rng)
+            codes[index] = sample_rows(tempered(scaled, config.audio_temperature), top_k, config.audio_top_p, self.rng)
         return codes
