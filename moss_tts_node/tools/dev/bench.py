@@ -29,8 +29,9 @@ not carried (which prefills its text and what follows).
 time to first audio and steps/s against the first's.
 
 The codec is the tiny demo codec for bench models; the real codec costs more: measure it with
-``--set model.codec_dir=/path/to/MOSS-Audio-Tokenizer-ONNX`` (random codes decode at the real cost), or
-the whole real model with ``--config``. The workers run one at a time; the machine should be otherwise quiet:
+``--set model.codec_dir=/path/to/MOSS-Audio-Tokenizer-ONNX`` (random codes decode at the real cost), a stream
+decoder alone with ``--set audio.stream_decoder=/path/to/decoder_stream.onnx``, or the whole real model with
+``--config``. The workers run one at a time; the machine should be otherwise quiet:
 the load average around each worker and the share of the CPU other processes took during it (from
 /proc/stat) are recorded.
 """
@@ -66,6 +67,7 @@ BENCH_TEXT = "Hello! I am a robot, and this is my voice. It is a fine day to tes
 REPEAT_TEXT = "The kitchen is on the left, past the blue door."  # the repeat request's: another text, same voice
 BUDGET_SLACK = 500 * 1024 * 1024
 FRAME_MS = 1000 / FRAMES_PER_SECOND  # the audio one step makes
+CODEC_KEYS = {"model.codec_dir", "audio.stream_decoder"}  # overrides that put a codec other than the demo's in the loop
 # How the voice enters a request (--clone): as the [S1] reference, as a prefix the speech continues, or both.
 REFERENCE, CONTINUATION, BOTH = "reference", "continuation", "both"
 CLONE_MODES = (REFERENCE, CONTINUATION, BOTH)
@@ -163,7 +165,7 @@ def run_bench(args: argparse.Namespace) -> int:
                         "seed": args.seed,
                         "text": args.text,
                         "voice_seconds": args.voice_seconds,
-                        "demo_codec": not args.config and "model.codec_dir" not in overrides,
+                        "demo_codec": not args.config and not CODEC_KEYS & set(overrides),
                         "prefill_compare": not args.no_prefill_compare,
                         "dialogue_piece": args.dialogue_piece,
                     }
