@@ -39,7 +39,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from operator import itemgetter
 from pathlib import Path
 from typing import IO, Any
 
@@ -375,15 +377,20 @@ def _print_decode_table(
 
 
 # The end-to-end figures --end-to-end prints, from `bench --json`: (label, key, scale, format).
-_END_TO_END = (
-    ("steps/s", "steps_per_s", 1, ".2f"),
-    ("llama.cpp decode ms a step", "decode_ms", 1, ".1f"),
-    ("codec ms a step", "codec_ms", 1, ".1f"),
-    ("real-time factor", "rtf", 1, ".2f"),
-    ("steady-state real-time factor", "rtf_steady", 1, ".2f"),
-    ("time to first audio ms", "ttfa_ms", 1, ".0f"),
-    ("peak RSS MiB", "peak_rss_bytes", 2**-20, ".0f"),
-    ("other processes' CPU", "foreign_cpu", 100, ".0f"),
+def _peak_rss_mib(run: dict[str, Any]) -> float:
+    """A bench run's peak RSS; a baseline revision's bench (3492fea and before) reported it in bytes."""
+    return run["peak_rss_mib"] if "peak_rss_mib" in run else run["peak_rss_bytes"] / 2**20
+
+
+_END_TO_END: tuple[tuple[str, Callable[[dict[str, Any]], float], str], ...] = (
+    ("steps/s", itemgetter("steps_per_s"), ".2f"),
+    ("llama.cpp decode ms a step", itemgetter("decode_ms"), ".1f"),
+    ("codec ms a step", itemgetter("codec_ms"), ".1f"),
+    ("real-time factor", itemgetter("rtf"), ".2f"),
+    ("steady-state real-time factor", itemgetter("rtf_steady"), ".2f"),
+    ("time to first audio ms", itemgetter("ttfa_ms"), ".0f"),
+    ("peak RSS MiB", _peak_rss_mib, ".0f"),
+    ("other processes' CPU %", lambda run: 100 * run["foreign_cpu"], ".0f"),
 )
 
 
@@ -411,9 +418,9 @@ def _end_to_end(args: argparse.Namespace, trees: dict[str, Path | None], graphs:
                 print(f"end to end, round {round_index + 1}, {precision}, {revision}: done", flush=True)
     print(f"end to end: `bench --model {args.end_to_end}`, audio.chunk_frames {args.chunk_frames}, per round")
     for precision in args.precision:
-        for label, key, scale, style in _END_TO_END:
+        for label, value, style in _END_TO_END:
             cells = [
-                f"{revision} " + " / ".join(format(run[key] * scale, style) for run in runs[precision, revision])
+                f"{revision} " + " / ".join(format(value(run), style) for run in runs[precision, revision])
                 for revision in trees
             ]
             print(f"  {precision:12s} {label:30s} " + "; ".join(cells))
