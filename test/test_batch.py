@@ -276,6 +276,7 @@ def test_ctrl_c_stops_after_the_current_line_and_a_rerun_does_the_rest(
     texts: list[str] = []
     interrupt_at = 2  # the call, counted from each run's start, during which Ctrl-C is pressed
     original = Synthesizer.synthesize
+    handler_before = signal.getsignal(signal.SIGINT)  # SIG_IGN where pytest runs in the background (nohup, &)
 
     def interrupted_during_the_second(self: Synthesizer, text: str, **request: Any) -> Any:
         texts.append(text)
@@ -292,7 +293,7 @@ def test_ctrl_c_stops_after_the_current_line_and_a_rerun_does_the_rest(
     rows = summary_rows(out)
     assert [row["status"] for row in rows] == ["done", "done"]
     assert sorted(path.name for path in out.iterdir()) == sorted([f"{row['id']}.wav" for row in rows] + [SUMMARY])
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    assert signal.getsignal(signal.SIGINT) is handler_before  # put back
 
     texts.clear()  # the rerun is interrupted during its last line: nothing is left, so it ends as a whole run
     assert batch(demo_config, listing, out) == 0
