@@ -10,7 +10,7 @@ producer thread, and reports:
 - for each piece (a sentence, or sentences packed to ``--pack`` tokens): from its last fragment to its first
   audio, split into the wait before its synthesis began (the next word, which settles the cut, and the
   pieces before it still being synthesized) and its synthesis up to its first audio, against the bound
-  prefill(its rows) + 33 steps + one chunk decode;
+  prefill(its rows) + n_vq + 1 steps + one chunk decode;
 - the time a player that starts on the first chunk would run dry (synthesis slower than speech);
 
 next to waiting for the whole reply: the time the last fragment arrives plus ``stream()``'s time to first
@@ -108,7 +108,7 @@ def run_text_stream_bench(args: argparse.Namespace) -> int:
             for chunk in stream:
                 chunks.append((time.perf_counter(), chunk.samples.shape[0] / chunk.sample_rate))
             producer.join()
-            _report_stream(args.text, fragments, sentences, rows, put_at, chunks, stream.clock)
+            _report_stream(args.text, fragments, sentences, rows, put_at, chunks, stream.clock, synth.spec.n_vq)
         synth.prepare_voice(language="en", voice=voice)
         whole = synth.stream(args.text, **fields)  # the whole reply as one piece, after the whole of it came
         arrivals = [(time.perf_counter(), chunk.samples.shape[0] / chunk.sample_rate) for chunk in whole]
@@ -147,6 +147,7 @@ def _report_stream(
     put_at: list[float],
     chunks: list[tuple[float, float]],
     clock: Any,
+    n_vq: int,
 ) -> None:
     """Print one streamed run's figures (see the module docstring)."""
     t0 = put_at[0]
@@ -160,11 +161,12 @@ def _report_stream(
     for number, (sentence, (prefill_start, prefill_s)) in enumerate(zip(sentences, prefills, strict=False)):
         first = next(arrival for arrival, _ in chunks if arrival > prefill_start + prefill_s)
         written = put_at[ends[number]]
-        bound = prefill_s + 33 * step_s + chunk_s
+        bound = prefill_s + (n_vq + 1) * step_s + chunk_s  # the delay pattern's steps up to frame 0
         print(
             f"  piece {number + 1} ({rows[number]} rows to prefill): last fragment at {written - t0:5.2f} s, "
             f"first audio {first - written:5.2f} s later = wait {prefill_start - written:5.2f} s + synthesis "
-            f"{first - prefill_start:4.2f} s (bound {bound:4.2f} s: prefill {prefill_s:4.2f} s + 33 steps + a chunk)"
+            f"{first - prefill_start:4.2f} s (bound {bound:4.2f} s: prefill {prefill_s:4.2f} s + {n_vq + 1} steps "
+            "+ a chunk)"
             f"  {sentence[:40]!r}"
         )
     print(f"  {_dry_spells(chunks)}")
