@@ -46,8 +46,11 @@ FRAMES_OUTPUT = "frames_done_out"
 # The metadata key that marks a stream decoder graph, and its format version.
 FORMAT_KEY = "moss_tts_node.stream_decoder"
 FORMAT_VERSION = "2"  # 1: the unfused graph of before 2026-12, which returned the rows to store
-# Metadata: "window" or "ring" (ATTENTION_MODES in the builder), and per stage, comma-separated, its attention
-# span and its positions per frame.
+# Metadata: one of ATTENTION_MODES, and per stage, comma-separated, its attention span and its positions per frame.
+# "window": every query attends to its whole span, as the offline decode does, at any chunk size.
+# "ring": the codec's own streaming, which stores a chunk's keys before attending, so within a chunk
+# the earlier queries lose the oldest keys the later ones overwrite.
+ATTENTION_MODES = ("window", "ring")
 ATTENTION_KEY = "attention"
 SPANS_KEY = "attention_spans"
 POSITIONS_KEY = "positions_per_frame"
@@ -267,7 +270,7 @@ class StreamDecoder:
         self._check(outputs[AUDIO_OUTPUT], "output", TensorSpec(AUDIO_OUTPUT, "tensor(float)", (1, 1, None)))
         self._check(outputs[FRAMES_OUTPUT], "output", TensorSpec(FRAMES_OUTPUT, "tensor(int64)", ()))
         spans, per_frame = (self._stage_numbers(meta, key, len(layers)) for key in (SPANS_KEY, POSITIONS_KEY))
-        if meta.get(ATTENTION_KEY) not in ("window", "ring"):
+        if meta.get(ATTENTION_KEY) not in ATTENTION_MODES:
             raise CodecError(f"{self.path}: metadata {ATTENTION_KEY}={meta.get(ATTENTION_KEY)!r}; {_BUILD_HINT}")
         return [
             self._stage_cache(stage, count, spans[stage], per_frame[stage], inputs, outputs)

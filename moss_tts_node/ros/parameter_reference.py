@@ -18,14 +18,13 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from moss_tts_node.config import OPTIONS, Option
-from moss_tts_node.ros.parameters import NODE_OPTIONS, load_time, read_only
+from moss_tts_node.ros.parameters import INT64_MAX, NODE_OPTIONS, load_time, read_only
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 COMMAND = "python -m moss_tts_node.ros.parameter_reference"
 # The marker name of each table, and the parameters it lists.
 TABLES: dict[str, tuple[Option, ...]] = {"config keys": tuple(OPTIONS.values()), "node parameters": NODE_OPTIONS}
 _HEADER = "| parameter | type | default | range | `ros2 param set` | meaning |\n|---|---|---|---|---|---|\n"
-_INT64_MAX = 2**63 - 1  # an int parameter's range when it has no upper bound of its own
 
 
 def begin_marker(name: str) -> str:
@@ -74,7 +73,7 @@ def _range(option: Option) -> str:
     if option.keywords:
         return f"{' '.join(option.keywords)}, or a path"
     low = None if option.min is None else _number(option, option.min)
-    high = None if option.max is None or option.max == _INT64_MAX else _number(option, option.max)
+    high = None if option.max is None or option.max == INT64_MAX else _number(option, option.max)
     if low is not None and high is not None:
         span = f"{low} .. {high}"
     else:

@@ -145,6 +145,7 @@ STARTUP_KEYS = (
     "text_stream_max_duration",
 )
 OWNER_KEYS = ("limits.", "max_response_seconds", "voices.")  # prefixes, or whole keys
+INT64_MAX = 2**63 - 1  # a ROS integer parameter's range where an option has no bound of its own
 LOAD_TIME_CONSTRAINT = "changeable only while the node is unconfigured (read when the model loads, on configure)"
 
 
@@ -223,8 +224,8 @@ def descriptor(option: Option) -> ParameterDescriptor:
         constraints.append(LOAD_TIME_CONSTRAINT)
     described.additional_constraints = "; ".join(constraints)
     if option.type is int and (option.min is not None or option.max is not None):
-        low = -(2**63) if option.lowest is None else int(option.lowest)
-        high = 2**63 - 1 if option.max is None else int(option.max)
+        low = -INT64_MAX - 1 if option.lowest is None else int(option.lowest)
+        high = INT64_MAX if option.max is None else int(option.max)
         described.integer_range = [IntegerRange(from_value=low, to_value=high, step=0)]
     if option.type is float and (option.min is not None or option.max is not None):
         low = -math.inf if option.lowest is None else option.lowest

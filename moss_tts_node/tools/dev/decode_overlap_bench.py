@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from moss_tts_node.codec.base import CODEBOOK_SIZE, AudioCodec
+from moss_tts_node.codec.base import CODEBOOK_SIZE
 from moss_tts_node.codec.stream_decoder import StreamDecoder
 from moss_tts_node.config import load_config
 from moss_tts_node.synthesizer import Synthesizer
@@ -62,7 +62,7 @@ class Backbone:
 
 def ms_per_frame(backbone: Backbone, decoder: StreamDecoder, calls: int, chunk: int, beside: bool) -> float:
     """Generate ``calls`` x ``chunk`` steps and decode them in ``calls`` calls, one after the other or beside."""
-    codes = np.random.default_rng(0).integers(0, CODEBOOK_SIZE, ((calls + 1) * chunk, AudioCodec.n_quantizers))
+    codes = np.random.default_rng(0).integers(0, CODEBOOK_SIZE, ((calls + 1) * chunk, decoder.n_quantizers))
     decoder.reset()
     decoder.decode(codes[:chunk])  # allocates
     backbone.restart()

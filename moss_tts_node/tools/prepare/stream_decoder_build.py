@@ -1,7 +1,8 @@
 """Write the streaming decoder graph of a MOSS-Audio-Tokenizer checkpoint (``config.json`` + safetensors).
 
 The graph follows the contract in ``moss_tts_node.codec.stream_decoder``: codes of the new frames and
-the attention caches in, their audio and the cache rows to store out. It is the codec's decode path
+the attention caches in; their audio out, the caches written in place (present = past) and each stage's
+write slots. It is the codec's decode path
 (RLFQ codebook lookup, the causal Transformer stages, the patch reshapes) written op by op with the
 ``onnx`` helpers, from the checkpoint's own tensors; no PyTorch. docs/stream-decoder.md describes the
 state and how each attention mode relates to the codec's offline and streaming decodes.
@@ -25,6 +26,7 @@ from moss_tts_node.codec.base import AudioCodec
 from moss_tts_node.codec.layout import STREAM_DECODER_FILE
 from moss_tts_node.codec.stream_decoder import (
     ATTENTION_KEY,
+    ATTENTION_MODES,
     AUDIO_OUTPUT,
     CODES_INPUT,
     FORMAT_KEY,
@@ -60,10 +62,6 @@ from moss_tts_node.tools.prepare.stream_decoder_layers import (
     unpatch,
 )
 
-# "window": every query attends to its whole span, as the offline decode does, at any chunk size.
-# "ring": the codec's own streaming, which stores a chunk's keys before attending, so within a chunk
-# the earlier queries lose the oldest keys the later ones overwrite.
-ATTENTION_MODES = ("window", "ring")
 OPSET = 20  # Gelu is a standard op from 20 on
 IR_VERSION = 9  # the oldest IR that carries opset 20, so older ONNX Runtimes load the graph too
 # The graphs --precision names: every weight float32, or some weight MatMuls 8-bit (MatMulNBits), chosen
