@@ -413,13 +413,14 @@ def _continuation(
     request: SpeechRequest, prefix: np.ndarray | None, normalize: bool, turns: bool
 ) -> Continuation | None:
     """What the request continues: the prefix's codes and its transcript, cleaned as the text is (None where the
-    request's text begins with it); None without a prefix. ``turns``: a dialogue model's (``Continuation``)."""
+    request's text begins with it, and where it is blank once cleaned: so every check that a continuation has no
+    transcript apart holds for it); None without a prefix. ``turns``: a dialogue model's (``Continuation``)."""
     if prefix is None:
         return None
     transcript = _transcript(request)
     if transcript is not None:
         transcript = normalize_text(transcript) if normalize else transcript.strip()
-    return Continuation(prefix, transcript, normalize, turns)
+    return Continuation(prefix, transcript or None, normalize, turns)
 
 
 def _new_text(text: str, transcript: str | None) -> str:

@@ -166,8 +166,10 @@ def test_every_piece_of_a_long_text_continues_the_prefix(
     assert len(pieces) > 1
     said = [assert_continues_the_prefix(small_context, piece, TRANSCRIPT) for piece in pieces]
     assert " ".join(said) == text
-    with pytest.raises(RequestError, match=r"needs more than one piece .* give its transcript \(prefix_text\) apart"):
-        small_context.stream(TRANSCRIPT + " " + text, prefix=PREFIX)
+    apart = r"needs more than one piece .* give its transcript \(prefix_text\) apart"
+    for blank in (None, " \n "):  # a blank transcript is none: the text would follow nothing the prefix said
+        with pytest.raises(RequestError, match=apart):
+            small_context.stream(TRANSCRIPT + " " + text, prefix=PREFIX, prefix_text=blank)
 
 
 def test_a_text_stream_continues_the_prefix_in_every_piece(synth: Synthesizer, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -178,8 +180,9 @@ def test_a_text_stream_continues_the_prefix_in_every_piece(synth: Synthesizer, m
     assert stream.report is not None and stream.report.stop_reason != "cancelled"
     said = [assert_continues_the_prefix(synth, piece, TRANSCRIPT) for piece in pieces]
     assert said == ["The soup is ready.", "The wine is breathing.", "Shall I bring it?"]
-    with pytest.raises(RequestError, match=r"give the transcript \(prefix_text\)"):
-        synth.stream_text(fragments, prefix=PREFIX)
+    for blank in (None, "  "):
+        with pytest.raises(RequestError, match=r"give the transcript \(prefix_text\)"):
+            synth.stream_text(fragments, prefix=PREFIX, prefix_text=blank)
 
 
 # -- voices, fields, transcripts ---------------------------------------------------------------------------------
@@ -221,10 +224,12 @@ def test_a_library_voice_brings_its_transcript(demo_config: Path, tmp_path: Path
     np.save(tmp_path / "butler.npy", PREFIX)
     (tmp_path / "butler.txt").write_text(TRANSCRIPT + "\n", encoding="utf-8")
     np.save(tmp_path / "maid.npy", PREFIX[:20])  # no transcript
+    np.save(tmp_path / "page.npy", PREFIX[:20])
+    (tmp_path / "page.txt").write_text(" \n", encoding="utf-8")  # a blank one: none
     overrides = {"voices.directories": [str(tmp_path)]}
     with Synthesizer.from_config_file(demo_config, overrides) as synth:
         butler, maid = synth.voices["butler"], synth.voices["maid"]
-        assert butler.transcript == TRANSCRIPT and maid.transcript is None
+        assert butler.transcript == TRANSCRIPT and maid.transcript is None and synth.voices["page"].transcript is None
         stream = synth.stream(TEXT, prefix=butler)
         assert stream.prompt is not None
         assert f"- Text:\n{TRANSCRIPT} {TEXT}\n</user_inst>" in prompt_text(synth, stream.prompt)

@@ -89,6 +89,7 @@ def test_a_list_of_empty_names_asks_for_no_voice_at_all(library: Counted) -> Non
             "prefix_voice 'bob' has no transcript, and the speech that continues it follows what its recording says: "
             "give that in prefix_text, or put bob.txt beside the voice's file on the robot",
         ),
+        ({"prefix_voice": "bob", "prefix_text": " \t "}, "prefix_voice 'bob' has no transcript"),  # blank: none
     ],
 )
 def test_a_voice_that_is_not_the_librarys_is_refused_naming_it_and_the_way_out(

@@ -47,7 +47,7 @@ def requested_voices(
             f"the request gives {len(names)} voices: give at most {MAX_SPEAKERS}, one per speaker ([S1] first)"
         )
     prefix = _named(library, msg.prefix_voice, "prefix_voice", node) if msg.prefix_voice else None
-    if prefix is not None and prefix.transcript is None and not msg.prefix_text:
+    if prefix is not None and prefix.transcript is None and not msg.prefix_text.strip():
         raise RequestError(
             f"prefix_voice {prefix.name!r} has no transcript, and the speech that continues it follows what its "
             f"recording says: give that in prefix_text, or put {prefix.name}.txt beside the voice's file on the robot "

@@ -289,7 +289,8 @@ def _normalized(path: str) -> str | None:
 
 def _transcript(voice: Path, key: str, max_chars: int) -> str | None:
     """The transcript of the voice in file ``voice``: the UTF-8 text of the .txt of its name beside it, stripped;
-    None when there is none. ConfigError naming ``key`` for one that cannot be used."""
+    None when there is none or it is blank (a blank one says nothing the continued speech could follow).
+    ConfigError naming ``key`` for one that cannot be used."""
     path = voice.with_suffix(TRANSCRIPT_SUFFIX)
     if not path.is_file():
         return None
@@ -302,7 +303,7 @@ def _transcript(voice: Path, key: str, max_chars: int) -> str | None:
         raise ConfigError(
             f"'{key}': the transcript {path} holds more than the {max_chars} characters of 'limits.max_text_chars'"
         )
-    return text.strip()
+    return text.strip() or None
 
 
 def _configured(config: Config) -> Iterator[tuple[str, Path, bool]]:
