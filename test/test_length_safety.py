@@ -100,7 +100,7 @@ def test_offline_decode_and_encode_longer_than_the_limit_are_windowed(demo_codec
 def test_streaming_with_a_left_context_longer_than_the_limit_stays_within_it(demo_codec: tuple[Path, Path]) -> None:
     codes = np.random.default_rng(2).integers(0, 1024, size=(40, 32))
     codec = counting_codec(demo_codec, 6)
-    stream = SegmentDecoder(WindowedStreamDecoding(codec, left_context=25), chunk_frames=5, n_vq=32)
+    stream = SegmentDecoder(WindowedStreamDecoding(codec, left_context=25), chunk_frames=5)
     pieces = [stream.push(frame) for frame in codes]
     pieces.append(stream.end_segment())
     audio = np.concatenate([piece for piece in pieces if piece is not None])

@@ -139,20 +139,18 @@ class SegmentDecoder:
     gather ``chunk_frames``. The offline strategy gets each whole segment when it ends.
     """
 
-    def __init__(self, decoding: SegmentDecoding, chunk_frames: int, n_vq: int) -> None:
+    def __init__(self, decoding: SegmentDecoding, chunk_frames: int) -> None:
         self.decoding = decoding
         self.chunk_frames = chunk_frames
-        self.n_vq = n_vq
         self.segment: list[np.ndarray] = []  # frames of the current segment
         self.emitted = 0  # frames of the current segment already turned into samples, or heard already
         self.context = 0  # frames the segment begins with that were heard already
         self.primed = 0  # of those, the ones the decoding has taken in
         self.chunks_out = 0
-        self.frames: list[np.ndarray] = []  # every frame of the utterance, for callers that keep codes
 
     def push_context(self, frame: np.ndarray) -> None:
         """Add a frame the listener has heard already, at the start of a segment: the left context of the frames
-        after it, never emitted, and not among ``codes``."""
+        after it, never emitted,."""
         if self.emitted != self.context:
             raise ValueError("context frames come first in a segment")
         self.segment.append(frame)
@@ -162,7 +160,6 @@ class SegmentDecoder:
     def push(self, frame: np.ndarray) -> np.ndarray | None:
         """Add a complete frame; returns samples when a chunk is due."""
         self.segment.append(frame)
-        self.frames.append(frame)
         if not self.decoding.streams:
             return None
         due = 1 if self.chunks_out == 0 else self.chunk_frames
@@ -188,9 +185,3 @@ class SegmentDecoder:
         self.emitted = len(self.segment)
         self.chunks_out += 1
         return samples
-
-    def codes(self) -> np.ndarray:
-        """(T, n_vq) every frame pushed, gaps excluded."""
-        if not self.frames:
-            return np.empty((0, self.n_vq), dtype=np.int64)
-        return np.stack(self.frames)

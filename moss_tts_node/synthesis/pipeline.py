@@ -177,12 +177,16 @@ class _Spoken:
     """What a request's items produced so far, in order."""
 
     done: list[tuple[Piece | Pause, Generated]] = field(default_factory=list)
-    codes: list[np.ndarray] = field(default_factory=list)  # each piece's frames
     cancelled: bool = False
 
     @property
+    def codes(self) -> list[np.ndarray]:
+        """Each piece's new frames (a pause has none)."""
+        return [generated.frames for item, generated in self.done if isinstance(item, Piece)]
+
+    @property
     def pieces(self) -> int:
-        return len(self.codes)
+        return sum(isinstance(item, Piece) for item, _ in self.done)
 
 
 class _ChunkMaker:
@@ -280,11 +284,10 @@ class Pipeline:
                 generated = yield from self._silence(item, chunk_frames, out, final_sent, cancelled)
                 spoken.done.append((item, generated))
             else:
-                decoder = SegmentDecoder(decoding, chunk_frames, self.spec.n_vq)
+                decoder = SegmentDecoder(decoding, chunk_frames)
                 frames = frames_of(item, spoken.pieces)
                 generated = yield from self._decoded(frames, item.prefix_frames, decoder, out)
                 spoken.done.append((item, generated))
-                spoken.codes.append(decoder.codes())
                 source.spoken(item, generated)
                 if generated.stop is not StopReason.CANCELLED:
                     with out.clock.stage("codec"):
@@ -317,7 +320,7 @@ class Pipeline:
             stop = StopReason.END
         pieces = [item for item, _ in spoken.done if isinstance(item, Piece)]
         rows = [generated.rows for _, generated in spoken.done]
-        codes = np.concatenate(spoken.codes) if spoken.codes else np.empty((0, self.spec.n_vq), dtype=np.int64)
+        codes = np.concatenate(spoken.codes) if spoken.codes else self._no_frames()
         report = TimingReport.from_clock(
             out.clock,
             model=self.spec.identity.name,

@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         here, full = round(spans * span), round(spans * PUBLISHED_ATTENTION_SPAN_FRAMES)
         cells = []
         for chunk_frames in CHUNK_FRAMES:
-            decoder = SegmentDecoder(WindowedStreamDecoding(codec, here), chunk_frames, codec.n_quantizers)
+            decoder = SegmentDecoder(WindowedStreamDecoding(codec, here), chunk_frames)
             pieces = [decoder.push(frame) for frame in codes]
             pieces.append(decoder.end_segment())
             streamed = np.concatenate([piece for piece in pieces if piece is not None])
