@@ -117,6 +117,21 @@ class Synthesizer:
             return [None if no_voice(voice) else voice for voice in voices]
         return [] if no_voice(voices) else [voices]
 
+    def _checked_fields(self, gen: GenerationConfig, request: SpeechRequest, text: str | None) -> PromptFields:
+        """The request's prompt fields, refused where this model's template has no place for one."""
+        fields = _prompt_fields(gen, request, text)
+        self.prompts.check_fields(fields)
+        return fields
+
+    def _prepared(
+        self, request: SpeechRequest, config: Config, text: str | None
+    ) -> tuple[PromptFields, list[np.ndarray | None], Continuation | None]:
+        """A checked request's prompt fields (its text ``text``), its references' codes and what it continues."""
+        fields = self._checked_fields(config.generation, request, text)
+        references, prefix = self._voices(request, config)
+        dialogue = self.spec.identity.dialogue
+        return fields, references, _continuation(request, prefix, config.generation.normalize_text, dialogue)
+
     def _voices(self, request: SpeechRequest, config: Config) -> tuple[list[np.ndarray | None], np.ndarray | None]:
         """The codes of a request's references (None for a speaker without one) and of its prefix (None: it
         continues no recording). Each is refused before it is decoded when too long (``VoiceLimit``), and
@@ -201,10 +216,7 @@ class Synthesizer:
                 )
         else:
             text = self._clean_text(_new_text(request.text, _transcript(request)), gen.normalize_text)
-        prompt_fields = _prompt_fields(gen, request, text)
-        self.prompts.check_fields(prompt_fields)
-        references, prefix = self._voices(request, config)
-        continuation = _continuation(request, prefix, gen.normalize_text, self.spec.identity.dialogue)
+        prompt_fields, references, continuation = self._prepared(request, config, text)
         measured = self.planner.measure(prompt_fields, references, self._pause_mode(gen), continuation)
         expected_s = measured.expected_seconds
         if max_expected_s is not None and expected_s is not None and expected_s > max_expected_s:
@@ -263,10 +275,7 @@ class Synthesizer:
         check_request(request, config.limits)
         request = self._speakers_prefix(request, config)
         gen = config.generation
-        prompt_fields = _prompt_fields(gen, request, "")
-        self.prompts.check_fields(prompt_fields)
-        references, prefix = self._voices(request, config)
-        continuation = _continuation(request, prefix, gen.normalize_text, self.spec.identity.dialogue)
+        prompt_fields, references, continuation = self._prepared(request, config, "")
         if continuation is not None and continuation.transcript is None:
             raise RequestError(
                 "text that arrives in fragments is spoken in pieces, each continuing the prefix after its transcript: "
@@ -334,8 +343,7 @@ class Synthesizer:
         """
         request = _request(request if request is not None else "", fields)
         check_request(request, self.config.limits)
-        prompt_fields = _prompt_fields(self.config.generation, request, "")
-        self.prompts.check_fields(prompt_fields)
+        prompt_fields = self._checked_fields(self.config.generation, request, "")
         references, _ = self._voices(replace(request, prefix=None), self.config)
         prefix = self.prompts.voice_prefix(prompt_fields, references)
         return self.stages.prepare_prefix(prefix)
