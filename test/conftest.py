@@ -47,6 +47,11 @@ if TYPE_CHECKING:
     from moss_tts_node.synthesizer import Synthesizer
 
 
+def prompt_text(synth: Synthesizer, prompt: np.ndarray) -> str:
+    """A prompt's text channel as the tokenizer writes it, special tokens included."""
+    return synth.prompts.tokenizer.decode(prompt[:, 0].tolist(), skip_special_tokens=False)
+
+
 @pytest.fixture(scope="session")
 def demo_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """config.yaml of a freshly written demo model; treat the directory as read-only."""

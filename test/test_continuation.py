@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import prompt_text
 
 from moss_tts_node.codec.audio_io import write_wav
 from moss_tts_node.codec.onnx import OnnxCodec
@@ -34,10 +35,6 @@ N_VQ = 32
 PREFIX = np.random.default_rng(21).integers(0, 1024, size=(40, N_VQ))  # 3.2 s: longer than the delay's 31 frames
 
 
-def prompt_text(synth: Synthesizer, prompt: np.ndarray) -> str:
-    return synth.prompts.tokenizer.decode(prompt[:, 0].tolist(), skip_special_tokens=False)
-
-
 def completed_prefix(prompt: np.ndarray, generated: np.ndarray, frames: int) -> np.ndarray:
     """The prefix's frames as the model completed them: its rows in the prompt, then the generated rows, de-delayed."""
     return remove_delay(np.concatenate([prompt[prompt.shape[0] - frames :, 1:], generated[:, 1:]]))[:frames]
@@ -46,17 +43,10 @@ def completed_prefix(prompt: np.ndarray, generated: np.ndarray, frames: int) -> 
 # -- the audio -----------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def stateful(demo_config: Path, codec_tiny_streaming_dir: Path) -> Iterator[Synthesizer]:
-    """The demo model speaking through codec-tiny, with its stream decoder."""
-    with Synthesizer.from_config_file(demo_config, {"model.codec_dir": str(codec_tiny_streaming_dir)}) as loaded:
-        yield loaded
-
-
 def test_the_audio_is_the_new_speech_decoded_after_the_prefix_as_the_model_completed_it(
-    stateful: Synthesizer, codec_tiny_dir: Path
+    stateful_synth: Synthesizer, codec_tiny_dir: Path
 ) -> None:
-    stream = stateful.stream(TEXT, prefix=PREFIX, prefix_text=TRANSCRIPT, seed=1)
+    stream = stateful_synth.stream(TEXT, prefix=PREFIX, prefix_text=TRANSCRIPT, seed=1)
     chunks = [chunk.samples for chunk in stream]
     report = stream.report
     assert report is not None and report.codec_decode == "stateful stream" and len(chunks) > 2
@@ -72,7 +62,7 @@ def test_the_audio_is_the_new_speech_decoded_after_the_prefix_as_the_model_compl
     audio = np.concatenate(chunks)
     assert audio.shape == expected.shape == (new.shape[0] * SAMPLES_PER_FRAME,)
     np.testing.assert_allclose(audio, expected, rtol=0, atol=1e-6)  # the stream is the offline decode
-    result = stateful.synthesize(TEXT, prefix=PREFIX, prefix_text=TRANSCRIPT, seed=1)  # whole: the same audio
+    result = stateful_synth.synthesize(TEXT, prefix=PREFIX, prefix_text=TRANSCRIPT, seed=1)  # whole: the same audio
     np.testing.assert_array_equal(result.codes, new)
     np.testing.assert_allclose(result.audio, expected, rtol=0, atol=1e-6)
     # the report counts the prefix's rows among the prompt's, and only the new speech as audio

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import bad_input_message, linked_copy, run_cli
+from conftest import bad_input_message, linked_copy, prompt_text, run_cli
 
 from moss_tts_node.codec.onnx import OnnxCodec
 from moss_tts_node.errors import RequestError
@@ -44,10 +44,6 @@ ALICE = np.random.default_rng(31).integers(0, 1024, size=(20, 16))
 BOB = np.random.default_rng(32).integers(0, 1024, size=(15, 16))
 PREFIX_TEXT = "[S1] Hello robot. [S2] Hello."
 SMALL_CONTEXT = {"llama.n_ctx": 1024}  # the demo's 2048 holds the whole dialogue in one piece
-
-
-def prompt_text(synth: Synthesizer, prompt: np.ndarray) -> str:
-    return synth.prompts.tokenizer.decode(prompt[:, 0].tolist(), skip_special_tokens=False)
 
 
 @pytest.fixture(scope="module")

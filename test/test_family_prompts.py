@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import bad_input_message, run_cli
+from conftest import bad_input_message, prompt_text, run_cli
 from tokenizers import Tokenizer
 
 from moss_tts_node.config import LimitsConfig
@@ -124,10 +124,6 @@ def sound_config(family_demo: Callable[[str], Path]) -> Path:
 def sound(sound_config: Path) -> Iterator[Synthesizer]:
     with Synthesizer.from_config_file(sound_config) as loaded:
         yield loaded
-
-
-def prompt_text(synth: Synthesizer, prompt: np.ndarray) -> str:
-    return synth.prompts.tokenizer.decode(prompt[:, 0].tolist(), skip_special_tokens=False)
 
 
 def test_a_sound_without_text_is_a_sound_effect(sound: Synthesizer) -> None:

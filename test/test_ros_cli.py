@@ -61,6 +61,10 @@ LAUNCH_TWO_NODES = (
 SEND_GOAL_TO_SPEECH = (
     "ros2 action send_goal /speech/moss_tts_node/speak moss_tts_msgs/action/Speak \"{text: 'It is raining.'}\""
 )
+SOUND_CALL = (
+    "ros2 service call /sounds/moss_tts_node/synthesize moss_tts_msgs/srv/Synthesize "
+    "\"{ambient_sound: 'rain on a tin roof', tokens: 125}\""
+)
 DIAGNOSTICS = "ros2 topic echo --once /diagnostics"
 USER_COMMANDS = (
     LINK_MSGS,
@@ -78,6 +82,7 @@ USER_COMMANDS = (
     DIAGNOSTICS,
     LAUNCH_TWO_NODES,
     SEND_GOAL_TO_SPEECH,
+    SOUND_CALL,
     LAUNCH_UNMANAGED,
     LIFECYCLE_GET,
     *(LIFECYCLE_SET.format(transition) for transition in ("configure", "activate", "shutdown")),
@@ -306,9 +311,7 @@ def test_symlink_install_launches_in_a_namespace(
             two.wait_ready(line=f"({model}); listening on /{namespace}/moss_tts_node/text")
         goal = ws.run(SEND_GOAL_TO_SPEECH)
         assert "Goal finished with status: SUCCEEDED" in goal, goal[-2000:]
-        # The docs ask the sounds node for ambient_sound alone, a sound effect once the core takes a request without
-        # text (issue 31); until then it is asked for a text, which it speaks as any node does.
-        sounds = ws.run(SERVICE_CALL.replace("/moss_tts_node/", "/sounds/moss_tts_node/"))
+        sounds = ws.run(SOUND_CALL)  # a sound effect: no text, a sound described
         assert "success=True" in sounds, sounds[-2000:]
     finally:
         assert two.stop() == 0, two.output()[-3000:]

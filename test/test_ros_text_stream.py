@@ -145,16 +145,15 @@ def test_streams_are_bounded_in_number_and_size() -> None:
     assert list(line.started) == ["one", "two", "three"]
 
 
-def test_a_stream_whose_request_is_refused_or_ends_at_once_drops_its_later_chunks() -> None:
-    """The line refused its request (full, say), or a request that came in between on another thread ended it
-    before its next chunk: it is no longer open, and its next chunk is dropped, said once."""
+def test_a_stream_whose_request_ended_before_its_next_chunk_drops_that_chunk() -> None:
+    """Its request ended (refused by the line, or ended by a request that came in between on another thread:
+    test_ros_requests.py has both) before its next chunk: it is no longer open, and that chunk is dropped."""
     line = Line(streams := TextStreams())
-    for stream_id in ("refused", "interrupted"):
-        line.receive(chunk(stream_id, "Hello"))
-        streams.ended(stream_id)
-        assert streams.open_count == 0
-        with pytest.raises(ChunkDropped, match=f"'{stream_id}' has ended"):
-            line.receive(chunk(stream_id, " there"))
+    line.receive(chunk("ended", "Hello"))
+    streams.ended("ended")
+    assert streams.open_count == 0
+    with pytest.raises(ChunkDropped, match="'ended' has ended"):
+        line.receive(chunk("ended", " there"))
 
 
 def test_streams_from_several_threads_each_get_their_text_in_order() -> None:
