@@ -65,7 +65,8 @@ from moss_tts_node.tools.prepare.stream_decoder_layers import (
 OPSET = 20  # Gelu is a standard op from 20 on
 IR_VERSION = 9  # the oldest IR that carries opset 20, so older ONNX Runtimes load the graph too
 # The graphs --precision names: every weight float32, or some weight MatMuls 8-bit (MatMulNBits), chosen
-# from each group's measured cost in fidelity (docs/stream-decoder.md "Precision").
+# from each group's cost in fidelity as measured on untrained weights: to be measured again on a trained
+# codec (docs/stream-decoder.md, "Precision").
 _ATTENTION_WEIGHTS = re.compile(r"decoder\.\d+\.transformer\.layers\.\d+\.self_attn\.(in_proj|out_proj)")
 PRECISIONS: dict[str, WeightPrecision | None] = {
     "fp32": None,
