@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -229,11 +229,12 @@ def test_a_gguf_carrying_the_heads_speaks_the_same_on_the_other_backends(
 
 def test_fast_audio_sampling_draws_what_the_general_path_draws() -> None:
     """Top-k on the float32 logits, scaling only the candidates: the same codes as scaling everything."""
+    from moss_tts_node.model.family import MOSS_TTS
     from moss_tts_node.model.sampling import Sampler, SamplingParams, sample_rows
 
     spec = ModelSpec()
     prompt = np.full((4, spec.channels), spec.audio_pad_code, dtype=np.int64)
-    config = SamplingParams(seed=11)
+    config = SamplingParams(**asdict(MOSS_TTS.sampling), seed=11)
     fast = Sampler(config, spec, prompt)
     general = np.random.default_rng(11)
     rng = np.random.default_rng(0)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import numpy as np
 import pytest
 from conftest import small_spec
 
 from moss_tts_node.model.delay import TextRule
+from moss_tts_node.model.family import MOSS_TTS
 from moss_tts_node.model.sampling import Sampler, SamplingParams, penalized, sample_rows
 
 SPEC = small_spec(10)
@@ -20,7 +23,8 @@ def empty_prompt() -> np.ndarray:
 
 
 def sampler(seed: int = 0, **overrides: float) -> Sampler:
-    return Sampler(SamplingParams(seed=seed, **overrides), SPEC, empty_prompt())
+    recommended = asdict(MOSS_TTS.sampling)
+    return Sampler(SamplingParams(**{**recommended, "seed": seed, **overrides}), SPEC, empty_prompt())
 
 
 def frequencies(draws: np.ndarray, size: int) -> np.ndarray:

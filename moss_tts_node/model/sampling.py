@@ -61,16 +61,17 @@ def penalized(logits: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarra
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How one request samples; the user-facing values are checked once, by the config (``sampling.*``)."""
+    """How one request samples; the user-facing values are checked once, by the config (``sampling.*``), whose
+    keys left at -1 take the model's recommendation (``model/family.py``): no defaults here, so no second copy."""
 
-    text_temperature: float = 1.5  # <= 0 is greedy
-    text_top_k: int = 50  # 0 disables
-    text_top_p: float = 1.0
-    audio_temperature: float = 1.7
-    audio_top_k: int = 25
-    audio_top_p: float = 0.8
-    audio_repetition_penalty: float = 1.0  # 1.0 disables
-    seed: int = 0  # the request's, already drawn when the config said -1
+    text_temperature: float  # <= 0 is greedy
+    text_top_k: int  # 0 disables
+    text_top_p: float
+    audio_temperature: float
+    audio_top_k: int
+    audio_top_p: float
+    audio_repetition_penalty: float  # 1.0 disables
+    seed: int  # the request's, already drawn when the config said -1
 
 
 class Sampler:
