@@ -245,7 +245,7 @@ def test_paths_are_refused_unless_the_owner_allows_a_directory(
         ({"text": "Hello.", "tokens": 1_000_001}, "the request's tokens must be a whole number from 1 to 1000000"),
         ({"text": "Hello.", "voices": ["nurse"] * 6}, "the request gives 6 voices: give at most 5"),
         ({"text": "Hello.", "voices": ["nurse"], "voice": "guide"}, "the request gives 'voices' and a voice in"),
-        ({"text": "Hello.", "prefix_text": "Good evening."}, "the request gives prefix_text but no prefix"),
+        ({"text": "Hello.", "prefix_text": "Good evening."}, "prefix_text but no prefix (prefix_voice over ROS"),
         ({"text": "Hello.", "prefix_voice": "butler"}, "prefix_voice 'butler' has no transcript"),
         ({"text": "Hello.", "seed": -5}, "the seed must be -1 (use sampling.seed) or a number from 0 to"),
         ({"text": "🤖🤖🤖"}, "nothing to say: "),

@@ -83,7 +83,10 @@ def check_request(request: SpeechRequest, limits: LimitsConfig) -> None:
     _check_voices(request.voice)
     _check_voice(request.prefix, "prefix")
     if request.prefix_text is not None and no_voice(request.prefix):
-        raise RequestError("the request gives prefix_text but no prefix: give the recording it transcribes")
+        raise RequestError(
+            "the request gives prefix_text but no prefix (prefix_voice over ROS, --prefix on the command line): give "
+            "the recording it transcribes"
+        )
     if request.sampling is not None:
         _check_sampling(request.sampling)
 
