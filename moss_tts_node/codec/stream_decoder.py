@@ -221,10 +221,10 @@ class StreamDecoder:
         return audio.reshape(-1)
 
     def _bind_output(self, name: str, *where: Any) -> None:
-        """Bind an output (again: a new binding of a name replaces the old one in its place)."""
+        """Bind an output at load, noting its place among the binding's outputs (a call binds the sized ones
+        again, which keeps their places)."""
         self._binding.bind_output(name, *where)
-        if name not in self._bound_outputs:
-            self._bound_outputs.append(name)
+        self._bound_outputs.append(name)
 
     @staticmethod
     def _in_place(array: np.ndarray) -> tuple[Any, ...]:
