@@ -23,6 +23,7 @@ from moss_tts_msgs.srv import Synthesize  # noqa: E402
 from rclpy.action import CancelResponse  # noqa: E402
 
 from moss_tts_node.errors import ConfigError  # noqa: E402
+from moss_tts_node.ros.audio import encode  # noqa: E402
 from moss_tts_node.ros.goals import CLIENT_CANCEL, SpeakGoals  # noqa: E402
 from moss_tts_node.ros.intake import BUSY, Intake  # noqa: E402
 from moss_tts_node.ros.lifecycle import DEACTIVATING, SHUTTING_DOWN, Loan, Phase  # noqa: E402
@@ -136,8 +137,10 @@ def test_a_request_is_published_as_it_is_spoken_and_a_call_answered_with_the_who
         Synthesize.Request(text="Hello there.", seed=4), Synthesize.Response(sample_rate=24000)
     )
     assert response.success and response.encoding == "pcm_s16le" and response.channels == 1
-    answered = np.frombuffer(bytes(response.audio), "<i2")
-    assert answered.size == published.size == round(response.duration * 24000)
+    answered = np.frombuffer(bytes(response.audio), "<i2").astype(np.int32)
+    expected = np.frombuffer(encode(published, "pcm_s16le"), "<i2").astype(np.int32)  # the same seed, same audio
+    assert answered.size == expected.size == round(response.duration * 24000)
+    assert np.abs(answered - expected).max() <= 1  # one step of 16-bit rounding at most
     counts = node.requests.counts(serving=True)
     assert (counts.completed, counts.refused) == (2, 0) and counts.last is not None
     assert any(line.startswith("request goal: ") for _, line in node.log.lines)
@@ -302,7 +305,9 @@ def test_goals_are_aborted_with_the_reason_or_end_canceled_by_their_client(
     states = [feedback.state for feedback in speaking.feedback]
     assert states[0] == Speak.Feedback.STATE_GENERATING and states[-1] == Speak.Feedback.STATE_DONE
     assert waiting.feedback[0].state == Speak.Feedback.STATE_QUEUED and waiting.feedback[0].queue_position == 1
-    assert speaking_result.duration == pytest.approx(speaking.feedback[-1].audio_produced)
+    published = node.published.chunks.get(bytes(speaking.goal_id.uuid).hex(), [])  # the goal's request id
+    assert speaking_result.duration == pytest.approx(sum(chunk.samples.size for chunk in published) / 24000)
+    assert speaking.feedback[-1].audio_produced == pytest.approx(speaking_result.duration)
 
 
 def test_a_goal_that_succeeds_ends_succeeded_with_its_figures(node: Node) -> None:
