@@ -19,11 +19,13 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "ggml-backend.h"
 #include "ggml.h"
 #include "llama.h"
 
 #define MOSS_ERROR_LEN 1024
 #define MOSS_LOG_LEN 512
+#define MOSS_BUFFERS_LEN 256
 /* Bytes of tensor rows llama_model_quantize converts at once. Its default (8 GiB) would widen a whole
  * 155,648 x 4096 embedding table to float32 in one go (~4 GB next to it); slabs of whole rows give the
  * same result with a bounded buffer. */
@@ -41,6 +43,7 @@ struct moss_bridge {
     int has_output;   /* the last llama_decode succeeded and produced the last row's outputs */
     int text_logits;  /* decodes compute the text head (moss_bridge_set_text_logits); default 1 */
     int has_logits;   /* has_output, and the text head ran for it */
+    char weight_buffers[MOSS_BUFFERS_LEN]; /* moss_bridge_weight_buffers */
     char last_error[MOSS_ERROR_LEN];
 };
 
@@ -75,10 +78,32 @@ static _Thread_local int g_log_capturing = 0; /* the previous log line was captu
 
 static _Thread_local char g_create_error[MOSS_ERROR_LEN];
 
+/* The weights' buffers of the model loading on this thread, from the loader's "<name> model buffer size = <x> MiB"
+ * lines (llama_model::load_tensors): llama.cpp has no call that lists them. NULL when no load is being watched. */
+static _Thread_local char * g_weight_buffers;
+
+static void note_weight_buffer(const char * text) {
+    static const char mark[] = " model buffer size = ";
+    const char * at = strstr(text, mark);
+    if (at == NULL) {
+        return;
+    }
+    const char * name = at;
+    while (name > text && name[-1] != ' ' && name[-1] != ':') {
+        --name;
+    }
+    size_t used = strlen(g_weight_buffers);
+    snprintf(g_weight_buffers + used, MOSS_BUFFERS_LEN - used, "%s%.*s %.1f MiB", used ? ", " : "", (int) (at - name),
+             name, strtod(at + sizeof(mark) - 1, NULL));
+}
+
 static void moss_log_callback(enum ggml_log_level level, const char * text, void * user_data) {
     (void) user_data;
     if (atomic_load(&g_verbose)) {
         fputs(text, stderr);
+    }
+    if (g_weight_buffers != NULL && level == GGML_LOG_LEVEL_INFO) {
+        note_weight_buffer(text);
     }
     if ((level == GGML_LOG_LEVEL_WARN || level == GGML_LOG_LEVEL_ERROR) && g_log_level != GGML_LOG_LEVEL_ERROR) {
         snprintf(g_log_msg, sizeof(g_log_msg), "%s", text);
@@ -154,6 +179,72 @@ const char * moss_bridge_last_error(const struct moss_bridge * h) {
     return h ? h->last_error : g_create_error;
 }
 
+const char * moss_bridge_weight_buffers(const struct moss_bridge * h) {
+    return h ? h->weight_buffers : "";
+}
+
+/* ---- the CPU's extra buffer types ------------------------------------------------------------------------- */
+
+static pthread_mutex_t g_bufts_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* The NULL-terminated list llama.cpp's loader reads (make_cpu_buft_list): the CPU backend hands out its own
+ * static copy, the one that ggml_backend_dev_get_extra_bufts returns every time, so an entry removed from it
+ * stays removed; the backend's own list, which its supports_op checks read, is another copy and keeps it. */
+static ggml_backend_buffer_type_t * cpu_extra_bufts(void) {
+    pthread_once(&g_init_once, moss_init_once);
+    ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    if (cpu == NULL) {
+        return NULL;
+    }
+    ggml_backend_dev_get_extra_bufts_t get = (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(
+        ggml_backend_dev_backend_reg(cpu), "ggml_backend_dev_get_extra_bufts");
+    return get ? get(cpu) : NULL;
+}
+
+int32_t moss_bridge_cpu_extra_buft_count(void) {
+    pthread_mutex_lock(&g_bufts_lock);
+    int32_t n = 0;
+    for (ggml_backend_buffer_type_t * buft = cpu_extra_bufts(); buft && *buft; ++buft) {
+        ++n;
+    }
+    pthread_mutex_unlock(&g_bufts_lock);
+    return n;
+}
+
+const char * moss_bridge_cpu_extra_buft_name(int32_t i) {
+    pthread_mutex_lock(&g_bufts_lock);
+    const char * name = NULL;
+    ggml_backend_buffer_type_t * buft = cpu_extra_bufts();
+    for (int32_t k = 0; i >= 0 && buft && buft[k]; ++k) {
+        if (k == i) {
+            name = ggml_backend_buft_name(buft[k]);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_bufts_lock);
+    return name;
+}
+
+int32_t moss_bridge_skip_cpu_extra_buft(const char * name) {
+    if (name == NULL) {
+        return MOSS_BRIDGE_ERR_INVALID_ARGUMENT;
+    }
+    pthread_mutex_lock(&g_bufts_lock);
+    int32_t status = MOSS_BRIDGE_ERR_INVALID_ARGUMENT;
+    ggml_backend_buffer_type_t * buft = cpu_extra_bufts();
+    for (; buft && *buft; ++buft) {
+        if (strcmp(ggml_backend_buft_name(*buft), name) == 0) {
+            do { /* close the gap, the terminating NULL included */
+                buft[0] = buft[1];
+            } while (*buft++ != NULL);
+            status = MOSS_BRIDGE_OK;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_bufts_lock);
+    return status;
+}
+
 int32_t moss_bridge_set_verbose(int32_t verbose) {
     pthread_once(&g_init_once, moss_init_once);
     atomic_store(&g_verbose, verbose != 0);
@@ -176,6 +267,7 @@ struct moss_bridge_params moss_bridge_default_params(void) {
     p.type_k = GGML_TYPE_F16;
     p.type_v = GGML_TYPE_F16;
     p.flash_attn = -1;
+    p.extra_bufts = 1;
     return p;
 }
 
@@ -250,13 +342,16 @@ int32_t moss_bridge_create(const struct moss_bridge_params * params, struct moss
 
     struct llama_model_params mparams = llama_model_default_params();
     mparams.n_gpu_layers = params->n_gpu_layers;
+    mparams.use_extra_bufts = params->extra_bufts != 0;
     /* All on the CPU: read the weights instead of mapping them. llama.cpp repacks most quantized CPU weights
      * into a faster layout in memory of its own and keeps the file pages it read them from mapped, so a
      * mapping holds the GGUF in RAM twice (8B Q4_K_M: 4.8 GB mapped + 3.2 GB repacked; read: 5.0 GB). */
     if (params->n_gpu_layers == 0 || !llama_supports_gpu_offload()) {
         mparams.load_mode = LLAMA_LOAD_MODE_NONE;
     }
+    g_weight_buffers = h->weight_buffers;
     h->model = llama_model_load_from_file(params->model_path, mparams);
+    g_weight_buffers = NULL;
     if (h->model == NULL) {
         status = fail_create(MOSS_BRIDGE_ERR_MODEL_LOAD, "llama.cpp could not load model file '%s'",
                              params->model_path);

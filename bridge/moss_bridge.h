@@ -21,7 +21,7 @@ extern "C" {
 /* The version of this interface: the params struct, the enums and every signature below. Python mirrors them
  * by hand (moss_tts_node/llama/bindings.py) and refuses a library whose moss_bridge_abi_version() differs
  * from its own copy of this number: bump both on any change. */
-#define MOSS_BRIDGE_ABI_VERSION 1
+#define MOSS_BRIDGE_ABI_VERSION 2
 
 enum moss_bridge_status {
     MOSS_BRIDGE_OK                   = 0,
@@ -49,14 +49,21 @@ struct moss_bridge_params {
     int32_t type_k;          /* enum ggml_type of the K cache (GGML_TYPE_F16 = 1, F32 = 0, Q8_0 = 8...) */
     int32_t type_v;          /* enum ggml_type of the V cache; quantized V needs flash_attn = 1 */
     int32_t flash_attn;      /* -1 auto, 0 off, 1 on */
+    int32_t extra_bufts;     /* 1: weights on the CPU may go to its extra buffer types (repacked layouts, see
+                              * moss_bridge_cpu_extra_buft_name); 0: the GGUF's own layout (llama-cli --no-repack) */
 };
 
-/* n_ctx 4096, n_batch 512, all cores, all layers on the GPU, F16 KV cache, flash-attn auto. */
+/* n_ctx 4096, n_batch 512, all cores, all layers on the GPU, F16 KV cache, flash-attn auto, extra buffer types. */
 struct moss_bridge_params moss_bridge_default_params(void);
 
 /* Loads the model and creates its context. On success *out owns both; free it with moss_bridge_free.
  * On failure *out is NULL and the reason is readable with moss_bridge_last_error(NULL) on this thread. */
 int32_t moss_bridge_create(const struct moss_bridge_params * params, struct moss_bridge ** out);
+
+/* The weights' buffers as llama.cpp allocated them while loading, by buffer type: "CPU_REPACK 646.0 MiB, CPU
+ * 120.5 MiB" (a CPU model whose quantized matrices were repacked), "CUDA0 ... MiB, CPU_Mapped ... MiB"... Never NULL;
+ * valid as long as the handle. */
+const char * moss_bridge_weight_buffers(const struct moss_bridge * h);
 
 /* Frees the handle, its context and model. NULL is accepted. */
 void moss_bridge_free(struct moss_bridge * h);
@@ -111,6 +118,25 @@ const char * moss_bridge_last_error(const struct moss_bridge * h);
  * may hold a partial file, which the caller removes. Needs no handle; on failure the reason is readable with
  * moss_bridge_last_error(NULL) on this thread. */
 int32_t moss_bridge_quantize(const char * input_path, const char * output_path, int32_t ftype, int32_t n_threads);
+
+/* ---- the CPU's extra buffer types (process-wide) ---------------------------------------------------------------
+ * llama.cpp's CPU backend may keep weight matrices in "extra" buffer types, each with its own layout and matrix
+ * kernels, chosen per tensor in this order when a model loads (with extra_bufts = 1): "AMX" (Intel AMX tiles, only
+ * in a library built with AMX and run on a CPU that has it), "CPU_KLEIDIAI" (Arm), "CPU_REPACK" (quantized rows
+ * interleaved for the CPU's SIMD width), then plain "CPU" memory for whatever none of them takes. */
+
+/* How many extra buffer types llama.cpp's loader will consider, skipped ones not counted. */
+int32_t moss_bridge_cpu_extra_buft_count(void);
+
+/* The name of the i-th of them, in llama.cpp's order of preference; NULL when i is out of range. */
+const char * moss_bridge_cpu_extra_buft_name(int32_t i);
+
+/* Removes the extra buffer type named `name` from the list llama.cpp's loader reads, for every model loaded after
+ * the call in this process, by this bridge or by any other user of the same libllama (llama-cpp-python's own
+ * bindings): their weights go to the next type that takes them, as if this library had been built without it.
+ * For a buffer type whose kernels are unsafe on this machine; there is no undo. ERR_INVALID_ARGUMENT when no such
+ * type is in the list (already skipped, or never there). */
+int32_t moss_bridge_skip_cpu_extra_buft(const char * name);
 
 /* Process-wide: 0 (default) keeps llama.cpp's log quiet (its errors still reach last_error); 1 forwards
  * all of llama.cpp's log to stderr. */

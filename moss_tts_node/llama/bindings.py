@@ -23,7 +23,7 @@ from moss_tts_node.errors import BridgeError
 from moss_tts_node.llama.bridge import BRIDGE_LIB_ENV, bridge_library_path, llama_cpp_paths
 
 # Bump it together with moss_bridge.h's whenever a struct, enum or signature below changes.
-MOSS_BRIDGE_ABI_VERSION = 1
+MOSS_BRIDGE_ABI_VERSION = 2
 
 
 class Status(enum.IntEnum):
@@ -67,6 +67,7 @@ class MossBridgeParams(ctypes.Structure):
         ("type_k", ctypes.c_int32),
         ("type_v", ctypes.c_int32),
         ("flash_attn", ctypes.c_int32),
+        ("extra_bufts", ctypes.c_int32),
     )
 
 
@@ -92,6 +93,10 @@ _BRIDGE: _Signatures = {
     "moss_bridge_set_text_logits": (_STATUS, [_HANDLE, ctypes.c_int32]),
     "moss_bridge_status_string": (ctypes.c_char_p, [_STATUS]),
     "moss_bridge_last_error": (ctypes.c_char_p, [_HANDLE]),
+    "moss_bridge_weight_buffers": (ctypes.c_char_p, [_HANDLE]),
+    "moss_bridge_cpu_extra_buft_count": (ctypes.c_int32, []),
+    "moss_bridge_cpu_extra_buft_name": (ctypes.c_char_p, [ctypes.c_int32]),
+    "moss_bridge_skip_cpu_extra_buft": (_STATUS, [ctypes.c_char_p]),
     "moss_bridge_set_verbose": (_STATUS, [ctypes.c_int32]),
     "moss_bridge_quantize": (_STATUS, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int32, ctypes.c_int32]),
 }
@@ -196,3 +201,15 @@ def llama_supports_gpu_offload() -> bool:
 def llama_system_info() -> str:
     """llama.cpp's own one-line summary of the CPU features and backends it was built with."""
     return load_bridge_library().llama_print_system_info().decode(errors="replace").strip(" |")
+
+
+def cpu_extra_buffer_types() -> tuple[str, ...]:
+    """The CPU's extra buffer types llama.cpp's loader considers now, in its order of preference ("CPU_REPACK")."""
+    lib = load_bridge_library()
+    return tuple(lib.moss_bridge_cpu_extra_buft_name(i).decode() for i in range(lib.moss_bridge_cpu_extra_buft_count()))
+
+
+def skip_cpu_extra_buffer_type(name: str) -> None:
+    """Hide one of them from every model loaded after this in the process (moss_bridge_skip_cpu_extra_buft)."""
+    if load_bridge_library().moss_bridge_skip_cpu_extra_buft(name.encode()) != Status.OK:
+        raise BridgeError(f"llama.cpp has no CPU buffer type {name!r} to skip (it offers {cpu_extra_buffer_types()})")

@@ -126,6 +126,7 @@ def build_bridge_library() -> Path:
         f"-I{include}",
         f"-L{libdir}",
         "-lllama",
+        "-lggml",  # the backend registry: the CPU device and its extra buffer types
         "-lggml-base",
         f"-Wl,-rpath,{libdir}",
     ]
