@@ -125,6 +125,12 @@ class LlamaConfig:
         choices=KV_CACHE_TYPES,
     )
     flash_attn: str = _option("auto", "Flash attention: auto, on or off.", choices=FLASH_ATTN_MODES)
+    repack: bool = _option(
+        True,
+        "Let llama.cpp repack quantized weights on the CPU into its faster layout (CPU_REPACK): faster steps, a "
+        "slower prefill. false keeps the GGUF's own layout, as llama-cli's --no-repack. Intel's AMX layout is never "
+        'used: its kernel crashes (docs/install.md, "Intel CPUs with AMX").',
+    )
 
 
 @dataclass(frozen=True)
@@ -140,7 +146,8 @@ class AudioConfig:
     )
     onnx_provider: str = _option(
         "auto",
-        "ONNX Runtime device: auto (CUDA when available), cpu or cuda.",
+        "ONNX Runtime device: auto (CUDA where this onnxruntime has it: onnxruntime-gpu, docs/install.md), cpu "
+        "or cuda.",
         choices=ONNX_PROVIDERS,
     )
     codec_threads: int = _option(0, "ONNX Runtime intra-op threads; 0 lets it choose.", min=0, max=1024)

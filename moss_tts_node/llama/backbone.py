@@ -23,6 +23,7 @@ import numpy as np
 
 from moss_tts_node.errors import BridgeError, WeightsError
 from moss_tts_node.llama.bindings import FLASH_ATTN, GGML_TYPES, Status, load_bridge_library, status_error
+from moss_tts_node.llama.placement import cpu_weight_placement
 
 _GGUF_MAGIC = b"GGUF"
 
@@ -40,6 +41,7 @@ class BackboneParams:
     kv_cache_type_k: str = "f16"  # a key of bindings.GGML_TYPES
     kv_cache_type_v: str = "f16"
     flash_attn: str = "auto"  # a key of bindings.FLASH_ATTN
+    repack: bool = True  # llama.cpp's faster CPU layouts for quantized weights (llama/placement.py)
 
 
 def set_llama_verbose(verbose: bool) -> None:
@@ -55,6 +57,7 @@ class Backbone:
         path = Path(params.gguf_path)
         _check_gguf_file(path)
         self._lib = load_bridge_library()
+        placement = cpu_weight_placement(params.repack)
         c_params = self._lib.moss_bridge_default_params()
         c_params.model_path = str(path).encode()
         c_params.n_ctx = params.n_ctx
@@ -64,6 +67,7 @@ class Backbone:
         c_params.type_k = GGML_TYPES[params.kv_cache_type_k]
         c_params.type_v = GGML_TYPES[params.kv_cache_type_v]
         c_params.flash_attn = FLASH_ATTN[params.flash_attn]
+        c_params.extra_bufts = int(params.repack)
         handle = ctypes.c_void_p()
         status = self._lib.moss_bridge_create(ctypes.byref(c_params), ctypes.byref(handle))
         if status != Status.OK:
@@ -72,6 +76,9 @@ class Backbone:
                 raise WeightsError(f"cannot load the backbone GGUF {path}: {detail}")
             raise BridgeError(status_error(self._lib, status, None))
         self._handle = handle
+        buffers = self._lib.moss_bridge_weight_buffers(handle).decode(errors="replace")
+        # Where llama.cpp put the weights, and why: "CPU_REPACK 646.0 MiB, CPU 120.5 MiB (llama.cpp's CPU_REPACK ...)".
+        self.weight_layout = f"{buffers} ({placement.reason()})"
         self._n_embd = self._query(self._lib.moss_bridge_n_embd)
         self._n_vocab = self._query(self._lib.moss_bridge_n_vocab)
         self._n_ctx = self._query(self._lib.moss_bridge_n_ctx)

@@ -51,6 +51,7 @@ def backbone_params(config: Config) -> BackboneParams:
         kv_cache_type_k=llama.kv_cache_type_k,
         kv_cache_type_v=llama.kv_cache_type_v,
         flash_attn=llama.flash_attn,
+        repack=llama.repack,
     )
 
 
@@ -107,6 +108,7 @@ class Stages(ABC):
 
     streams: bool  # whether the decoder can run while the backbone generates
     n_ctx: int
+    weight_layout: str  # where llama.cpp keeps the backbone's weights, and why (Backbone.weight_layout)
     # How streams decode when a stream decoder is resident (its state is one utterance's); None: windowed.
     stream_decoding: StatefulStreamDecoding | None = None
 
@@ -155,6 +157,7 @@ class ResidentStages(Stages):
             self._generation.close()
             raise
         self.n_ctx = self._generation.backbone.n_ctx
+        self.weight_layout = self._generation.backbone.weight_layout
         self._use = threading.Condition()
         self._generating = 0
         self._preparing = False
@@ -211,6 +214,7 @@ class PerRequestStages(Stages):
         self._spec = spec
         with self.generation() as stage:
             self.n_ctx = stage.backbone.n_ctx
+            self.weight_layout = stage.backbone.weight_layout  # each reload places them alike
         open_codec(codec_params(config, spec)).close()
 
     @contextmanager
