@@ -1,8 +1,10 @@
 # Two commands do all the set-up on a fresh Debian/Ubuntu machine:
 #   make demo   - virtualenv, demo weights, demo.wav, timings
 #   make test   - virtualenv, lint, the whole test suite
-# llama-cpp-python compiles llama.cpp from source (about 10 minutes on 2 cores, once; pip caches the wheel).
-# For CUDA (desktop GPU or Jetson Orin):  make demo LLAMA_CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=87"
+# llama-cpp-python compiles llama.cpp from source (about 10 minutes on 2 cores, once per set of LLAMA_CMAKE_ARGS:
+# scripts/install_llama.sh keeps each build's wheel). For CUDA (desktop GPU or Jetson Orin):
+#   make demo LLAMA_CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=87"
+# Another Python (Humble's 3.10, Jazzy's 3.12), in a venv of its own:  make test PYTHON=python3.10 VENV=.venv-3.10
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -11,14 +13,23 @@ LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
 DEMO_DIR := demo_weights
 DEMO_TEXT ?= Hello! I am a robot, and this is my voice.
 
-.PHONY: demo test lint venv clean msgs
+.PHONY: demo test lint venv clean msgs FORCE
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: requirements.txt setup.py
+# The CMake arguments of the venv's llama.cpp: the file is rewritten, and the venv brought up to date, only when
+# LLAMA_CMAKE_ARGS differs from the last build's.
+$(VENV)/.llama-cmake-args: FORCE
+	@mkdir -p $(VENV)
+	@echo '$(LLAMA_CMAKE_ARGS)' | cmp -s - $@ || echo '$(LLAMA_CMAKE_ARGS)' > $@
+
+FORCE:
+
+$(VENV)/.installed: requirements.txt setup.py scripts/install_llama.sh $(VENV)/.llama-cmake-args
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install -r requirements.txt
+	scripts/install_llama.sh $(PY) "$(LLAMA_CMAKE_ARGS)"
+	$(PY) -m pip install -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
