@@ -54,7 +54,8 @@ class StageClock:
 class TimingReport:
     """One request's figures. real_time_factor = wall time / audio time (below 1 is faster than real time).
 
-    ``model`` names the model that made them (``ModelIdentity.name``).
+    ``model`` names the model that made them (``ModelIdentity.name``), ``weights`` where llama.cpp keeps its
+    backbone's weights and why (``Backbone.weight_layout``): the layout sets the speed of a CPU's steps.
 
     ``codec_decode`` names how the audio was decoded (``SegmentDecoding.name``: "offline", or a
     streaming strategy) and ``codec_rtf`` = codec time / audio time. ``codec_stalls``: the audio
@@ -63,6 +64,7 @@ class TimingReport:
     """
 
     model: str
+    weights: str
     seed: int
     prompt_rows: int
     prefilled_rows: int  # of prompt_rows; the others were a prefix kept in the KV cache from the last request
@@ -90,6 +92,7 @@ class TimingReport:
         clock: StageClock,
         *,
         model: str,
+        weights: str,
         seed: int,
         prompt_rows: int,
         max_new_tokens: int,
@@ -106,6 +109,7 @@ class TimingReport:
         loop_s = sum(clock.seconds[s] for s in ("backbone", "heads", "sampling"))
         return cls(
             model=model,
+            weights=weights,
             seed=seed,
             prompt_rows=prompt_rows,
             prefilled_rows=clock.prefilled_rows,
@@ -147,6 +151,7 @@ class TimingReport:
         return "\n".join(
             [
                 f"model              {self.model}",
+                f"weights            {self.weights}",
                 f"prompt rows        {self.prompt_rows} ({self.prefilled_rows} prefilled, the rest reused)",
                 f"steps              {self.steps} of {self.max_new_tokens} (stop: {self.stop_reason})",
                 f"audio              {self.frames} frames, {self.audio_seconds:.2f} s",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -41,6 +42,8 @@ def test_synth_writes_a_24khz_mono_wav_of_whole_frames(demo_config: Path, tmp_pa
     )
     assert done.returncode == 0, done.stderr
     assert "steps/s" in done.stdout and "time to 1st audio" in done.stdout
+    # where llama.cpp put the weights, and why: the demo's F16 GGUF stays in plain CPU memory
+    assert re.search(r"^weights +CPU [0-9.]+ MiB \(.+\)$", done.stdout, re.MULTILINE), done.stdout
     info = sf.info(out)
     assert (info.samplerate, info.channels, info.subtype) == (SAMPLE_RATE, 1, "PCM_16")
     saved = np.load(tokens)

@@ -29,6 +29,8 @@ def test_reports_every_component_without_a_config() -> None:
     assert checks["llama.cpp bridge"][0] == "ok"
     assert checks["onnxruntime"][0] == "ok" and "CPUExecutionProvider" in checks["onnxruntime"][1]
     assert checks["llama.cpp GPU offload"][1].startswith(("yes", "no"))
+    status, layouts = checks["llama.cpp CPU weights"]  # what the CPU offers, and what a model uses of it
+    assert status == "ok" and layouts.startswith("offered ") and "layout" in layouts
     assert "cuda device" in checks  # a device, or the reason there is none
 
 
@@ -56,6 +58,21 @@ def test_missing_weights_and_engines_fail_with_the_fix(demo_config: Path, tmp_pa
     assert checks["codec engines"][0] == "FAIL" and "build-engines" in checks["codec engines"][1]
     done = doctor("--config", config)
     assert done.returncode == 1 and "embeddings" in done.stderr and "codec engines" in done.stderr
+
+
+def test_a_config_that_turns_repacking_off_says_so(demo_config: Path, tmp_path: Path) -> None:
+    config = tmp_path / "plain.yaml"
+    model = load_config(demo_config).model
+    params = {
+        "model.weights_dir": model.weights_dir,
+        "model.backbone_gguf": model.backbone_gguf,
+        "model.codec_dir": model.codec_dir,
+        "llama.repack": False,
+    }
+    write_params_file(config, params)
+    assert "llama.repack" not in by_name(demo_config)
+    status, detail = by_name(config)["llama.repack"]
+    assert status == "--" and "the GGUF's own layout: llama.repack is false" in detail
 
 
 def test_a_broken_config_is_reported_not_raised(tmp_path: Path) -> None:

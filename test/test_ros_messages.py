@@ -170,6 +170,7 @@ def test_speak_feedback_carries_the_tickets_state_and_progress() -> None:
 
 
 COUNTS = [f.name for f in dataclasses.fields(RequestCounts)]
+LAYOUT = "CPU 12.9 MiB, CPU_REPACK 19.1 MiB (llama.cpp's CPU_REPACK layout where it takes a matrix, ...)"
 
 
 def status(**changes: object) -> NodeStatus:
@@ -180,6 +181,7 @@ def status(**changes: object) -> NodeStatus:
         model_loaded=True,
         model="MOSS-VoiceGenerator",
         model_load_s=1.23456,
+        weight_layout=LAYOUT,
         configure_failure=None,
         queue_size=2,
         queue_policy="queue",
@@ -188,7 +190,7 @@ def status(**changes: object) -> NodeStatus:
     return replace(idle, **{key: value for key, value in changes.items() if key not in COUNTS})
 
 
-NOT_LOADED = {"model_loaded": False, "model": "", "model_load_s": None}
+NOT_LOADED = {"model_loaded": False, "model": "", "model_load_s": None, "weight_layout": ""}
 
 
 @pytest.mark.parametrize(
@@ -226,6 +228,7 @@ def test_diagnostics_values_before_and_after_the_first_request(report: TimingRep
         "model_loaded": "true",
         "model": "MOSS-VoiceGenerator",
         "model_load_s": "1.235",
+        "weight_layout": LAYOUT,
         "queue_depth": "0",
         "queue_size": "2",
         "queue_policy": "queue",

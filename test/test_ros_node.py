@@ -10,6 +10,7 @@ to ``generation.max_new_tokens``.
 from __future__ import annotations
 
 import importlib.util
+import re
 import signal
 import subprocess
 import sys
@@ -288,6 +289,7 @@ def test_diagnostics_report_the_model_the_queue_and_the_last_request(
     values = status["values"]
     assert status["level"] == 0 and status["message"] == "ready"
     assert values["model_loaded"] == "true"
+    assert re.fullmatch(r"CPU [0-9.]+ MiB \(.+\)", values["weight_layout"]), values  # the demo's F16 backbone
     assert (values["queue_depth"], values["queue_size"], values["queue_policy"]) == ("0", "2", "queue")
     assert float(values["last_real_time_factor"]) > 0
     assert float(values["last_time_to_first_audio_s"]) > 0

@@ -370,6 +370,7 @@ def test_timing_report_warns_when_the_codec_cannot_keep_up_with_a_stream(
     report = TimingReport.from_clock(
         clock,
         model="MOSS-TTS 1.5",
+        weights="CPU_REPACK 1.0 MiB (...)",
         seed=0,
         prompt_rows=1,
         max_new_tokens=1,

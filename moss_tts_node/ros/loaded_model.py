@@ -22,8 +22,8 @@ from moss_tts_node.synthesizer import Synthesizer
 class LoadedModel:
     """The synthesizer a configure loads (the model and its voices), lent through ``loan`` until cleanup frees it.
 
-    ``failure`` says why the last configure failed, until one succeeds; ``sample_rate``, ``load_s``, ``name`` and
-    ``loaded`` describe the model the last successful one loaded.
+    ``failure`` says why the last configure failed, until one succeeds; ``sample_rate``, ``load_s``, ``name``,
+    ``weight_layout`` and ``loaded`` describe the model the last successful one loaded.
     """
 
     def __init__(self, log: Log) -> None:
@@ -31,6 +31,7 @@ class LoadedModel:
         self.sample_rate = 0
         self.load_s: float | None = None
         self.name = ""  # which model of the family it is (``ModelIdentity.name``: "MOSS-VoiceGenerator")
+        self.weight_layout = ""  # where llama.cpp keeps its weights, and why (``Backbone.weight_layout``)
         self.loaded = ""  # "model loaded in ... from ... (name)", for the log
         self.failure: str | None = None
         self._log = log
@@ -49,6 +50,7 @@ class LoadedModel:
         self.sample_rate = synth.spec.sampling_rate
         self.load_s = time.monotonic() - started
         self.name = synth.spec.identity.name
+        self.weight_layout = synth.stages.weight_layout
         self.loaded = f"model loaded in {self.load_s:.1f} s from {settings.config.model.weights_dir} ({self.name})"
         self.loan.give(synth)
 

@@ -106,6 +106,7 @@ class NodeStatus:
     model_loaded: bool
     model: str  # which model of the family the loaded weights are (``ModelIdentity.name``); "" when none is loaded
     model_load_s: float | None  # how long the loaded model took to configure; None when none is loaded
+    weight_layout: str  # where llama.cpp keeps the loaded model's weights, and why; "" when none is loaded
     configure_failure: str | None  # why the last configure failed, until one succeeds
     queue_size: int
     queue_policy: str
@@ -134,6 +135,7 @@ def diagnostic_status(node_name: str, status: NodeStatus) -> DiagnosticStatus:
         "model_loaded": str(status.model_loaded).lower(),
         "model": status.model,
         "model_load_s": _figure(status.model_load_s),
+        "weight_layout": status.weight_layout,
         "queue_depth": requests.queue_depth,
         "queue_size": status.queue_size,
         "queue_policy": status.queue_policy,

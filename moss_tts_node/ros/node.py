@@ -322,6 +322,7 @@ class TtsNode(LifecycleNode):
             model_loaded=phase.loaded,
             model=self._model.name if phase.loaded else "",
             model_load_s=self._model.load_s if phase.loaded else None,
+            weight_layout=self._model.weight_layout if phase.loaded else "",
             configure_failure=self._model.failure,
             queue_size=self._startup.queue_size,
             queue_policy=self.get_parameter("queue_policy").value,

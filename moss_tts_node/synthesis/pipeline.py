@@ -324,6 +324,7 @@ class Pipeline:
         report = TimingReport.from_clock(
             out.clock,
             model=self.spec.identity.name,
+            weights=self.stages.weight_layout,
             seed=sampling.seed,
             prompt_rows=sum(piece.prompt.shape[0] for piece in pieces),
             max_new_tokens=sum(piece.max_steps for piece in pieces),

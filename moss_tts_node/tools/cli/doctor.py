@@ -104,7 +104,18 @@ def _check_llama(checks: list[Check]) -> bool | None:
     detail = "yes" if offload else "no: a CPU-only build (rebuild with CMAKE_ARGS=-DGGML_CUDA=on)"
     checks.append(Check("ok" if offload else "--", "llama.cpp GPU offload", detail))
     checks.append(Check("ok", "llama.cpp system", llama_system_info()))
+    checks.append(_weight_layouts(repack=True))
     return offload
+
+
+def _weight_layouts(repack: bool) -> Check:
+    """Which of llama.cpp's CPU weight layouts this machine offers, and which a model loaded with ``repack`` uses."""
+    from moss_tts_node.llama.placement import cpu_weight_placement
+
+    placement = cpu_weight_placement(repack)
+    offered = ", ".join(placement.offered) or "none"
+    what = "llama.cpp CPU weights" if repack else "llama.repack"
+    return Check("ok" if repack else "--", what, f"offered {offered}: {placement.reason()}")
 
 
 def _check_onnxruntime(checks: list[Check]) -> tuple[str, ...]:
@@ -165,6 +176,8 @@ def _check_config(path: Path, environment: _Environment, checks: list[Check]) ->
     if n_vq is not None:
         _check_model(config, checks)
     _check_heads(config, environment, checks)
+    if not config.llama.repack and environment.gpu_offload is not None:
+        checks.append(_weight_layouts(repack=False))
     if config.llama.n_gpu_layers != 0 and environment.gpu_offload is False:
         checks.append(
             Check("warn", "llama.n_gpu_layers", f"{config.llama.n_gpu_layers}, but llama.cpp has no GPU: CPU only")

@@ -20,7 +20,12 @@ import numpy as np
 def main(argv: Sequence[str]) -> None:
     import llama_cpp  # deferred: bench imports this module only to name it
 
+    from moss_tts_node.llama.placement import cpu_weight_placement
+
     path, prompt, threads, n_ctx, n_batch = argv[0], argv[1], int(argv[2]), int(argv[3]), int(argv[4])
+    # The bridge's choice of weight layout, made in this process: it hides AMX from the libllama that
+    # llama-cpp-python's bindings share with the bridge, as it does for the bridge's own models.
+    cpu_weight_placement(repack=True)
     quiet = llama_cpp.llama_log_callback(lambda level, text, data: None)
     llama_cpp.llama_log_set(quiet, ctypes.c_void_p(0))
     llama_cpp.llama_backend_init()
