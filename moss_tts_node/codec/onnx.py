@@ -183,7 +183,7 @@ def _existing_file(path: Path, role: str) -> Path:
     if not path.is_file():
         raise WeightsError(
             f"codec {role} file {path} not found; download {role}.onnx from the Hugging Face repo "
-            f"{ONNX_SOURCE} (e.g. huggingface-cli download {ONNX_SOURCE} --local-dir <dir>) "
+            f"{ONNX_SOURCE} (e.g. hf download {ONNX_SOURCE} --local-dir <dir>) "
             "and point the config at it"
         )
     return path
