@@ -23,11 +23,12 @@ setup(
         # The C bridge, compiled on first use; moss_tts_node.llama.bridge.INSTALLED_SOURCES finds it here.
         (f"share/{PACKAGE}/bridge", glob("bridge/*.[ch]")),
     ],
-    # Ranges that take what apt ROS ships (Humble: Python 3.10, numpy 1.21.5, PyYAML 5.4.1; Jazzy: 3.12,
-    # 1.26.4, 6.0.1); requirements.txt pins what `make test` uses, .ci/requirements-lowest.txt the lowest
-    # that CI also tests. llama-cpp-python is exact: the bridge is compiled against its headers (bridge.py).
+    # Ranges that take what apt ROS ships (Humble: Python 3.10, numpy 1.21.5 (beside which pip puts 1.21.6),
+    # PyYAML 5.4.1; Jazzy: 3.12, 1.26.4, 6.0.1); requirements.txt pins what `make test` uses on each Python,
+    # .ci/requirements-lowest.txt the lowest, which CI tests on Humble's Python. llama-cpp-python is exact: the
+    # bridge is compiled against its headers (bridge.py).
     install_requires=[
-        "numpy>=1.21.5",
+        "numpy>=1.21.6",  # Humble has 1.21.5: onnxruntime takes 1.21.6 and newer
         "PyYAML>=5.4",
         "tokenizers>=0.15",
         "soundfile>=0.12",

@@ -20,8 +20,8 @@ pip=(.venv/bin/python -m pip)
 # at run time (tokenizers' huggingface-hub is only for downloads: left out). cuda-bindings 12.x runs on CUDA 12
 # and 13 drivers.
 exclude=${EXCLUDE-numpy}
-pinned=$(grep -E "^(numpy|PyYAML|tokenizers|soundfile|onnxruntime|onnx|gguf|pytest|threadpoolctl)==" requirements.txt |
-  sed 's/ .*//' | grep -v -x -E "(${exclude// /|})==.*" || true)
+pinned=$(.venv/bin/python scripts/pins.py --python "${py:0:1}.${py:1}" numpy PyYAML tokenizers soundfile \
+  onnxruntime onnx gguf pytest threadpoolctl | grep -v -x -E "(${exclude// /|})==.*" || true)
 # shellcheck disable=SC2086  # one requirement per word
 "${pip[@]}" download -q --dest "$out" --no-deps --only-binary :all: --python-version "$py" \
   --platform "$platform" --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
