@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
+from memory_growth import SOAK_RSS_GROWTH_KIB, late_growth_kib
 from ros_helpers import PARAMS_FILE_SEED, require_ros, wait_played
 from ros_helpers.netns import LoopbackNamespace, NodeProcess, playing, serving
 
@@ -402,11 +403,7 @@ def test_a_burst_from_several_clients_is_served_first_come_first_served(
         assert started == sorted(started), number  # spoken in the order accepted
 
 
-SOAK_CYCLES = 42  # of 18 requests each
-# The soak fails if the node's resident memory over the last quarter of the requests averages more
-# than this above the second quarter's (the first quarter warms caches up and is left out): a leak of
-# 32 KiB kept per request would fail it. docs/ros.md, "Requests", has the measured curve.
-SOAK_RSS_GROWTH_KIB = 8 * 1024
+SOAK_CYCLES = 42  # of 18 requests each; the node's memory is sampled after each (memory_growth.py has the limit)
 
 
 def test_a_soak_of_mixed_requests_is_answered_in_full_with_bounded_memory(
@@ -438,10 +435,7 @@ def test_a_soak_of_mixed_requests_is_answered_in_full_with_bounded_memory(
     assert counts["succeeded"] + counts["cancelled"] + counts["refused"] == counts["requests"]
     assert process.output().count("~/text request refused: the text is empty") == SOAK_CYCLES
     assert process.output().count("~/text request refused: the request has 5000 characters") == SOAK_CYCLES
-    rss = [kib for _, kib in curve]
-    quarter = len(rss) // 4
-    second, last = rss[quarter : 2 * quarter], rss[-quarter:]
-    assert sum(last) / len(last) <= sum(second) / len(second) + SOAK_RSS_GROWTH_KIB, curve
+    assert late_growth_kib([kib for _, kib in curve]) <= SOAK_RSS_GROWTH_KIB, curve
 
 
 def test_the_player_plays_what_the_node_publishes(
