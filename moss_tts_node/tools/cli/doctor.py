@@ -101,7 +101,14 @@ def _check_llama(checks: list[Check]) -> bool | None:
         return None
     checks.append(Check("ok", "llama.cpp bridge", library._name))
     offload = llama_supports_gpu_offload()
-    detail = "yes" if offload else "no: a CPU-only build (rebuild with CMAKE_ARGS=-DGGML_CUDA=on)"
+    detail = (
+        "yes"
+        if offload
+        else (
+            'no: a CPU-only build (make venv LLAMA_CMAKE_ARGS="-DGGML_CUDA=on"; other installs: docs/install.md, '
+            '"llama.cpp with CUDA (desktop GPU, Jetson)")'
+        )
+    )
     checks.append(Check("ok" if offload else "--", "llama.cpp GPU offload", detail))
     checks.append(Check("ok", "llama.cpp system", llama_system_info()))
     checks.append(_weight_layouts(repack=True))
