@@ -48,7 +48,7 @@ PYFIX
 # stamp says the installed copy was built from the same FINGERPRINT and IMPORTS (a Python statement) still runs.
 build() {
     local name="$1" src="$2" wanted="$3" imports="$4"
-    local build="$ROOT/build/$name" stamp="$VENV/share/$name/source.sha256"
+    local build="$VENV/build/$name" stamp="$VENV/share/$name/source.sha256"
     if [[ -f "$stamp" && "$(cat "$stamp")" == "$wanted" ]] && "$PY" -W ignore -c "$imports" 2>/dev/null; then
         echo "$name is up to date in $VENV"
         return
@@ -77,7 +77,7 @@ build moss_tts_msgs "$ROOT/moss_tts_msgs" "$(fingerprint moss_tts_msgs)" \
     "import moss_tts_msgs.msg, moss_tts_msgs.srv, moss_tts_msgs.action"
 
 if [[ -f "$AUDIO_COMMON_TARBALL" ]]; then
-    sources="$ROOT/build/audio_common_msgs-src"
+    sources="$VENV/build/audio_common_msgs-src"
     rm -rf "$sources"
     mkdir -p "$sources"
     tar xzf "$AUDIO_COMMON_TARBALL" -C "$sources"
