@@ -139,6 +139,7 @@ EXTRA_COMMAND_MODULES: tuple[str, ...] = (
     "moss_tts_node.tools.cli.doctor",
     "moss_tts_node.tools.dev.codec_fidelity",
     "moss_tts_node.tools.cli.batch",
+    "moss_tts_node.tools.cli.serve",
 )
 
 
@@ -209,7 +210,7 @@ def run_synth(args: argparse.Namespace) -> int:
         raise RequestError("standard input held nothing to speak: pipe some text into it")
     audio = np.concatenate(chunks)
     if args.output:
-        write_wav(args.output, audio, synth.spec.sampling_rate)
+        write_wav(args.output, audio, synth.sampling_rate)
     if args.save_tokens:
         np.savez(args.save_tokens, prompt=stream.prompt, generated=stream.generated, codes=stream.codes)
     if args.profile:
