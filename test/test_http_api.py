@@ -141,3 +141,18 @@ def test_the_audio_bodies_hold_the_samples() -> None:
     np.testing.assert_array_equal(flac, np.frombuffer(pcm, "<i2"))
     streamed, _ = sf.read(io.BytesIO(wav_header(24000) + pcm), dtype="int16")  # sizes unknown: to the end
     np.testing.assert_array_equal(streamed, np.frombuffer(pcm, "<i2"))
+
+
+def test_a_remote_backend_needs_a_url_and_no_voices_of_its_own(tmp_path: Path) -> None:
+    """model.backend remote loads no model files (none need be there), and its voices are the server's."""
+    from moss_tts_node.config import from_flat
+    from moss_tts_node.errors import ConfigError
+
+    remote = {"model.backend": "remote", "model.weights_dir": "/nowhere", "model.remote_url": "http://gpu:8000/v1"}
+    assert from_flat(remote, tmp_path, "test").model.remote_url == "http://gpu:8000/v1"
+    with pytest.raises(ConfigError, match=r"'model\.remote_url' must be the speech server's http:// or https://"):
+        from_flat({**remote, "model.remote_url": "gpu:8000"}, tmp_path, "test")
+    with pytest.raises(ConfigError, match=r"'voices\.directories' is set, but with model\.backend remote"):
+        from_flat({**remote, "voices.directories": (str(tmp_path),)}, tmp_path, "test")
+    with pytest.raises(ConfigError, match=r"'model\.remote_api_key_file' file not found"):
+        from_flat({**remote, "model.remote_api_key_file": str(tmp_path / "key")}, tmp_path, "test")

@@ -20,7 +20,7 @@ from moss_tts_node.config import LimitsConfig
 from moss_tts_node.model.family import MOSS_TTS
 from moss_tts_node.model.identity import ModelIdentity
 from moss_tts_node.synthesis.request import SpeechRequest
-from moss_tts_node.synthesis.voices import VoiceLibrary, voices_by_name
+from moss_tts_node.synthesis.voices import VoiceLibrary, named_voice, voices_by_name
 
 SPEECH_PATH = "/v1/audio/speech"
 MODELS_PATH = "/v1/models"
@@ -193,12 +193,12 @@ def _voices(body: dict[str, Any], library: VoiceLibrary) -> tuple[Any, Any]:
                 400, "give every speaker's voice in 'voices' alone ([S1] first), not also 'voice'", param="voice"
             )
     listing = f"GET {VOICES_PATH}"
-    if names is None and (voice == DEFAULT_VOICE and DEFAULT_VOICE not in library):
-        return None, voices_by_name(library, [], prefix_name, prefix_text, listing)[1]
-    references, prefix = voices_by_name(library, [voice] if names is None else names, prefix_name, prefix_text, listing)
-    if names is None and isinstance(references, list):
-        return references[0], prefix
-    return references, prefix
+    if names is not None:
+        return voices_by_name(library, names, prefix_name, prefix_text, listing)
+    prefix = voices_by_name(library, [], prefix_name, prefix_text, listing)[1]
+    if voice == DEFAULT_VOICE and DEFAULT_VOICE not in library:
+        return None, prefix
+    return (named_voice(library, voice, "voice", listing) if voice else ""), prefix
 
 
 def _string(body: dict[str, Any], name: str, default: str) -> str:

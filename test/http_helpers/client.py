@@ -7,6 +7,7 @@
 - ``concurrent`` ``count`` openai requests at once, each to ``out`` with its index; their statuses
 - ``disconnect`` a streamed request dropped after its first audio; then a request that must be answered
 - ``busy``       a request while a long one speaks, then one after the long one is dropped
+- ``remote``     the Python API speaking through the server (``model.backend: remote``)
 """
 
 from __future__ import annotations
@@ -122,7 +123,47 @@ def busy(args: dict[str, Any]) -> dict[str, Any]:
     return {"refused": refused, "after": after}
 
 
-COMMANDS = {"openai": speech, "raw": raw, "concurrent": concurrent, "disconnect": disconnect, "busy": busy}
+def remote(args: dict[str, Any]) -> dict[str, Any]:
+    """The Python API on ``model.backend: remote``: its voices, a stream (chunks and samples to ``out``), the
+    refusals of a voice the server lacks and of streamed text, and a cancel after the first chunk."""
+    import numpy as np
+
+    from moss_tts_node import RequestError, open_synthesizer
+    from moss_tts_node.pcm import float_to_pcm16
+
+    answer: dict[str, Any] = {}
+    with open_synthesizer(args["config"]) as synth:
+        answer["name"] = synth.name
+        answer["voices"] = {v.name: [v.seconds, v.transcript] for v in synth.voices}
+        stream = synth.stream(args["input"], seed=args["seed"], voice=synth.voices["guide"])
+        chunks = list(stream)
+        answer["finals"] = [chunk.is_final for chunk in chunks]
+        answer["report"] = {"stop": str(stream.report.stop_reason), "audio_s": stream.report.audio_seconds}
+        Path(args["out"]).write_bytes(float_to_pcm16(np.concatenate([chunk.samples for chunk in chunks])))
+        refusals = []
+        for attempt in (lambda: synth.stream("Hi.", voice="nobody"), lambda: synth.stream_text(["Hi."])):
+            try:
+                attempt()
+                refusals.append(None)
+            except RequestError as error:
+                refusals.append(str(error))
+        answer["refusals"] = refusals
+        cancel = [False]
+        stream = synth.stream(args["long_input"], cancel=lambda: cancel[0])
+        for _chunk in stream:
+            cancel[0] = True
+        answer["cancelled"] = str(stream.report.stop_reason)
+    return answer
+
+
+COMMANDS = {
+    "openai": speech,
+    "raw": raw,
+    "concurrent": concurrent,
+    "disconnect": disconnect,
+    "busy": busy,
+    "remote": remote,
+}
 
 if __name__ == "__main__":
     command, arguments = sys.argv[1], json.loads(Path(sys.argv[2]).read_text())

@@ -144,11 +144,11 @@ EXTRA_COMMAND_MODULES: tuple[str, ...] = (
 
 
 def run_synth(args: argparse.Namespace) -> int:
+    from moss_tts_node.backends import open_synthesizer
     from moss_tts_node.codec.audio_io import write_wav
     from moss_tts_node.config import load_config
     from moss_tts_node.playback import Speaker, sound_output
     from moss_tts_node.synthesis.request import SpeechRequest, check_request
-    from moss_tts_node.synthesizer import Synthesizer
     from moss_tts_node.text.languages import language_tag
     from moss_tts_node.timing import StopReason
 
@@ -185,7 +185,7 @@ def run_synth(args: argparse.Namespace) -> int:
         "prefix_text": args.prefix_text,
     }
     check_request(SpeechRequest("" if text == STDIN else text, **fields), config.limits)  # before loading
-    with Synthesizer(config) as synth, ExitStack() as playing:
+    with open_synthesizer(config) as synth, ExitStack() as playing:
         fields = {**fields, "voice": _named(fields["voice"], synth.voices), "prefix": _named(args.prefix, synth.voices)}
         # A file alone gets the codec's decode of the whole utterance (of each sentence, for standard input);
         # --play streams, and the file then holds what was played.
