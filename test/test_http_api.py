@@ -88,6 +88,7 @@ def test_the_remote_backends_body_reads_back_as_its_request() -> None:
         "input": "Hello.",
         "response_format": "pcm",
         "stream": True,
+        "stream_format": "audio",
         "instructions": "slow",
         "language": "fr",
         "scene": "a hall",

@@ -149,8 +149,8 @@ def request_body(request: SpeechRequest, model: str, response_format: str, strea
     """The body that asks a server of this API for ``request``, its voices given by name (a remote server knows
     the voices by name, and no other way): the inverse of ``speech_order``, without the fields left at None."""
     body: dict[str, Any] = {"model": model, "input": request.text, "response_format": response_format}
-    if stream:
-        body["stream"] = True
+    if stream:  # vLLM-Omni reads stream alone as Server-Sent Events; stream_format asks every server for the bytes
+        body |= {"stream": True, "stream_format": "audio"}
     if request.instruction is not None:
         body["instructions"] = request.instruction
     body |= {
