@@ -265,7 +265,8 @@ class RemoteSynthesizer:
             streamed=False,
             stop_reason=stop,
         )
-        return StreamResult(np.empty((0, 0), np.int64), np.empty((0, 0), np.int64), report, clock)
+        empty = np.empty((0, 0), np.int64)
+        return StreamResult(empty, empty, report, clock, prompt=empty)
 
 
 def _whole_samples(data: bytes) -> tuple[bytes, bytes]:

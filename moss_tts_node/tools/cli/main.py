@@ -134,6 +134,7 @@ EXTRA_COMMAND_MODULES: tuple[str, ...] = (
     "moss_tts_node.tools.prepare.attach_heads",
     "moss_tts_node.tools.dev.bench",
     "moss_tts_node.tools.dev.text_stream_bench",
+    "moss_tts_node.tools.dev.http_bench",
     "moss_tts_node.tools.prepare.build_engines",
     "moss_tts_node.tools.prepare.stream_decoder_build",
     "moss_tts_node.tools.cli.doctor",
