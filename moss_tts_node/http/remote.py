@@ -28,7 +28,7 @@ import numpy as np
 
 from moss_tts_node.config import Config
 from moss_tts_node.errors import ConfigError, MossTTSError, RequestError
-from moss_tts_node.http.api import MODELS_PATH, SPEECH_PATH, VOICES_PATH, request_body
+from moss_tts_node.http.api import MODELS_PATH, SPEECH_PATH, VOICES_PATH, ApiError, request_body
 from moss_tts_node.model.rates import FRAMES_PER_SECOND, SAMPLE_RATE
 from moss_tts_node.pcm import pcm16_to_float
 from moss_tts_node.synthesis.cancel import CancelFlag, cancel_check
@@ -102,7 +102,7 @@ class RemoteSynthesizer:
             raise RequestError("a remote server takes no sampling section: leave it out (the server's own applies)")
         try:
             body = request_body(request, self.name, "pcm", streaming)
-        except Exception as error:  # ApiError: a voice that is not a name
+        except ApiError as error:  # a voice that is not a name
             raise RequestError(str(error)) from None
         clock = StageClock()
         connection, response = self._post(SPEECH_PATH, body)
