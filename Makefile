@@ -74,3 +74,9 @@ test: lint msgs $(VENV)/.play-installed
 
 clean:
 	rm -rf $(DEMO_DIR) demo.wav
+
+# The HTTP server's tests: the [http] extra (Starlette, uvicorn) and the official openai client, at the pins of
+# requirements-http.txt (docs/http.md).
+$(VENV)/.http-installed: requirements-http.txt $(VENV)/.installed
+	$(PY) -m pip install --quiet -r requirements-http.txt
+	touch $@

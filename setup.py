@@ -39,6 +39,7 @@ setup(
     ],
     extras_require={
         "demo": ["onnx"],
+        "http": ["starlette>=0.40", "uvicorn>=0.30"],  # the speech server (docs/http.md); the remote backend needs none
         "play": ["sounddevice"],
         "tensorrt": ["tensorrt", "pycuda"],
         "test": ["pytest", "onnx", "ruff", "safetensors"],
@@ -47,6 +48,7 @@ setup(
         "console_scripts": [
             f"moss_tts = {PACKAGE}.tools.cli.main:main",
             f"moss_tts_node = {PACKAGE}.ros.main:main",
+            f"moss_tts_server = {PACKAGE}.tools.cli.serve:main",
             f"moss_tts_player = {PACKAGE}.ros.player:main",
         ],
     },

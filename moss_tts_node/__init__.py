@@ -13,6 +13,7 @@ from moss_tts_node.config import Config, load_config
 from moss_tts_node.errors import Cancelled, CodecError, ConfigError, MossTTSError, RequestError, WeightsError
 
 if TYPE_CHECKING:
+    from moss_tts_node.backends import open_synthesizer
     from moss_tts_node.synthesis.feed import TextFeed
     from moss_tts_node.synthesis.request import SpeechRequest
     from moss_tts_node.synthesis.results import AudioChunk, AudioStream, Synthesis
@@ -33,6 +34,7 @@ __all__ = [
     "TextFeed",
     "WeightsError",
     "load_config",
+    "open_synthesizer",
 ]
 
 
@@ -44,6 +46,7 @@ _LAZY = {
     "SpeechRequest": "moss_tts_node.synthesis.request",
     "Synthesizer": "moss_tts_node.synthesizer",
     "TextFeed": "moss_tts_node.synthesis.feed",
+    "open_synthesizer": "moss_tts_node.backends",
 }
 
 

@@ -20,3 +20,7 @@ PAUSE_MODEL = "model"
 PAUSE_SILENCE = "silence"
 PAUSE_TEXT = "text"
 PAUSE_MARKER_MODES = (PAUSE_AUTO, PAUSE_MODEL, PAUSE_SILENCE, PAUSE_TEXT)
+# model.backend: where the speech comes from (the local model, or an OpenAI-compatible server: http/remote.py)
+BACKEND_LOCAL = "local"
+BACKEND_REMOTE = "remote"
+BACKENDS = (BACKEND_LOCAL, BACKEND_REMOTE)

@@ -32,6 +32,9 @@ from typing import Any
 import yaml
 
 from moss_tts_node.choices import (
+    BACKEND_LOCAL,
+    BACKEND_REMOTE,
+    BACKENDS,
     CODEC_BACKENDS,
     FLASH_ATTN_MODES,
     HEADS_BACKENDS,
@@ -82,6 +85,26 @@ def _option(
 
 @dataclass(frozen=True)
 class ModelConfig:
+    backend: str = _option(
+        BACKEND_LOCAL,
+        "Where the speech comes from: local, this machine's model (the keys below); remote, an OpenAI-compatible "
+        'speech server at remote_url (docs/http.md, "Remote backend"), and no model here.',
+        choices=BACKENDS,
+    )
+    remote_url: str = _option(
+        "",
+        "With backend remote: the speech server's base URL, up to /v1 (http://gpu-server:8000/v1).",
+    )
+    remote_model: str = _option(
+        "",
+        "With backend remote: the model the server is asked for; empty, the first it lists at GET /v1/models.",
+    )
+    remote_api_key_file: str = _option(
+        "",
+        "With backend remote: a file holding the server's API key, sent as 'Authorization: Bearer'; empty for none. "
+        "A file, not the key: any participant of the DDS domain may read a parameter.",
+        path=True,
+    )
     weights_dir: str = _option(
         "",
         f"Directory of MOSS-TTS-GGUF: the GGUF, {EMBEDDINGS_DIR}/, {HEADS_DIR}/, {TOKENIZER_DIR}/ and {CONFIG_FILE}.",
@@ -529,6 +552,9 @@ def _suggestion(key: str) -> str:
 
 def _check_files(config: Config, source: str) -> None:
     model = config.model
+    if model.backend == BACKEND_REMOTE:
+        _check_remote(config, source)
+        return
     if not model.weights_dir:
         raise ConfigError(f"{source}: 'model.weights_dir' is not set (the MOSS-TTS-GGUF directory)")
     if not Path(model.weights_dir).is_dir():
@@ -565,6 +591,29 @@ def _check_files(config: Config, source: str) -> None:
     for directory in config.voices.directories:
         if not Path(directory).is_dir():
             raise ConfigError(f"{source}: 'voices.directories' directory not found: {directory}")
+
+
+def _check_remote(config: Config, source: str) -> None:
+    """A remote backend's URL and key file; its voices are the server's, named in requests, so none is configured
+    here."""
+    model = config.model
+    if not model.remote_url.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"{source}: 'model.remote_url' must be the speech server's http:// or https:// base URL (up to /v1) with "
+            f"model.backend remote, got {model.remote_url!r}"
+        )
+    if model.remote_api_key_file and not Path(model.remote_api_key_file).is_file():
+        raise ConfigError(f"{source}: 'model.remote_api_key_file' file not found: {model.remote_api_key_file}")
+    for key, value in (
+        ("generation.reference_audio", config.generation.reference_audio),
+        ("voices.files", config.voices.files),
+        ("voices.directories", config.voices.directories),
+    ):
+        if value:
+            raise ConfigError(
+                f"{source}: '{key}' is set, but with model.backend remote the voices are the server's: leave it "
+                "empty, and name the server's voices in requests (GET /v1/audio/voices lists them)"
+            )
 
 
 def _check_stream_decoder(config: Config, source: str) -> None:

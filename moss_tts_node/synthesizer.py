@@ -14,8 +14,7 @@ voices, and the pipeline that turns a request's pieces into chunks.
 from __future__ import annotations
 
 import secrets
-import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from moss_tts_node.model.layout import TOKENIZER_DIR
 from moss_tts_node.model.rates import frames_for_seconds
 from moss_tts_node.model.sampling import SamplingParams
 from moss_tts_node.model.spec import ModelSpec
+from moss_tts_node.synthesis.cancel import CancelFlag, cancel_check
 from moss_tts_node.synthesis.dialogue import DialoguePieces
 from moss_tts_node.synthesis.feed import TextFeed
 from moss_tts_node.synthesis.pipeline import ListedPlan, Pipeline, PlanSource
@@ -43,8 +43,6 @@ from moss_tts_node.text.pauses import resolve_pause_mode
 from moss_tts_node.text.pieces import Continuation, Piece, PiecePlanner
 from moss_tts_node.text.prompt import PromptBuilder, PromptFields
 from moss_tts_node.text.speakers import in_turn
-
-CancelFlag = threading.Event | Callable[[], bool] | None
 
 
 class Synthesizer:
@@ -89,6 +87,22 @@ class Synthesizer:
 
     def close(self) -> None:
         self.stages.close()
+
+    # What the node's diagnostics and the CLI read of any synthesizer, the remote backend's too (backends.py).
+
+    @property
+    def name(self) -> str:
+        """Which model of the family the weights are (``ModelIdentity.name``: "MOSS-VoiceGenerator")."""
+        return self.spec.identity.name
+
+    @property
+    def weight_layout(self) -> str:
+        """Where llama.cpp keeps the backbone's weights, and why (``Backbone.weight_layout``)."""
+        return self.stages.weight_layout
+
+    @property
+    def sampling_rate(self) -> int:
+        return self.spec.sampling_rate
 
     def __enter__(self) -> Synthesizer:
         return self
@@ -225,7 +239,12 @@ class Synthesizer:
         max_frames = None if max_audio_s is None else frames_for_seconds(max_audio_s)
         source = self._in_turns(ListedPlan(plan), references, gen.normalize_text)
         chunks = self.pipeline.run(
-            source, _sampling_params(request, config, self.spec), config.audio, _flag(cancel), streaming, max_frames
+            source,
+            _sampling_params(request, config, self.spec),
+            config.audio,
+            cancel_check(cancel),
+            streaming,
+            max_frames,
         )
         prompt = next(item.prompt for item in plan if isinstance(item, Piece))
         return AudioStream(prompt, chunks, expected_s)
@@ -289,7 +308,7 @@ class Synthesizer:
         )
         self.planner.step_budget(empty, 1)
         max_new_tokens = request.max_new_tokens or gen.max_new_tokens
-        flag = _flag(cancel)
+        flag = cancel_check(cancel)
         pause_markers = self._pause_mode(gen)
         source: PlanSource = CutPieces(
             fragments if isinstance(fragments, TextFeed) else TextFeed.reading(fragments),
@@ -478,11 +497,3 @@ def _prompt_fields(gen: GenerationConfig, request: SpeechRequest, text: str | No
         ambient_sound=request.ambient_sound,
         scene=request.scene,
     )
-
-
-def _flag(cancel: CancelFlag) -> Callable[[], bool]:
-    if cancel is None:
-        return lambda: False
-    if isinstance(cancel, threading.Event):
-        return cancel.is_set
-    return cancel

@@ -135,6 +135,12 @@ class TimingReport:
     def to_dict(self) -> dict[str, float | int | str | None]:
         return asdict(self)
 
+    def summary(self) -> str:
+        """One line: the audio, the time it took, the real-time factor and why it stopped (a server's log line)."""
+        rtf = "-" if self.real_time_factor is None else f"{self.real_time_factor:.2f}"
+        seconds = f"{self.audio_seconds:.2f} s of audio in {self.wall_s:.2f} s"
+        return f"{seconds} (real-time factor {rtf}, stop: {self.stop_reason})"
+
     def format(self) -> str:
         ttfa = "-" if self.time_to_first_audio_s is None else f"{self.time_to_first_audio_s * 1000:.0f} ms"
         rtf = "-" if self.real_time_factor is None else f"{self.real_time_factor:.2f}"

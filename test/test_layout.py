@@ -150,7 +150,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("model",),
     ("text", "codec"),
     ("config",),
-    ("synthesis", "synthesizer", "__init__"),
+    ("synthesis", "synthesizer", "serving"),
+    ("http", "backends", "__init__"),
     ("ros", "tools"),
     ("__main__",),
 )

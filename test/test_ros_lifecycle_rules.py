@@ -24,7 +24,7 @@ from moss_tts_node.ros.lifecycle import (  # noqa: E402
     check_serving,
     parameter_refusal,
 )
-from moss_tts_node.ros.queue import Refused  # noqa: E402
+from moss_tts_node.serving.queue import Refused  # noqa: E402
 
 NODE = "/robot1/moss_tts_node"
 

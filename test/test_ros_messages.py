@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from ros_helpers import require_ros
 
-from moss_tts_node.ros.queue import State
+from moss_tts_node.serving.queue import State
 from moss_tts_node.synthesis.request import SpeechRequest
 from moss_tts_node.synthesis.voices import LibraryVoice
 from moss_tts_node.timing import StopReason, TimingReport

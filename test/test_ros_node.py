@@ -30,7 +30,7 @@ from ros_helpers.netns import LoopbackNamespace, NodeProcess, playing, serving
 
 from moss_tts_node.codec.streaming import OfflineDecoding, WindowedStreamDecoding
 from moss_tts_node.model.rates import SAMPLE_RATE, SAMPLES_PER_FRAME
-from moss_tts_node.ros.queue import FULL
+from moss_tts_node.serving.queue import FULL
 
 if TYPE_CHECKING:
     from conftest import NullSink

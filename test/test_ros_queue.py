@@ -1,4 +1,4 @@
-"""The node's request line (ros/queue.py): order, bounds, interrupt policy, cancel, shutdown.
+"""The node's request line (serving/queue.py): order, bounds, interrupt policy, cancel, shutdown.
 
 No ROS here: the jobs are stand-ins that run until released or cancelled. Hand-picked cases
 first, then the rules as properties over random interleavings (hypothesis).
@@ -15,7 +15,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from moss_tts_node.ros.queue import (
+from moss_tts_node.serving.queue import (
     DROPPED,
     FULL,
     INTERRUPTED,

@@ -25,13 +25,13 @@ from rclpy.action import CancelResponse  # noqa: E402
 from moss_tts_node.errors import ConfigError  # noqa: E402
 from moss_tts_node.ros.audio import encode  # noqa: E402
 from moss_tts_node.ros.goals import CLIENT_CANCEL, SpeakGoals  # noqa: E402
-from moss_tts_node.ros.intake import BUSY, Intake  # noqa: E402
 from moss_tts_node.ros.lifecycle import DEACTIVATING, SHUTTING_DOWN, Loan, Phase  # noqa: E402
 from moss_tts_node.ros.loaded_model import LoadedModel  # noqa: E402
 from moss_tts_node.ros.parameters import Settings, checked_settings  # noqa: E402
-from moss_tts_node.ros.queue import FULL, Refused, State  # noqa: E402
 from moss_tts_node.ros.requests import SPEAK, SYNTHESIZE, TEXT, Requests  # noqa: E402
 from moss_tts_node.ros.text_stream import StreamLimits, TextStreams  # noqa: E402
+from moss_tts_node.serving.intake import BUSY, Intake  # noqa: E402
+from moss_tts_node.serving.queue import FULL, Refused, State  # noqa: E402
 from moss_tts_node.synthesizer import Synthesizer  # noqa: E402
 
 NODE = "/moss_tts_node"

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from ros_helpers import require_ros
 
-from moss_tts_node.ros.queue import Refused
+from moss_tts_node.serving.queue import Refused
 
 require_ros()
 

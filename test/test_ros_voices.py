@@ -21,7 +21,8 @@ from moss_tts_msgs.action import Speak  # noqa: E402
 from moss_tts_msgs.msg import TextChunk  # noqa: E402
 from moss_tts_msgs.srv import Synthesize  # noqa: E402
 
-from moss_tts_node.ros.voices import MAX_NAME_CHARS, requested_voices, voice_infos  # noqa: E402
+from moss_tts_node.ros.voices import requested_voices, voice_infos  # noqa: E402
+from moss_tts_node.synthesis.voices import MAX_NAME_CHARS  # noqa: E402
 
 NODE = "/robot1/moss_tts_node"
 LISTED = f"`ros2 service call {NODE}/list_voices moss_tts_msgs/srv/ListVoices` lists (a name, never a path)"

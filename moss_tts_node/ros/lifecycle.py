@@ -16,7 +16,7 @@ from typing import Any, Generic, TypeVar
 
 from moss_tts_node.errors import ConfigError, MossTTSError
 from moss_tts_node.ros.parameters import ALL_OPTIONS, checked_settings, checked_values, load_time
-from moss_tts_node.ros.queue import Refused
+from moss_tts_node.serving.queue import Refused
 
 # How the requests in line end when the node leaves the active state, and how those that arrive then are refused.
 DEACTIVATING = "the node is deactivating"

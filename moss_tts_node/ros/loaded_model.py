@@ -11,6 +11,8 @@ import threading
 import time
 import traceback
 
+from moss_tts_node.backends import open_synthesizer
+from moss_tts_node.choices import BACKEND_REMOTE
 from moss_tts_node.errors import MossTTSError
 from moss_tts_node.ros.heap import release_freed_memory, resident_mib
 from moss_tts_node.ros.lifecycle import Loan
@@ -40,18 +42,20 @@ class LoadedModel:
         """Load the model the settings name and prepare its configured voice (the first request prefills only its
         text); raises what failed, with nothing left loaded."""
         started = time.monotonic()
-        synth = Synthesizer(settings.config)
+        synth = open_synthesizer(settings.config)
         try:
             synth.prepare_voice()
         except BaseException:
             synth.close()
             raise
         self.failure = None
-        self.sample_rate = synth.spec.sampling_rate
+        self.sample_rate = synth.sampling_rate
         self.load_s = time.monotonic() - started
-        self.name = synth.spec.identity.name
-        self.weight_layout = synth.stages.weight_layout
-        self.loaded = f"model loaded in {self.load_s:.1f} s from {settings.config.model.weights_dir} ({self.name})"
+        self.name = synth.name
+        self.weight_layout = synth.weight_layout
+        model = settings.config.model
+        source = model.remote_url if model.backend == BACKEND_REMOTE else model.weights_dir
+        self.loaded = f"model loaded in {self.load_s:.1f} s from {source} ({self.name})"
         self.loan.give(synth)
 
     def failed(self, err: Exception) -> str:

@@ -16,7 +16,7 @@ from moss_tts_msgs.srv import Synthesize
 from std_msgs.msg import Header
 
 from moss_tts_node.config import NODE_NAME
-from moss_tts_node.ros.queue import State
+from moss_tts_node.serving.queue import State
 from moss_tts_node.synthesis.request import SpeechRequest, Voices
 from moss_tts_node.synthesis.voices import LibraryVoice
 from moss_tts_node.timing import TimingReport

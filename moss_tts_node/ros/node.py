@@ -64,10 +64,10 @@ from moss_tts_node.ros.parameters import (
     checked_startup,
     declarations,
 )
-from moss_tts_node.ros.queue import Refused
 from moss_tts_node.ros.requests import TEXT_STREAM, Requests
 from moss_tts_node.ros.text_stream import ChunkDropped, TextStreams
 from moss_tts_node.ros.voices import voice_infos
+from moss_tts_node.serving.queue import Refused
 
 DIAGNOSTICS_PERIOD_S = 1.0
 TEXT_STREAM_CHECK_S = 0.1  # how often open text streams are checked for their idle timeout and their life

@@ -34,8 +34,8 @@ from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescri
 from moss_tts_node.config import OPTIONS, Config, Option, check_value, from_flat
 from moss_tts_node.errors import ConfigError, RequestError
 from moss_tts_node.ros.audio import ENCODINGS
-from moss_tts_node.ros.queue import POLICIES
 from moss_tts_node.ros.text_stream import StreamLimits
+from moss_tts_node.serving.queue import POLICIES
 from moss_tts_node.text.languages import language_code
 
 

@@ -3,12 +3,12 @@
 
 A callback of the node hands its message here and returns, so nothing holds the executor (docs/security.md,
 "Nothing holds the executor").
-The check runs on the intake's thread (ros/intake.py), one request at a time in the order they arrived, which is
+The check runs on the intake's thread (serving/intake.py), one request at a time in the order they arrived, which is
 the order of the line: a request is refused unless the node serves (ros/lifecycle.py); its voices are looked up
 among the loaded model's (ros/voices.py); ``stream()`` (or ``stream_text()``) checks it (fields, language, text,
 room in the context) without generating, so a bad request never takes a turn nor interrupts the one being
 spoken. It runs with the parameters in force when it was checked (one ``Settings`` object). Then it waits in
-the line of this activation (ros/queue.py), whose worker iterates its stream and publishes each chunk, or keeps
+the line of this activation (serving/queue.py), whose worker iterates its stream and publishes each chunk, or keeps
 it for a whole-utterance answer.
 
 Whatever refuses a request raises ``Refused`` with the reason for its sender; it is counted and logged here,
@@ -36,13 +36,13 @@ from moss_tts_msgs.srv import Synthesize
 
 from moss_tts_node.errors import ExpectedTooLong, MossTTSError, RequestError
 from moss_tts_node.ros.audio import encode
-from moss_tts_node.ros.intake import Intake
 from moss_tts_node.ros.lifecycle import Loan, Phase, check_serving
 from moss_tts_node.ros.messages import RequestCounts, speech_request, timing_message
 from moss_tts_node.ros.parameters import Settings
-from moss_tts_node.ros.queue import Outcome, Refused, RequestQueue, State, Ticket
 from moss_tts_node.ros.text_stream import NewStream
 from moss_tts_node.ros.voices import requested_voices
+from moss_tts_node.serving.intake import CHECKS_WAITING, Intake
+from moss_tts_node.serving.queue import Outcome, Refused, RequestQueue, State, Ticket
 from moss_tts_node.synthesis.request import SpeechRequest, check_request
 from moss_tts_node.synthesis.results import AudioChunk, AudioStream
 from moss_tts_node.synthesizer import Synthesizer
@@ -53,9 +53,6 @@ TEXT = "~/text"
 TEXT_STREAM = "~/text_stream"
 SYNTHESIZE = "~/synthesize"
 SPEAK = "~/speak"
-# Requests that may wait for their check (docs/security.md, "Request checks"): more than a burst of clients sends
-# at once.
-CHECKS_WAITING = 32
 # How long a transition that ends the requests in line waits for the last of them to be answered.
 ANSWERS_WAIT_S = 5.0
 
@@ -316,12 +313,7 @@ class Requests:
         else:
             with self._counts:
                 self._completed += 1
-            rtf = "-" if report.real_time_factor is None else f"{report.real_time_factor:.2f}"
-            outcome = Outcome(
-                True,
-                f"{report.audio_seconds:.2f} s of audio in {report.wall_s:.2f} s (real-time factor {rtf}, "
-                f"stop: {report.stop_reason})",
-            )
+            outcome = Outcome(True, report.summary())
         self._log.info(f"request {job.request_id[:8]}: {outcome.message}")
         return outcome
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from moss_tts_msgs.msg import TextChunk
 
-from moss_tts_node.ros.queue import Refused
+from moss_tts_node.serving.queue import Refused
 from moss_tts_node.synthesis.feed import TextFeed
 
 MAX_ID_CHARS = 64

@@ -28,6 +28,7 @@ from moss_tts_node.config import Config
 from moss_tts_node.errors import ConfigError, RequestError
 from moss_tts_node.model.rates import FRAMES_PER_SECOND
 from moss_tts_node.model.spec import ModelSpec
+from moss_tts_node.text.speakers import MAX_SPEAKERS
 
 CODES_SUFFIX = ".npy"
 CLIP_SUFFIXES = (".wav", ".flac", ".ogg")
@@ -35,6 +36,10 @@ TRANSCRIPT_SUFFIX = ".txt"
 # Longer than any path the file system takes (PATH_MAX): such a value names no voice, and is not normalized.
 _MAX_PATH_CHARS = 4096
 _NAMES_SHOWN = 12  # voice names an unknown-voice reason lists
+# A voice's name is its file's name without the extension, and no file name is longer: a longer value names no
+# voice, and is refused without a look.
+MAX_NAME_CHARS = 255
+_SHOWN_CHARS = 40  # of a name that is no voice, quoted in its refusal
 
 
 @dataclass(frozen=True)
@@ -266,6 +271,50 @@ class VoiceLibrary:
             shown += f" and {len(names) - _NAMES_SHOWN} more"
         paths = " or the path of a file in one of its voice directories" if self._by_path else ""
         return f"not a voice of this node: give one of its voice names ({shown}){paths}"
+
+
+def voices_by_name(
+    library: VoiceLibrary, names: list[str], prefix_name: str, prefix_text: str, listing: str
+) -> tuple[list[LibraryVoice | None] | str, LibraryVoice | None]:
+    """The voices a remote client names (names only, never a path; docs/security.md, "Request checks"): the
+    speakers' voices ``names`` ([S1] first, "" for a speaker without one; every one "": no reference at all, not
+    even the default voice) and the voice it continues, ``prefix_name`` ("" for none), which needs its transcript:
+    its own (``LibraryVoice.transcript``) or the request's ``prefix_text``. Counted and bounded before any name is
+    looked up; ``listing`` says where a client finds the names, for a refusal.
+    """
+    if len(names) > MAX_SPEAKERS:
+        raise RequestError(
+            f"the request gives {len(names)} voices: give at most {MAX_SPEAKERS}, one per speaker ([S1] first)"
+        )
+    prefix = named_voice(library, prefix_name, "prefix_voice", listing) if prefix_name else None
+    if prefix is not None and prefix.transcript is None and not prefix_text.strip():
+        raise RequestError(
+            f"prefix_voice {prefix.name!r} has no transcript, and the speech that continues it follows what its "
+            f"recording says: give that in prefix_text, or put {prefix.name}.txt beside the voice's file on the robot "
+            f"(read when the model loads; {listing} says which voices have one)"
+        )
+    if not any(names):
+        return "", prefix
+    return [
+        named_voice(library, name, f"voices[{i}]", listing) if name else None for i, name in enumerate(names)
+    ], prefix
+
+
+def named_voice(library: VoiceLibrary, name: str, field: str, listing: str) -> LibraryVoice:
+    """The voice of the library called ``name`` (a name only: a path is never one), given in the request's
+    ``field``; RequestError naming it otherwise, and saying that ``listing`` lists the names."""
+    if len(name) <= MAX_NAME_CHARS and name in library:
+        return library[name]
+    shown = name if len(name) <= _SHOWN_CHARS else f"{name[:_SHOWN_CHARS]}..."
+    if not len(library):
+        raise RequestError(
+            f"{field} {shown!r} is not a voice of this node: it has no voices (its owner lists them in voices.files "
+            "or voices.directories)"
+        )
+    raise RequestError(
+        f"{field} {shown!r} is not a voice of this node: give one of the names that {listing} lists (a name, never a "
+        "path)"
+    )
 
 
 def _client_paths(voices: Iterable[LibraryVoice]) -> dict[str, LibraryVoice]:

@@ -134,20 +134,22 @@ EXTRA_COMMAND_MODULES: tuple[str, ...] = (
     "moss_tts_node.tools.prepare.attach_heads",
     "moss_tts_node.tools.dev.bench",
     "moss_tts_node.tools.dev.text_stream_bench",
+    "moss_tts_node.tools.dev.http_bench",
     "moss_tts_node.tools.prepare.build_engines",
     "moss_tts_node.tools.prepare.stream_decoder_build",
     "moss_tts_node.tools.cli.doctor",
     "moss_tts_node.tools.dev.codec_fidelity",
     "moss_tts_node.tools.cli.batch",
+    "moss_tts_node.tools.cli.serve",
 )
 
 
 def run_synth(args: argparse.Namespace) -> int:
+    from moss_tts_node.backends import open_synthesizer
     from moss_tts_node.codec.audio_io import write_wav
     from moss_tts_node.config import load_config
     from moss_tts_node.playback import Speaker, sound_output
     from moss_tts_node.synthesis.request import SpeechRequest, check_request
-    from moss_tts_node.synthesizer import Synthesizer
     from moss_tts_node.text.languages import language_tag
     from moss_tts_node.timing import StopReason
 
@@ -184,7 +186,7 @@ def run_synth(args: argparse.Namespace) -> int:
         "prefix_text": args.prefix_text,
     }
     check_request(SpeechRequest("" if text == STDIN else text, **fields), config.limits)  # before loading
-    with Synthesizer(config) as synth, ExitStack() as playing:
+    with open_synthesizer(config) as synth, ExitStack() as playing:
         fields = {**fields, "voice": _named(fields["voice"], synth.voices), "prefix": _named(args.prefix, synth.voices)}
         # A file alone gets the codec's decode of the whole utterance (of each sentence, for standard input);
         # --play streams, and the file then holds what was played.
@@ -209,7 +211,7 @@ def run_synth(args: argparse.Namespace) -> int:
         raise RequestError("standard input held nothing to speak: pipe some text into it")
     audio = np.concatenate(chunks)
     if args.output:
-        write_wav(args.output, audio, synth.spec.sampling_rate)
+        write_wav(args.output, audio, synth.sampling_rate)
     if args.save_tokens:
         np.savez(args.save_tokens, prompt=stream.prompt, generated=stream.generated, codes=stream.codes)
     if args.profile:

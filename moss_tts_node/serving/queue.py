@@ -29,6 +29,7 @@ FULL = (
 )
 INTERRUPTED = "interrupted by a newer request (queue_policy interrupt)"
 DROPPED = "dropped from the queue by a newer request (queue_policy interrupt)"
+SYNTHESIS_FAILED = "synthesis failed"  # begins the outcome of a request whose work raised
 
 Job = TypeVar("Job")
 
@@ -219,7 +220,7 @@ class RequestQueue(Generic[Job]):
                 outcome = self._work(ticket)
             except Exception as exc:  # a failed request must not stop the node from serving
                 logging.getLogger(__name__).exception("synthesis failed")
-                outcome = Outcome(False, f"synthesis failed: {exc}")
+                outcome = Outcome(False, f"{SYNTHESIS_FAILED}: {exc}")
             with self._lock:
                 ticket.finish(outcome)
                 self._current = None

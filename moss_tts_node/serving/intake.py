@@ -5,7 +5,7 @@ A request's check (its text cleaned, tokenized and planned into pieces) takes te
 take requests share a callback group with the parameter services, the diagnostics timer or the goal cancels. So
 those callbacks
 hand the check here and return; what waits for the verdict (a service call) waits on the returned future.
-One thread keeps the order of arrival, which is the order of the line (ros/queue.py). The checks waiting
+One thread keeps the order of arrival, which is the order of the line (serving/queue.py). The checks waiting
 here are bounded too: beyond ``capacity`` a request is refused at once, with the reason.
 
 This module knows nothing of ROS, like the line it feeds.
@@ -18,12 +18,16 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
-from moss_tts_node.ros.queue import Refused
+from moss_tts_node.serving.queue import Refused
 
 BUSY = (
     "the node is busy: {pending} requests are waiting to be checked; retry later (at most {capacity} wait, "
     "the limit of requests arriving faster than they are checked)"
 )
+
+# Requests that may wait for their check (docs/security.md, "Request checks"): more than a burst of clients sends
+# at once.
+CHECKS_WAITING = 32
 
 _Result = TypeVar("_Result")
 

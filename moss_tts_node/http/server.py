@@ -1,0 +1,245 @@
+"""The HTTP server: OpenAI's ``POST /v1/audio/speech`` over the core, on Starlette and uvicorn (docs/http.md).
+
+    python -m moss_tts_node serve --config config/default.yaml      # http://127.0.0.1:8000/v1/audio/speech
+
+A thin ASGI layer over ``SpeechService``: it checks the API key, reads a body no longer than ``max_body_bytes``,
+checks its fields (``http/api.py``), awaits the intake's verdict, then sends the audio as it is decoded (WAV, PCM)
+or whole (FLAC, or ``stream`` false). Every refusal is OpenAI's error body with its status. It listens on loopback
+unless told otherwise, and elsewhere only with an API key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import logging
+import signal
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import numpy as np
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from moss_tts_node.errors import ConfigError, MossTTSError
+from moss_tts_node.http.api import (
+    HEALTH_PATH,
+    MEDIA_TYPES,
+    MODELS_PATH,
+    SAMPLE_RATE_HEADER,
+    SPEECH_PATH,
+    VOICES_PATH,
+    ApiError,
+    Order,
+    max_body_bytes,
+    models_list,
+    parsed_body,
+    speech_order,
+    voices_list,
+)
+from moss_tts_node.http.formats import wav_header, whole_body
+from moss_tts_node.http.service import CLIENT_GONE, Audio, SpeechService
+from moss_tts_node.serving.queue import SYNTHESIS_FAILED, Outcome, Refused
+
+log = logging.getLogger("moss_tts_node.http")
+LISTENING_LINE = "listening on"  # what the server logs once it takes requests
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (or ``localhost``), reachable from this machine alone."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(host: str, api_key: str | None) -> None:
+    """ConfigError unless the server listens on loopback or takes an API key: anyone who reaches the port could
+    make the robot speak."""
+    if not is_loopback(host) and not api_key:
+        raise ConfigError(
+            f"listening on {host} lets anyone who reaches it make the robot speak: give an API key (--api-key-file, or "
+            "the MOSS_TTS_API_KEY variable), or listen on 127.0.0.1"
+        )
+
+
+def build_app(service: SpeechService, model_id: str, api_key: str | None) -> Starlette:
+    """The ASGI app of ``service``, serving ``model_id``; with ``api_key``, every request must bear it."""
+    limit = max_body_bytes(service.synth.config.limits)
+
+    async def speech(request: Request) -> Response:
+        order = speech_order(parsed_body(await _bounded_body(request, limit)), model_id, service.synth.voices)
+        return await _speak(service, order)
+
+    async def models(request: Request) -> Response:
+        return JSONResponse(models_list(model_id))
+
+    async def voices(request: Request) -> Response:
+        return JSONResponse(voices_list(service.synth.voices))
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    def guarded(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        async def checked(request: Request) -> Response:
+            try:
+                if api_key is not None:
+                    _check_key(request, api_key)
+                return await endpoint(request)
+            except ApiError as error:
+                refused = error
+            except MossTTSError as error:  # a bad request: RequestError and its kind
+                refused = ApiError(400, str(error))
+            except Exception as error:  # a bug here must not take the server down: the client learns it failed
+                log.exception("request failed")
+                refused = ApiError(500, f"the server failed: {type(error).__name__}", "server_error")
+            log.warning(f"{request.method} {request.url.path} refused ({refused.status}): {refused}")
+            return _error(refused)
+
+        return checked
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return _error(ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind))
+
+    return Starlette(
+        routes=[
+            Route(SPEECH_PATH, guarded(speech), methods=["POST"]),
+            Route(MODELS_PATH, guarded(models), methods=["GET"]),
+            Route(VOICES_PATH, guarded(voices), methods=["GET"]),
+            Route(HEALTH_PATH, health, methods=["GET"]),
+        ],
+        exception_handlers={HTTPException: http_error},
+    )
+
+
+def serve(service: SpeechService, model_id: str, host: str, port: int, api_key: str | None) -> None:
+    """Serve until SIGINT or SIGTERM, which first ends the requests in line (the one spoken within one step), so
+    that their responses end and the server stops at once."""
+    check_exposure(host, api_key)
+    app = build_app(service, model_id, api_key)
+    server = _Server(uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=5), service)
+    server.run()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, which on a signal to stop first closes the line (off the event loop: closing waits for the
+    worker's step)."""
+
+    def __init__(self, config: uvicorn.Config, service: SpeechService) -> None:
+        super().__init__(config)
+        self._service = service
+
+    async def startup(self, sockets: Any = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            host, port = self.config.host, self.config.port
+            log.info(f"{LISTENING_LINE} http://{host}:{port}{SPEECH_PATH}")
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        """As uvicorn's, but a signal to stop is how this server ends: it exits 0, without the signal raised again
+        once it has stopped (uvicorn's own does that, for a host program's handler)."""
+        threading.Thread(target=self._service.close, name="close-line", daemon=True).start()
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True  # a second Ctrl-C
+        else:
+            self.should_exit = True
+
+
+def _check_key(request: Request, api_key: str) -> None:
+    given = request.headers.get("authorization", "")
+    scheme, _, token = given.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+        raise ApiError(401, "no valid API key: send 'Authorization: Bearer KEY'", code="invalid_api_key")
+
+
+async def _bounded_body(request: Request, limit: int) -> bytes:
+    """The body, refused (413) once it passes ``limit`` bytes, before it is read whole."""
+    too_long = ApiError(413, f"the body is longer than the {limit} bytes a request may take (limits.max_text_chars)")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_long
+    data = bytearray()
+    async for piece in request.stream():
+        data += piece
+        if len(data) > limit:
+            raise too_long
+    return bytes(data)
+
+
+async def _speak(service: SpeechService, order: Order) -> Response:
+    """Check the order on the intake, wait for its first audio (so a request that fails before any sound gets an
+    error status), then answer with its audio, streamed or whole."""
+    audio = Audio(asyncio.get_running_loop())
+    try:
+        ticket = await asyncio.wrap_future(service.submit(order, audio))
+    except Refused as refusal:
+        raise ApiError(429, str(refusal), "rate_limit_error", code="busy") from None
+    done = False
+    try:
+        first = await audio.get()
+        if isinstance(first, Outcome):
+            done = True
+            if not first.success:
+                raise _failed(first)
+        headers = {SAMPLE_RATE_HEADER: str(service.sample_rate)}
+        media = MEDIA_TYPES[order.response_format]
+        if not order.stream:
+            samples = await _whole(first, audio)
+            done = True
+            return Response(whole_body(samples, service.sample_rate, order.response_format), 200, headers, media)
+    except BaseException:
+        if not done:
+            service.cancel(ticket, CLIENT_GONE)
+        raise
+
+    async def body() -> AsyncIterator[bytes]:
+        finished = isinstance(first, Outcome)
+        try:
+            if order.response_format == "wav":
+                yield wav_header(service.sample_rate)
+            item = first
+            while not isinstance(item, Outcome):
+                assert isinstance(item, bytes)
+                yield item
+                item = await audio.get()
+            finished = True
+            if not item.success:  # after the status went out: the body ends short, and the log says why
+                log.warning(f"speech ended early: {item.message}")
+        finally:
+            if not finished:
+                service.cancel(ticket, CLIENT_GONE)
+
+    return StreamingResponse(body(), 200, headers, media)
+
+
+async def _whole(first: bytes | np.ndarray | Outcome, audio: Audio) -> np.ndarray:
+    """Every sample of a whole response, up to its outcome; ApiError when it did not end well."""
+    pieces = []
+    item = first
+    while not isinstance(item, Outcome):
+        assert isinstance(item, np.ndarray)
+        pieces.append(item)
+        item = await audio.get()
+    if not item.success:
+        raise _failed(item)
+    return np.concatenate(pieces) if pieces else np.empty(0, np.float32)
+
+
+def _failed(outcome: Outcome) -> ApiError:
+    """A request that ended before its audio did: 500 when its synthesis failed, 503 when the server ended it."""
+    status = 500 if outcome.message.startswith(SYNTHESIS_FAILED) else 503
+    return ApiError(status, outcome.message, "server_error")
+
+
+def _error(error: ApiError) -> Response:
+    return JSONResponse(error.body, error.status)

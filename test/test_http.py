@@ -1,0 +1,473 @@
+"""The speech server over real HTTP, with clients nobody here wrote: the official ``openai`` package and curl.
+
+The server (``python -m moss_tts_node serve``) and its clients run in one loopback-only network namespace
+(ros_helpers/netns.py), on the demo model speaking through codec-tiny with its stream decoder, so that a streamed
+body is the codec's exact decode and equals a whole one.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import soundfile as sf
+from ros_helpers import node_params_file
+from ros_helpers.netns import LoopbackNamespace, loopback_namespace, wait_for_line
+
+pytest.importorskip("starlette", reason="the [http] extra is not installed: pip install -r requirements-http.txt")
+pytest.importorskip("openai", reason="the openai client is not installed: pip install -r requirements-http.txt")
+
+from moss_tts_node.http.server import LISTENING_LINE
+from moss_tts_node.model.rates import SAMPLE_RATE
+
+CLIENT = Path(__file__).resolve().parent / "http_helpers" / "client.py"
+PORT = 8000
+BASE_URL = f"http://127.0.0.1:{PORT}/v1"
+MODEL = "MOSS-TTS"
+TEXT = "Hello from the robot."
+LONG_TEXT = " ".join(["The robot keeps talking about the weather, the sea and the stars."] * 12)
+
+
+@pytest.fixture(scope="module")
+def http_config(demo_config: Path, codec_tiny_streaming_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo model speaking through codec-tiny with its stream decoder (a stream is the offline decode), a voice
+    directory (butler.npy with its transcript, guide.npy) and one llama thread, as a params file."""
+    folder = tmp_path_factory.mktemp("http")
+    codec_dir = codec_tiny_streaming_dir
+    voices = folder / "voices"
+    voices.mkdir()
+    codes = np.random.default_rng(0).integers(0, 1024, size=(20, 32))
+    np.save(voices / "butler.npy", codes)
+    np.save(voices / "guide.npy", codes[::-1].copy())
+    (voices / "butler.txt").write_text("Good evening, sir.", encoding="utf-8")
+    values = {"llama.n_threads": 1, "model.codec_dir": str(codec_dir), "voices.directories": [str(voices)]}
+    return node_params_file(demo_config, folder / "server.yaml", **values)
+
+
+class Server:
+    """``python -m moss_tts_node serve`` in a namespace, its output in a log file."""
+
+    def __init__(self, netns: LoopbackNamespace, config: Path, *args: str, name: str = "server") -> None:
+        self.log = netns.log_dir / f"{name}.log"
+        with self.log.open("w") as out:
+            self.process = netns.popen(
+                [sys.executable, "-m", "moss_tts_node", "serve", "--config", str(config), *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def wait_ready(self) -> None:
+        wait_for_line(self.output, LISTENING_LINE, lambda: self.process.poll() is None, "the server", 120.0)
+
+    def stop(self) -> int:
+        """Ctrl-C, and the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+        try:
+            return self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise AssertionError(f"the server did not stop within 30 s:\n{self.output()[-3000:]}") from None
+
+
+@pytest.fixture(scope="module")
+def http_netns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackNamespace]:
+    ns = loopback_namespace(tmp_path_factory.mktemp("http-netns"))
+    yield ns
+    ns.close()
+
+
+@pytest.fixture(scope="module")
+def server(http_netns: LoopbackNamespace, http_config: Path) -> Iterator[Server]:
+    running = Server(http_netns, http_config, "--port", str(PORT), "--queue-size", "8")
+    try:
+        running.wait_ready()
+        yield running
+    finally:
+        assert running.stop() == 0, running.output()[-3000:]
+
+
+def call(netns: LoopbackNamespace, command: str, **args: Any) -> Any:
+    return netns.client(command, timeout=300.0, script=CLIENT, **args)
+
+
+def speech(netns: LoopbackNamespace, out: Path, **fields: Any) -> dict[str, Any]:
+    """One openai-client request; ``extra`` fields go in its extra_body."""
+    extra = fields.pop("extra", {})
+    return call(netns, "openai", base_url=BASE_URL, model=MODEL, out=str(out), extra_body=extra, **fields)
+
+
+def pcm_samples(path: Path) -> np.ndarray:
+    return np.frombuffer(path.read_bytes(), dtype="<i2")
+
+
+def assert_same_audio(actual: np.ndarray, expected: np.ndarray) -> None:
+    """The samples of two requests of one seed: equal, but for a last bit of 16 where llama.cpp's sums differ (a
+    request whose prompt prefix the server kept in its KV cache prefills fewer rows, in other batches)."""
+    assert actual.shape == expected.shape
+    np.testing.assert_allclose(actual.astype(np.int32), expected.astype(np.int32), rtol=0, atol=1)
+
+
+def test_models_and_voices_are_listed(server: Server, http_netns: LoopbackNamespace) -> None:
+    models = call(http_netns, "raw", method="GET", path="/v1/models")
+    assert models["status"] == 200
+    assert [model["id"] for model in models["json"]["data"]] == [MODEL]
+    voices = call(http_netns, "raw", method="GET", path="/v1/audio/voices")
+    listed = {voice["name"]: voice for voice in voices["json"]["voices"]}
+    assert sorted(listed) == ["butler", "guide"]
+    assert listed["butler"]["has_transcript"] and not listed["guide"]["has_transcript"]
+    assert listed["butler"]["duration"] == pytest.approx(20 / 12.5)
+
+
+def test_the_openai_client_gets_speech_as_wav(server: Server, http_netns: LoopbackNamespace, tmp_path: Path) -> None:
+    answer = speech(http_netns, tmp_path / "hello.wav", input=TEXT, response_format="wav", extra={"seed": 1})
+    assert answer["status"] == 200, answer
+    assert answer["headers"]["content-type"] == "audio/wav"
+    audio, rate = sf.read(tmp_path / "hello.wav", dtype="int16")
+    assert rate == SAMPLE_RATE and audio.ndim == 1 and audio.size > SAMPLE_RATE // 10
+    assert np.abs(audio).max() > 0
+
+
+def test_the_streamed_pcm_equals_the_whole_responses_samples(
+    server: Server, http_netns: LoopbackNamespace, tmp_path: Path
+) -> None:
+    """The same request (a seed) read piece by piece as it streams, read whole, and made whole by the server
+    (stream false: the codec's offline decode) gives the same samples; WAV and FLAC hold them too."""
+    fields: dict[str, Any] = {"input": TEXT, "voice": "guide"}
+    streamed = speech(
+        http_netns, tmp_path / "streamed.pcm", streamed=True, response_format="pcm", extra={"seed": 2}, **fields
+    )
+    assert streamed["status"] == 200 and streamed["headers"]["content-type"] == "audio/pcm", streamed
+    read_whole = speech(http_netns, tmp_path / "whole.pcm", response_format="pcm", extra={"seed": 2}, **fields)
+    offline = speech(
+        http_netns, tmp_path / "offline.pcm", response_format="pcm", extra={"seed": 2, "stream": False}, **fields
+    )
+    flac = speech(http_netns, tmp_path / "offline.flac", response_format="flac", extra={"seed": 2}, **fields)
+    wav = speech(
+        http_netns, tmp_path / "streamed.wav", streamed=True, response_format="wav", extra={"seed": 2}, **fields
+    )
+    assert [answer["status"] for answer in (read_whole, offline, flac, wav)] == [200] * 4
+    samples = pcm_samples(tmp_path / "streamed.pcm")
+    assert samples.size > SAMPLE_RATE // 10 and np.abs(samples).max() > 0
+    assert_same_audio(pcm_samples(tmp_path / "whole.pcm"), samples)
+    assert_same_audio(pcm_samples(tmp_path / "offline.pcm"), samples)
+    flac_samples, rate = sf.read(tmp_path / "offline.flac", dtype="int16")
+    assert rate == SAMPLE_RATE
+    assert_same_audio(flac_samples, pcm_samples(tmp_path / "offline.pcm"))
+    wav_bytes = (tmp_path / "streamed.wav").read_bytes()
+    assert wav_bytes[:4] == b"RIFF" and wav_bytes[8:16] == b"WAVEfmt "
+    assert_same_audio(np.frombuffer(wav_bytes[44:], dtype="<i2"), samples)
+    wav_samples, _ = sf.read(io.BytesIO(wav_bytes), dtype="int16")  # libsndfile reads a stream's header
+    np.testing.assert_array_equal(wav_samples, np.frombuffer(wav_bytes[44:], dtype="<i2"))
+
+
+def test_curl_gets_speech(server: Server, http_netns: LoopbackNamespace, tmp_path: Path) -> None:
+    out = tmp_path / "curl.wav"
+    body = json.dumps({"model": MODEL, "input": TEXT, "voice": "butler", "seed": 3})
+    curl = http_netns.popen(
+        [
+            "curl",
+            "-sS",
+            "--fail-with-body",
+            "-o",
+            str(out),
+            "-w",
+            "%{http_code} %{content_type}",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            body,
+            f"{BASE_URL}/audio/speech",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    printed, errors = curl.communicate(timeout=300)
+    assert curl.returncode == 0, errors
+    assert printed == "200 audio/wav"
+    audio, rate = sf.read(out, dtype="int16")
+    assert rate == SAMPLE_RATE and audio.size > 0
+
+
+def test_concurrent_clients_each_get_their_own_speech(
+    server: Server, http_netns: LoopbackNamespace, tmp_path: Path
+) -> None:
+    """Four clients at once are spoken one after another, each its own text: the same samples as alone."""
+    inputs = ["One.", "Two, two.", "Three, three, three.", "Four."]
+    answers = call(
+        http_netns,
+        "concurrent",
+        base_url=BASE_URL,
+        model=MODEL,
+        out=str(tmp_path / "c"),
+        response_format="pcm",
+        inputs=inputs,
+        extra_body={"seed": 4},
+    )["answers"]
+    assert [answer["status"] for answer in answers] == [200] * 4, answers
+    alone = speech(http_netns, tmp_path / "alone.pcm", input=inputs[2], response_format="pcm", extra={"seed": 4})
+    assert alone["status"] == 200
+    assert_same_audio(pcm_samples(tmp_path / "c.2"), pcm_samples(tmp_path / "alone.pcm"))
+    assert len({(tmp_path / f"c.{i}").read_bytes() for i in range(4)}) == 4  # each its own text's
+
+
+HOSTILE = [
+    ({"repeat": 200_000, "repeat_char": "a"}, 413, "longer than the"),
+    ({"body": "not json"}, 400, "not JSON"),
+    ({"body": "[" * 15_000 + "]" * 15_000}, 400, "not JSON"),
+    ({"body": json.dumps(["Hello."])}, 400, "must be a JSON object"),
+    ({"body": json.dumps({"model": MODEL, "input": 5})}, 400, "'input' must be the text to speak"),
+    ({"body": json.dumps({"model": MODEL, "input": "Hi.", "seed": "one"})}, 400, "the seed must be"),
+    ({"body": json.dumps({"model": MODEL, "input": "Hi.", "language": ["en"]})}, 400, "language must be a string"),
+    ({"body": json.dumps({"model": MODEL, "input": "Hi.", "voice": "../../etc/passwd"})}, 400, "not a voice"),
+    ({"body": json.dumps({"model": MODEL, "input": "Hi.", "voice": "/etc/passwd"})}, 400, "(a name, never a path)"),
+    ({"body": json.dumps({"model": MODEL, "input": "Hi.", "prefix_voice": "/tmp/x.wav"})}, 400, "not a voice"),
+    ({"body": json.dumps({"model": MODEL, "input": "Hi.", "voices": ["butler"] * 6})}, 400, "give at most 5"),
+    ({"body": json.dumps({"model": MODEL, "input": "Hi.", "voice": "alloy"})}, 400, "'alloy' is not a voice"),
+    ({"body": json.dumps({"model": MODEL, "input": "Hi.", "reference_audio": "/etc/passwd"})}, 400, "unknown field"),
+    ({"body": json.dumps({"model": MODEL, "input": "Hi.", "response_format": "mp3"})}, 400, "give one of wav"),
+    ({"body": json.dumps({"model": MODEL, "input": "Hi.", "speed": 2.0})}, 400, "speed must be 1.0"),
+    ({"body": json.dumps({"model": "tts-1", "input": "Hi."})}, 404, "is not served here"),
+    ({"body": json.dumps({"model": MODEL, "input": "a" * 2001})}, 400, "'limits.max_text_chars'"),
+    ({"body": json.dumps({"model": MODEL, "input": "\U0001f600" * 3000})}, 400, "'limits.max_text_chars'"),
+    ({"body": json.dumps({"model": MODEL, "input": "!!!"})}, 400, "nothing to say"),
+    ({"body": json.dumps({"model": MODEL, "input": "Hi.", "language": "xx"})}, 400, "xx"),
+    ({"body": json.dumps({"model": MODEL, "input": "Hi.", "prefix_voice": "guide"})}, 400, "has no transcript"),
+    ({"path": "/v1/audio/speech/../../etc", "body": "{}"}, 404, "/etc"),
+    ({"method": "GET", "path": "/v1/audio/speech"}, 405, "Method Not Allowed"),
+]
+
+
+@pytest.mark.parametrize(("request_args", "status", "reason"), HOSTILE)
+def test_a_hostile_request_gets_openais_error_body(
+    server: Server, http_netns: LoopbackNamespace, request_args: dict[str, Any], status: int, reason: str
+) -> None:
+    headers = {"Content-Type": "application/json"}
+    answer = call(http_netns, "raw", headers=headers, **request_args)
+    assert answer["status"] == status, answer
+    error = answer["json"]["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert reason in error["message"]
+    assert error["type"] == "invalid_request_error"
+
+
+def test_a_client_that_goes_away_is_cancelled_and_the_next_is_answered(
+    server: Server, http_netns: LoopbackNamespace, tmp_path: Path
+) -> None:
+    answer = call(
+        http_netns,
+        "disconnect",
+        base_url=BASE_URL,
+        model=MODEL,
+        long_input=LONG_TEXT,
+        input=TEXT,
+        out=str(tmp_path / "after.wav"),
+    )
+    assert answer["first_status"] == 200 and answer["first_bytes"] == 64
+    assert answer["after"]["status"] == 200
+    wait_for_line(server.output, "ended: the client closed the connection", lambda: True, "the server", 60.0)
+
+
+def test_a_server_off_loopback_needs_an_api_key(
+    http_netns: LoopbackNamespace, http_config: Path, tmp_path: Path
+) -> None:
+    refused = Server(http_netns, http_config, "--host", "0.0.0.0", "--port", "8001", name="exposed")
+    assert refused.process.wait(120) == 2
+    assert "give an API key (--api-key-file" in refused.output()
+    key = tmp_path / "key"
+    key.write_text("s3cret\n")
+    keyed = Server(
+        http_netns, http_config, "--host", "0.0.0.0", "--port", "8001", "--api-key-file", str(key), name="keyed"
+    )
+    try:
+        keyed.wait_ready()
+        url = "http://127.0.0.1:8001/v1"
+        none = call(http_netns, "raw", port=8001, method="GET", path="/v1/models")
+        wrong = call(
+            http_netns, "openai", base_url=url, api_key="guess", model=MODEL, input=TEXT, out=str(tmp_path / "w")
+        )
+        right = call(
+            http_netns, "openai", base_url=url, api_key="s3cret", model=MODEL, input=TEXT, out=str(tmp_path / "r.wav")
+        )
+    finally:
+        assert keyed.stop() == 0
+    assert none["status"] == 401 and none["json"]["error"]["code"] == "invalid_api_key"
+    assert wrong["status"] == 401
+    assert right["status"] == 200 and (tmp_path / "r.wav").stat().st_size > 44
+
+
+def test_a_full_line_refuses_with_the_reason(http_netns: LoopbackNamespace, http_config: Path, tmp_path: Path) -> None:
+    """queue size 0: while one request speaks, another is refused (429, the line's own reason), and served after."""
+    alone = Server(http_netns, http_config, "--port", "8002", "--queue-size", "0", name="alone")
+    try:
+        alone.wait_ready()
+        answer = call(
+            http_netns,
+            "busy",
+            port=8002,
+            model=MODEL,
+            long_input=LONG_TEXT,
+            input=TEXT,
+            base_url="http://127.0.0.1:8002/v1",
+            out=str(tmp_path / "after.wav"),
+        )
+    finally:
+        assert alone.stop() == 0
+    assert answer["refused"]["status"] == 429, answer
+    assert "the queue is full" in answer["refused"]["error"]["error"]["message"]
+    assert answer["after"]["status"] == 200
+
+
+# -- the remote backend, speaking through this server ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def remote_config(demo_config: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A params file whose model is the server's (``model.backend: remote``)."""
+    values = {"model.backend": "remote", "model.remote_url": BASE_URL}
+    return node_params_file(demo_config, tmp_path_factory.mktemp("remote") / "remote.yaml", **values)
+
+
+def test_the_api_speaks_through_the_remote_backend(
+    server: Server, http_netns: LoopbackNamespace, remote_config: Path, tmp_path: Path
+) -> None:
+    """The same chunks a local stream gives (an empty final one after the server's), the server's voices by name,
+    its refusals as RequestError, a cancel that ends the stream."""
+    answer = call(
+        http_netns,
+        "remote",
+        config=str(remote_config),
+        input=TEXT,
+        seed=6,
+        long_input=LONG_TEXT,
+        out=str(tmp_path / "api.pcm"),
+    )
+    direct = speech(
+        http_netns,
+        tmp_path / "direct.pcm",
+        streamed=True,
+        input=TEXT,
+        voice="guide",
+        response_format="pcm",
+        extra={"seed": 6},
+    )
+    assert direct["status"] == 200
+    assert_same_audio(pcm_samples(tmp_path / "api.pcm"), pcm_samples(tmp_path / "direct.pcm"))
+    assert answer["name"] == MODEL
+    assert answer["voices"] == {"butler": [pytest.approx(1.6), ""], "guide": [pytest.approx(1.6), None]}
+    assert answer["finals"][-1] and not any(answer["finals"][:-1]) and len(answer["finals"]) > 2
+    assert answer["report"]["stop"] == "end"
+    unknown, streamed_text = answer["refusals"]
+    assert "the remote server refused the request (400): voice 'nobody' is not a voice of this node" in unknown
+    assert "text that arrives in fragments needs the local model" in streamed_text
+    assert answer["cancelled"] == "cancelled"
+
+
+def test_the_cli_speaks_through_the_remote_backend(
+    server: Server, http_netns: LoopbackNamespace, remote_config: Path, tmp_path: Path
+) -> None:
+    """``synth --output`` asks for the server's whole decode: the file holds the samples a client gets."""
+    out = tmp_path / "cli.wav"
+    cli = http_netns.popen(
+        [
+            sys.executable,
+            "-m",
+            "moss_tts_node",
+            "synth",
+            "--config",
+            str(remote_config),
+            "--text",
+            TEXT,
+            "--reference",
+            "butler",
+            "--seed",
+            "8",
+            "--output",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    printed, _ = cli.communicate(timeout=300)
+    assert cli.returncode == 0, printed
+    direct = speech(
+        http_netns,
+        tmp_path / "direct.pcm",
+        input=TEXT,
+        voice="butler",
+        response_format="pcm",
+        extra={"seed": 8, "stream": False},
+    )
+    assert direct["status"] == 200
+    audio, rate = sf.read(out, dtype="int16")
+    assert rate == SAMPLE_RATE
+    assert_same_audio(audio, pcm_samples(tmp_path / "direct.pcm"))
+    refused = http_netns.popen(
+        [
+            sys.executable,
+            "-m",
+            "moss_tts_node",
+            "synth",
+            "--config",
+            str(remote_config),
+            "--text",
+            TEXT,
+            "--reference",
+            "alloy",
+            "--output",
+            str(tmp_path / "no.wav"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    printed, _ = refused.communicate(timeout=300)
+    assert refused.returncode == 2 and "'alloy' is not a voice of this node" in printed
+
+
+def test_the_node_speaks_through_the_remote_backend(
+    server: Server, http_netns: LoopbackNamespace, remote_config: Path, tmp_path: Path
+) -> None:
+    """A ROS client unchanged: a Speak goal streams the server's audio into ~/audio, a ~/synthesize call gets the
+    whole of it, and a text stream, which the API cannot take, is refused with the reason."""
+    from ros_helpers import require_ros
+    from ros_helpers.netns import serving
+
+    require_ros()
+    with serving(http_netns, ["--params-file", str(remote_config)], name="remote-node") as node:
+        spoken = http_netns.client("speak", goals=[{"text": TEXT, "seed": 9, "voice": "guide"}])
+        whole = http_netns.client("synthesize", requests=[{"text": TEXT, "seed": 9, "voice": "guide"}])
+        steps = [{"chunk": {"stream_id": "s", "text": "Hi. ", "final": True}}, {"wait_refused": 1}]
+        http_netns.client("text_stream", steps=steps, finals=[])
+        log = node.output()
+    goal = spoken["goals"][0]
+    assert goal["success"], goal["message"]
+    chunks = [chunk for chunk in spoken["chunks"] if chunk["request_id"] == goal["id"]]
+    assert chunks[-1]["is_final"] and not any(chunk["is_final"] for chunk in chunks[:-1])
+    direct = speech(
+        http_netns,
+        tmp_path / "direct.pcm",
+        streamed=True,
+        input=TEXT,
+        voice="guide",
+        response_format="pcm",
+        extra={"seed": 9},
+    )
+    assert direct["status"] == 200
+    assert sum(chunk["bytes"] for chunk in chunks) == (tmp_path / "direct.pcm").stat().st_size
+    response = whole["responses"][0]
+    assert response["success"], response["message"]
+    assert response["bytes"] == (tmp_path / "direct.pcm").stat().st_size
+    assert "text stream 's' refused: text that arrives in fragments needs the local model" in log
