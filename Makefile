@@ -69,14 +69,14 @@ $(VENV)/.play-installed: $(VENV)/.installed
 	scripts/audio_test_deps.sh
 	touch $@
 
-test: lint msgs $(VENV)/.play-installed
-	$(PY) -m pytest -q test
-
-clean:
-	rm -rf $(DEMO_DIR) demo.wav
-
 # The HTTP server's tests: the [http] extra (Starlette, uvicorn) and the official openai client, at the pins of
 # requirements-http.txt (docs/http.md).
 $(VENV)/.http-installed: requirements-http.txt $(VENV)/.installed
 	$(PY) -m pip install --quiet -r requirements-http.txt
 	touch $@
+
+test: lint msgs $(VENV)/.play-installed $(VENV)/.http-installed
+	$(PY) -m pytest -q test
+
+clean:
+	rm -rf $(DEMO_DIR) demo.wav
