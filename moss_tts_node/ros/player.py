@@ -8,10 +8,10 @@ and feeds a ``Speaker`` (playback.py): a jitter buffer, one utterance per ``requ
 Every utterance ends with one final chunk that says how it ended (``end_reason``): one that was stopped
 (a cancel, ``~/stop``, an interrupting request, deactivation, an error) stops its audio at once, what the
 player had buffered of it included; one the model ended plays to its end. Two more signals stop audio at
-once, for a node that does not say (an older one) and for what was already played out to the buffer: the
-Speak action's goal statuses (a goal canceling, canceled or aborted), and the node's lifecycle
-(``<tts_node>/transition_event``): when the node leaves the active state (deactivate, shutdown) every
-utterance it had fed stops, so nothing plays while the node is inactive.
+once: the Speak action's goal statuses (a goal canceling, canceled or aborted), for an older node whose final
+chunks do not say; and the node's lifecycle (``<tts_node>/transition_event``): when the node leaves the active
+state (deactivate, shutdown) every utterance it had fed stops, even one it had finished sending that still
+plays, so nothing plays while the node is inactive.
 """
 
 from __future__ import annotations
