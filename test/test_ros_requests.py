@@ -289,6 +289,31 @@ def test_a_stop_ends_the_request_being_spoken_and_as_asked_those_behind_it(
     assert ("info", f"~/stop: {said}") in node.log.lines
 
 
+def test_a_stop_that_empties_the_line_ends_the_requests_still_being_checked(
+    synth: Synthesizer, demo_config: Path
+) -> None:
+    """A request that arrived before the stop but was still waiting for its check ends as those in line did; one
+    that arrives after the stop is served."""
+    node = Node(synth, settings_of(demo_config, **LONG))
+    release = threading.Event()
+    try:
+        speaking = node.requests.speak(Speak.Goal(text="one"), "one", lambda ticket: None).result(WAIT_S)
+        node.requests._intake.submit(release.wait)  # holds the intake's thread: the next request waits for its check
+        checking = node.requests.speak(Speak.Goal(text="two"), "two", lambda ticket: None)
+        said = node.requests.stop()
+        after = node.requests.speak(Speak.Goal(text="three"), "three", lambda ticket: None)
+        release.set()
+        with pytest.raises(Refused) as emptied:
+            checking.result(WAIT_S)
+        assert str(emptied.value) == EMPTIED
+        assert after.result(WAIT_S).state is not State.DONE  # in line: it came after the stop
+    finally:
+        node.close()
+    assert said == "stopped the ~/speak request one; none were waiting"
+    assert speaking.outcome == Outcome(False, STOPPED) and "two" not in node.published.chunks
+    assert node.requests.counts(serving=False).refused == 0  # ended, not refused
+
+
 # -- the Speak goals --------------------------------------------------------------------------------------------
 
 

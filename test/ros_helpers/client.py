@@ -872,12 +872,16 @@ def run_stop(client: Client, args: dict[str, Any]) -> dict[str, Any]:
     def spoken() -> list[str]:  # request ids in the order their audio began
         return list(dict.fromkeys(c["request_id"] for c in client.chunks))
 
+    reported: dict[str, str] = {}  # the last value of each key waited for, printed when it changes
+
     def diagnosed(key: str, value: int) -> bool:
         if not diagnostics:
             return False
-        if diagnostics[-1][key] != str(value):
-            print(f"{key}: {diagnostics[-1][key]} (waiting for {value})", file=sys.stderr)  # the reason of a timeout
-        return diagnostics[-1][key] == str(value)
+        seen = diagnostics[-1][key]
+        if reported.get(key) != seen:  # on stderr: what a timeout's message shows
+            print(f"/diagnostics {key}: {seen} (waiting for {value})", file=sys.stderr)
+            reported[key] = seen
+        return seen == str(value)
 
     timeout = args.get("timeout", 30)
     goals: dict[str, dict[str, Any]] = {}
