@@ -87,8 +87,11 @@ def test_a_stop_ends_what_is_spoken_and_as_asked_the_line_behind_it(
         {"params": SHORT},
         *queued(waiting),
         {"stop": via},
-        {"chunk": {"stream_id": waiting, "final": True}},  # the queued stream's end: dropped once it has ended
-        # A late chunk of the stream being stopped, dropped too.
+        # Once the stop has ended the streams it ends (a stop on the topic travels apart from the chunks, and a
+        # stream being spoken ends a step after the service's answer): the queued stream's end, dropped if it has
+        # ended, and a late chunk of the stream being stopped, dropped too.
+        {"wait_open": 0 if empties else 1},
+        {"chunk": {"stream_id": waiting, "final": True}},
         *([{"chunk": {"stream_id": speaking, "text": " More.", "final": True}}] if kind == "stream" else []),
         {"wait_open": 0},
     ]
