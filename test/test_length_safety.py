@@ -149,6 +149,7 @@ def test_text_too_long_for_the_context_is_spoken_in_pieces_as_one_stream(small_c
     assert pieces >= 2
     assert [chunk.index for chunk in chunks] == list(range(len(chunks)))
     assert [chunk.is_final for chunk in chunks] == [False] * (len(chunks) - 1) + [True]
+    assert chunks[-1].stop_reason == report.stop_reason
     starts = np.cumsum([0] + [chunk.samples.shape[0] for chunk in chunks[:-1]]) / SAMPLE_RATE
     np.testing.assert_allclose([chunk.start_s for chunk in chunks], starts)
     audio = np.concatenate([chunk.samples for chunk in chunks])

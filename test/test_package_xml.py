@@ -34,7 +34,7 @@ def exec_depends() -> set[str]:
 
 def test_every_ros_package_imported_is_an_exec_depend() -> None:
     imported = imported_modules()
-    ros = {name for name in imported if name in ROS_PACKAGES or name.endswith(("_msgs", "_interfaces"))}
+    ros = {name for name in imported if name in ROS_PACKAGES or name.endswith(("_msgs", "_srvs", "_interfaces"))}
     ros -= {"audio_common_msgs"}  # optional: the node publishes its topics only where it is installed
     assert ros <= exec_depends(), f"package.xml lacks {sorted(ros - exec_depends())}"
 

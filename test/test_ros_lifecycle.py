@@ -207,6 +207,9 @@ def test_deactivate_while_speaking_ends_each_request_once_with_its_reason(
     assert answer["inactive"]["call"] == {"success": False, "message": INACTIVE}
     assert answer["again"]["status"] == CANCELED and answer["again"]["chunks"] > 0
     assert node.output().count(f"request {speaking['id'][:8]}: {DEACTIVATING}") == 1
+    spoken = [c for c in answer["chunks"] if c["request_id"] == speaking["id"]]
+    assert [c["end_reason"] for c in spoken if c["is_final"]] == ["deactivation"] and spoken[-1]["is_final"]
+    assert not any(c["request_id"] == waiting["id"] for c in answer["chunks"])  # it never spoke
 
 
 def test_deactivate_ends_a_text_stream_that_waits_for_more_text(

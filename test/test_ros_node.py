@@ -57,11 +57,14 @@ def chunks_of(answer: dict[str, Any], request_id: str) -> list[dict[str, Any]]:
     return [c for c in answer["chunks"] if c["request_id"] == request_id]
 
 
-def assert_stream(chunks: list[dict[str, Any]], *, final: bool = True) -> None:
-    """Chunks of one utterance: in order, no gaps, each starting where the previous one ended."""
+def assert_stream(chunks: list[dict[str, Any]], *, ended: str | None = None) -> None:
+    """Chunks of one utterance: in order, no gaps, each starting where the previous one ended, and one final chunk,
+    the last, saying how it ended: ``ended``, or (None) the model ended it or its steps ran out."""
     assert chunks
     assert [c["index"] for c in chunks] == list(range(len(chunks)))
-    assert [c["is_final"] for c in chunks] == [False] * (len(chunks) - 1) + [final]
+    assert [c["is_final"] for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    assert [c["end_reason"] for c in chunks[:-1]] == [""] * (len(chunks) - 1)
+    assert chunks[-1]["end_reason"] in ((ended,) if ended else ("end", "max_new_tokens"))
     offset = 0.0
     for chunk in chunks:
         assert (chunk["sample_rate"], chunk["channels"], chunk["encoding"]) == (SAMPLE_RATE, 1, "pcm_s16le")
@@ -126,7 +129,7 @@ def test_cancel_stops_the_utterance_within_a_step(netns: LoopbackNamespace, node
     assert goal["timing"]["stop_reason"] == "cancelled"
     assert goal["timing"]["steps"] < 8000  # it was still speaking: the chunks came as they were made
     assert goal["result_received"] - goal["cancel_sent"] < 2.0  # a step takes milliseconds
-    assert_stream(chunks_of(answer, goal["id"]), final=False)
+    assert_stream(chunks_of(answer, goal["id"]), ended="cancel")
 
 
 def test_queue_policy_serves_in_order_and_refuses_when_full(netns: LoopbackNamespace, node: NodeProcess) -> None:
@@ -186,7 +189,7 @@ def test_interrupt_policy_cuts_the_current_utterance(netns: LoopbackNamespace, n
     first, second = answer["goals"]
     assert first["status"] == ABORTED and "interrupted by a newer request" in first["message"]
     assert first["timing"]["stop_reason"] == "cancelled"
-    assert_stream(chunks_of(answer, first["id"]), final=False)
+    assert_stream(chunks_of(answer, first["id"]), ended="interrupt")
     assert second["status"] == CANCELED
     assert chunks_of(answer, second["id"])  # the newer request was spoken
 
@@ -531,7 +534,7 @@ def test_a_new_request_interrupts_a_stream_and_the_streams_later_chunks_are_drop
         timeout=60,
     )
     talker = chunks_of(answer, "talker")
-    assert_stream(talker, final=False)  # cut off: no final chunk
+    assert_stream(talker, ended="interrupt")  # cut off: its final chunk says so
     others = [c for c in answer["chunks"] if c["request_id"] != "talker"]
     assert others and others[0]["received"] >= talker[-1]["received"]  # the new request spoke after it
     log = node.output()

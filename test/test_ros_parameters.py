@@ -42,6 +42,7 @@ LIVE = {
     "audio.chunk_frames",
     "audio.left_context_frames",
     "queue_policy",
+    "stop_empties_queue",
     "output_encoding",
     "languages",
 }
@@ -52,7 +53,8 @@ STARTUP = {"queue_size", "autostart", *(f"text_stream_{bound}" for bound in TEXT
 
 def test_every_config_key_and_node_option_is_declared_once_with_its_default() -> None:
     declared = declarations()
-    node_options = ["queue_size", "autostart", "queue_policy", "output_encoding", "text_stream_max_open"]
+    node_options = ["queue_size", "autostart", "queue_policy", "stop_empties_queue", "output_encoding"]
+    node_options += ["text_stream_max_open"]
     node_options += ["text_stream_max_chars", "text_stream_idle_timeout", "text_stream_max_duration"]
     node_options += ["languages", "max_response_seconds"]
     assert [name for name, _, _ in declared] == [*OPTIONS, *node_options]
@@ -122,6 +124,7 @@ def test_a_full_set_of_values_becomes_the_settings(demo_config: Path) -> None:
     assert settings == Settings(
         expected,
         queue_policy="queue",
+        stop_empties_queue=True,
         output_encoding="pcm_s16le",
         languages=("en", "zh"),
         max_response_seconds=120.0,

@@ -125,6 +125,29 @@ def test_cancel_takes_a_waiting_request_out_and_stops_the_current_one(line: Requ
     assert second.wait(WAIT) == Outcome(True, "c spoken")
 
 
+@pytest.mark.parametrize("empty", ["dropped by the stop", None], ids=["emptying", "keeping-the-line"])
+def test_stop_cancels_the_current_request_once_and_as_asked_ends_the_waiting(
+    line: RequestQueue[FakeJob], empty: str | None
+) -> None:
+    current, first, second = ticket("a"), ticket("b"), ticket("c")
+    line.submit(current)
+    assert current.job.started.wait(WAIT)
+    line.submit(first)
+    line.submit(second)
+    stopped, dropped = line.stop("stopped", empty)
+    assert stopped is current and dropped == ([first, second] if empty else [])
+    assert line.stop("stopped again", empty) == (None, [])  # it is stopping already: nothing more to stop
+    assert current.wait(WAIT) == Outcome(False, "stopped")
+    if empty:
+        assert first.wait(0) == second.wait(0) == Outcome(False, empty)
+        assert not first.job.started.is_set() and not second.job.started.is_set()
+    else:
+        assert first.job.started.wait(WAIT)  # the next one is spoken at once
+        for waiting in (first, second):
+            waiting.job.release.set()
+        assert [first.wait(WAIT), second.wait(WAIT)] == [Outcome(True, "b spoken"), Outcome(True, "c spoken")]
+
+
 def test_a_failing_request_does_not_stop_the_queue(line: RequestQueue[FakeJob]) -> None:
     failing, after = ticket("boom"), ticket("b")
     failing.job.release.set()

@@ -24,14 +24,22 @@ from rclpy.action import CancelResponse  # noqa: E402
 
 from moss_tts_node.errors import ConfigError  # noqa: E402
 from moss_tts_node.ros.audio import encode  # noqa: E402
-from moss_tts_node.ros.goals import CLIENT_CANCEL, SpeakGoals  # noqa: E402
+from moss_tts_node.ros.goals import SpeakGoals  # noqa: E402
 from moss_tts_node.ros.lifecycle import DEACTIVATING, SHUTTING_DOWN, Loan, Phase  # noqa: E402
 from moss_tts_node.ros.loaded_model import LoadedModel  # noqa: E402
 from moss_tts_node.ros.parameters import Settings, checked_settings  # noqa: E402
-from moss_tts_node.ros.requests import SPEAK, SYNTHESIZE, TEXT, Requests  # noqa: E402
+from moss_tts_node.ros.requests import (  # noqa: E402
+    CLIENT_CANCEL,
+    EMPTIED,
+    SPEAK,
+    STOPPED,
+    SYNTHESIZE,
+    TEXT,
+    Requests,
+)
 from moss_tts_node.ros.text_stream import StreamLimits, TextStreams  # noqa: E402
 from moss_tts_node.serving.intake import BUSY, Intake  # noqa: E402
-from moss_tts_node.serving.queue import FULL, Refused, State  # noqa: E402
+from moss_tts_node.serving.queue import FULL, Outcome, Refused, State  # noqa: E402
 from moss_tts_node.synthesizer import Synthesizer  # noqa: E402
 
 NODE = "/moss_tts_node"
@@ -63,14 +71,22 @@ class Lines:
 
 
 class Published:
-    """The audio out: every chunk published, by request id."""
+    """The audio out: every chunk published, by request id, and each one's end reason ("" but on a final one)."""
 
     def __init__(self) -> None:
         self.chunks: dict[str, list[AudioChunk]] = {}
+        self.end_reasons: dict[str, list[str]] = {}
 
-    def __call__(self, request_id: str, chunk: AudioChunk, encoding: str) -> None:
+    def __call__(self, request_id: str, chunk: AudioChunk, encoding: str, end_reason: str) -> None:
         assert encoding == "pcm_s16le"
         self.chunks.setdefault(request_id, []).append(chunk)
+        self.end_reasons.setdefault(request_id, []).append(end_reason)
+
+    def ended(self, request_id: str) -> str:
+        """How the request's audio ended: its one final chunk, the last, says so."""
+        reasons = self.end_reasons[request_id]
+        assert [bool(reason) for reason in reasons] == [False] * (len(reasons) - 1) + [True], reasons
+        return reasons[-1]
 
 
 class Node:
@@ -177,7 +193,7 @@ def test_a_text_stream_ends_its_stream_when_its_request_ends_or_is_refused(node:
     assert not ended["spoken"].is_set() and streams.open_count == 1  # waits for the rest of its text
     assert streams.receive(TextChunk(stream_id="spoken", text=" Bye.", final=True), limits, now=1.0) is None
     assert ended["spoken"].wait(WAIT_S) and streams.open_count == 0
-    assert node.published.chunks["spoken"][-1].is_final
+    assert node.published.ended("spoken") in ("end", "max_new_tokens")  # spoken to its end
     assert node.log.warnings() == [
         "~/text_stream request refused: text stream 'french' refused: unknown language 'fr': this node accepts "
         "en, zh (parameter 'languages')"
@@ -196,6 +212,7 @@ def test_a_full_line_refuses_with_the_true_count(synth: Synthesizer, demo_config
         node.close()
     assert outcome is not None and (outcome.success, outcome.message) == (False, "stopped by the test")
     assert node.requests.counts(serving=False).refused == 1
+    assert node.published.ended("speaking") == "error"  # a reason the node never gives: not one of the others
 
 
 def test_once_closed_every_request_is_refused_at_once_with_the_reason(node: Node) -> None:
@@ -239,7 +256,62 @@ def test_end_answers_every_request_in_line_with_its_reason(synth: Synthesizer, d
     for ticket in (speaking, waiting):
         assert ticket.outcome is not None and (ticket.outcome.success, ticket.outcome.message) == (False, DEACTIVATING)
     assert speaking.job.stream.cancelled and waiting.state is State.DONE and waiting.job.started is None
+    assert node.published.ended("one") == "deactivation" and "two" not in node.published.chunks  # it never spoke
     node.close()
+
+
+@pytest.mark.parametrize("empties", [True, False], ids=["emptying", "keeping-the-line"])
+def test_a_stop_ends_the_request_being_spoken_and_as_asked_those_behind_it(
+    synth: Synthesizer, demo_config: Path, empties: bool
+) -> None:
+    """What ``~/stop`` does, without waiting: the request being spoken ends within a step with a final chunk
+    saying "stop"; with stop_empties_queue those waiting end too, never spoken, and without it the next one
+    is spoken."""
+    node = Node(synth, settings_of(demo_config, stop_empties_queue=empties, **LONG))
+    try:
+        speaking = node.requests.speak(Speak.Goal(text="one"), "one", lambda ticket: None).result(WAIT_S)
+        waiting = node.requests.speak(Speak.Goal(text="two"), "two", lambda ticket: None).result(WAIT_S)
+        said = node.requests.stop()
+        outcome = speaking.wait(WAIT_S)
+        assert outcome is not None and (outcome.success, outcome.message) == (False, STOPPED)
+        assert node.published.ended("one") == "stop"
+        if empties:
+            assert said == "stopped the ~/speak request one; dropped the 1 waiting"
+            assert waiting.outcome == Outcome(False, EMPTIED) and "two" not in node.published.chunks
+        else:
+            assert said == "stopped the ~/speak request one; the 1 waiting go on (stop_empties_queue false)"
+            node.requests.stop()  # the one that went on
+            assert waiting.wait(WAIT_S) == Outcome(False, STOPPED) and node.published.ended("two") == "stop"
+        assert node.requests.stop() == ("nothing to stop; none were waiting" if empties else "nothing to stop")
+    finally:
+        node.close()
+    assert node.requests.counts(serving=False).refused == 0
+    assert ("info", f"~/stop: {said}") in node.log.lines
+
+
+def test_a_stop_that_empties_the_line_ends_the_requests_still_being_checked(
+    synth: Synthesizer, demo_config: Path
+) -> None:
+    """A request that arrived before the stop but was still waiting for its check ends as those in line did; one
+    that arrives after the stop is served."""
+    node = Node(synth, settings_of(demo_config, **LONG))
+    release = threading.Event()
+    try:
+        speaking = node.requests.speak(Speak.Goal(text="one"), "one", lambda ticket: None).result(WAIT_S)
+        node.requests._intake.submit(release.wait)  # holds the intake's thread: the next request waits for its check
+        checking = node.requests.speak(Speak.Goal(text="two"), "two", lambda ticket: None)
+        said = node.requests.stop()
+        after = node.requests.speak(Speak.Goal(text="three"), "three", lambda ticket: None)
+        release.set()
+        with pytest.raises(Refused) as emptied:
+            checking.result(WAIT_S)
+        assert str(emptied.value) == EMPTIED
+        assert after.result(WAIT_S).state is not State.DONE  # in line: it came after the stop
+    finally:
+        node.close()
+    assert said == "stopped the ~/speak request one; none were waiting"
+    assert speaking.outcome == Outcome(False, STOPPED) and "two" not in node.published.chunks
+    assert node.requests.counts(serving=False).refused == 0  # ended, not refused
 
 
 # -- the Speak goals --------------------------------------------------------------------------------------------
@@ -302,6 +374,7 @@ def test_goals_are_aborted_with_the_reason_or_end_canceled_by_their_client(
     assert (bad.status, bad_result.success) == (ABORTED, False) and bad_result.message.startswith("the seed must be")
     assert (waiting.status, waiting_result.message) == (CANCELED, CLIENT_CANCEL)
     assert (speaking.status, speaking_result.message) == (ABORTED, DEACTIVATING)
+    assert node.published.ended(bytes(speaking.goal_id.uuid).hex()) == "deactivation"
     states = [feedback.state for feedback in speaking.feedback]
     assert states[0] == Speak.Feedback.STATE_GENERATING and states[-1] == Speak.Feedback.STATE_DONE
     assert waiting.feedback[0].state == Speak.Feedback.STATE_QUEUED and waiting.feedback[0].queue_position == 1
@@ -316,6 +389,7 @@ def test_a_goal_that_succeeds_ends_succeeded_with_its_figures(node: Node) -> Non
     goals.accept(handle)
     result = goals.execute(handle)
     assert (handle.status, result.success, result.timing.seed) == (SUCCEEDED, True, 2)
+    assert node.published.ended(bytes([7] * 16).hex()) == result.timing.stop_reason  # end, or max_new_tokens
     assert result.duration > 0 and handle.feedback[-1].chunks_published == len(
         node.published.chunks[bytes([7] * 16).hex()]
     )

@@ -389,7 +389,7 @@ NOT_USED_HERE = {
     "publish": {f"rt/moss_tts_node/audio_common/{name}" for name in ("audio", "audio_stamped", "audio_info")},
     "subscribe": {"rt/clock", "rt/parameter_events"},
 }
-ENCLAVES = ("client", "node", "operator", "player")
+ENCLAVES = ("client", "node", "operator", "player", "stopper")
 
 
 @pytest.fixture(scope="module")

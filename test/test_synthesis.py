@@ -39,6 +39,7 @@ def test_stream_equals_offline_decode_and_keeps_the_last_chunk(synth: Synthesize
         np.testing.assert_allclose(audio, codec.decode(codes), atol=1e-5)
     assert [c.index for c in chunks] == list(range(len(chunks)))
     assert [c.is_final for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    assert chunks[-1].stop_reason == "end"  # the final chunk says why, as the report does
     starts = np.cumsum([0] + [c.samples.shape[0] for c in chunks[:-1]]) / SAMPLE_RATE
     np.testing.assert_allclose([c.start_s for c in chunks], starts)
 

@@ -88,7 +88,9 @@ class AudioOut:
             )
         )
 
-    def publish(self, request_id: str, chunk: AudioChunk, encoding: str) -> None:
+    def publish(self, request_id: str, chunk: AudioChunk, encoding: str, end_reason: str) -> None:
+        """One chunk on ~/audio (``end_reason`` on the final one: an AudioChunk ``END_REASON_*``), and its samples on
+        the audio_common topics."""
         header = self._header()
         self._chunks.publish(
             AudioChunkMsg(
@@ -99,8 +101,9 @@ class AudioOut:
                 channels=1,
                 encoding=encoding,
                 data=encode(chunk.samples, encoding),
-                is_final=chunk.is_final,
+                is_final=bool(end_reason),
                 start_offset=chunk.start_s,
+                end_reason=end_reason,
             )
         )
         if self._common is not None and chunk.samples.size:

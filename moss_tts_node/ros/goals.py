@@ -22,10 +22,9 @@ from rclpy.action import CancelResponse
 from rclpy.action.server import ServerGoalHandle
 
 from moss_tts_node.ros.messages import speak_feedback, timing_message
-from moss_tts_node.ros.requests import Job, Requests
+from moss_tts_node.ros.requests import CLIENT_CANCEL, Job, Requests
 from moss_tts_node.serving.queue import Refused, Ticket
 
-CLIENT_CANCEL = "canceled by the client"
 # rclpy marks a goal canceling just after ``cancel`` returns, and the request may end before that; ``execute``
 # waits for the mark, up to this bound (rclpy sets it a few statements after the return).
 CANCELING_MARK_WAIT_S = 1.0

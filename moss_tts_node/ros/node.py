@@ -5,6 +5,8 @@
   stream id, spoken sentence by sentence as it arrives (ros/text_stream.py).
 - ``~/speak`` (moss_tts_msgs/action/Speak): the same with feedback, a result and cancel (ros/goals.py).
 - ``~/synthesize`` (moss_tts_msgs/srv/Synthesize): the whole utterance back in the response.
+- ``~/stop`` (std_srvs/Trigger, and a std_msgs/Empty topic of the same name for a VAD or a button): stop the
+  request being spoken and, with ``stop_empties_queue``, those behind it (ros/requests.py).
 - ``~/list_voices`` (moss_tts_msgs/srv/ListVoices): the voices a request may name (ros/voices.py).
 - ``~/audio`` (moss_tts_msgs/AudioChunk): chunks as they are decoded (see ros/audio.py).
 - ``/diagnostics``: lifecycle state, readiness, the model, queue depth, last real-time factor and time to first
@@ -41,7 +43,8 @@ from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallb
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile
-from std_msgs.msg import String
+from std_msgs.msg import Empty, String
+from std_srvs.srv import Trigger
 
 from moss_tts_node.config import NODE_NAME
 from moss_tts_node.ros.audio import AudioOut
@@ -76,6 +79,8 @@ TEXT_STREAM_QOS = QoSProfile(depth=1000)
 # One feedback per chunk for every goal on one topic: deep enough that a burst (the model can run
 # many times faster than real time) does not push a waiting goal's queue position out.
 FEEDBACK_QOS = QoSProfile(depth=100)
+# Stop messages: each one stops at once, so a storm of them needs no room; the last few are enough.
+STOP_QOS = QoSProfile(depth=10)
 
 
 def _transition(callback: Callable[[TtsNode, LifecycleState], TransitionCallbackReturn]) -> Any:
@@ -129,6 +134,10 @@ class TtsNode(LifecycleNode):
         # A service call waits for its request's turn, so calls must run side by side.
         self.create_service(Synthesize, "~/synthesize", self._on_synthesize, callback_group=ReentrantCallbackGroup())
         self.create_service(ListVoices, "~/list_voices", self._on_list_voices)
+        # A group of its own: a stop is never held behind a transition, a parameter change or a text's callback.
+        stops = MutuallyExclusiveCallbackGroup()
+        self.create_service(Trigger, "~/stop", self._on_stop_call, callback_group=stops)
+        self.create_subscription(Empty, "~/stop", self._on_stop_message, STOP_QOS, callback_group=stops)
         # Goal requests one at a time: rclpy answers a goal before ``accept`` puts it in line, so a client's
         # next goal could otherwise overtake it (ros/goals.py). Execute callbacks run as tasks of their own.
         self._speak = ActionServer(
@@ -156,9 +165,9 @@ class TtsNode(LifecycleNode):
     @property
     def executor_threads(self) -> int:
         """Threads the executor needs: each waiting request and the one being spoken may hold one until it
-        ends; four more keep the default group (topic, parameters, transitions), diagnostics, goals and
-        cancels, and the answers to refused calls moving."""
-        return self._startup.queue_size + 1 + 4
+        ends; five more keep the default group (topic, parameters, transitions), diagnostics, goals and
+        cancels, stops, and the answers to refused calls moving."""
+        return self._startup.queue_size + 1 + 5
 
     def autostart(self) -> None:
         """Configure and activate (``autostart``), before the executor spins; raises ConfigureFailed with the
@@ -301,6 +310,19 @@ class TtsNode(LifecycleNode):
     def _expire_text_streams(self) -> None:
         for reason in self._text_streams.expire(self._startup.text_stream_limits, time.monotonic()):
             self.get_logger().warning(reason)
+
+    def _on_stop_call(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        response.success, response.message = True, self._stop()
+        return response
+
+    def _on_stop_message(self, msg: Empty) -> None:
+        self._stop()
+
+    def _stop(self) -> str:
+        """What a stop did; in a state that speaks nothing, why there is nothing to stop."""
+        if self._phase is not Phase.ACTIVE:
+            return f"nothing to stop: the node is {self._phase.value}"
+        return self._requests.stop()
 
     def _on_synthesize(self, request: Synthesize.Request, response: Synthesize.Response) -> Synthesize.Response:
         response.sample_rate, response.encoding = self._model.sample_rate, self.get_parameter("output_encoding").value

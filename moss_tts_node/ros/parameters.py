@@ -76,6 +76,13 @@ NODE_OPTIONS = (
         choices=POLICIES,
     ),
     _node_option(
+        "stop_empties_queue",
+        True,
+        "~/stop (service or topic) also drops every request waiting behind the one it stops, and those being "
+        "checked; false: the next one in line is spoken.",
+        per_request=True,
+    ),
+    _node_option(
         "output_encoding",
         ENCODINGS[0],
         "Sample encoding of ~/audio and of the synthesize response.",
@@ -180,6 +187,7 @@ class Settings:
 
     config: Config
     queue_policy: str
+    stop_empties_queue: bool
     output_encoding: str
     languages: tuple[str, ...]  # codes (text/languages.py), whatever spelling the parameter used
     max_response_seconds: float

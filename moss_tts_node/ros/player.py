@@ -5,11 +5,13 @@
 
 It subscribes to ``<tts_node>/audio`` (AudioChunk, either encoding, the rate each message gives)
 and feeds a ``Speaker`` (playback.py): a jitter buffer, one utterance per ``request_id`` in order.
-The node publishes nothing more for a cancelled request (no final chunk), so the player also
-follows the Speak action's goal statuses: a goal canceling, canceled or aborted stops its audio at
-once. A ``~/text`` request has no goal; if it is interrupted, the next request's first chunk stops it.
-And it follows the node's lifecycle (``<tts_node>/transition_event``): when the node leaves the active
-state (deactivate, shutdown) every utterance it had fed stops, so nothing plays while the node is inactive.
+Every utterance ends with one final chunk that says how it ended (``end_reason``): one that was stopped
+(a cancel, ``~/stop``, an interrupting request, deactivation, an error) stops its audio at once, what the
+player had buffered of it included; one the model ended plays to its end. Two more signals stop audio at
+once: the Speak action's goal statuses (a goal canceling, canceled or aborted), for an older node whose final
+chunks do not say; and the node's lifecycle (``<tts_node>/transition_event``): when the node leaves the active
+state (deactivate, shutdown) every utterance it had fed stops, even one it had finished sending that still
+plays, so nothing plays while the node is inactive.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from moss_tts_node.ros.process import start_node, wait_for_stop
 
 PLAYER_NAME = "moss_tts_player"
 STOPPED = (GoalStatus.STATUS_CANCELING, GoalStatus.STATUS_CANCELED, GoalStatus.STATUS_ABORTED)
+# How the utterances that play to their end ended; "" is an older node's final chunk, which says nothing.
+SPOKEN_TO_ITS_END = (AudioChunkMsg.END_REASON_END, AudioChunkMsg.END_REASON_MAX_NEW_TOKENS, "")
 # rcl_lifecycle publishes transition events with the default QoS (reliable, volatile, depth 10).
 TRANSITION_EVENT_QOS = QoSProfile(depth=10)
 
@@ -66,6 +70,10 @@ class PlayerNode(Node):
         self._next_index = {key: msg.chunk_index + 1}  # only the current request's count is needed
         if not self._fed or self._fed[-1] != key:
             self._fed.append(key)
+        if msg.is_final and msg.end_reason not in SPOKEN_TO_ITS_END:
+            if self.speaker.cancel(key):
+                self.get_logger().info(f"request {key[:8]} stopped ({msg.end_reason})")
+            return
         try:
             samples = decode(bytes(msg.data), msg.encoding)
             if msg.channels > 1:

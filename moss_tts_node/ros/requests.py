@@ -31,18 +31,19 @@ from typing import Any, Protocol
 
 import numpy as np
 from moss_tts_msgs.action import Speak
+from moss_tts_msgs.msg import AudioChunk as AudioChunkMsg
 from moss_tts_msgs.msg import TextChunk
 from moss_tts_msgs.srv import Synthesize
 
 from moss_tts_node.errors import ExpectedTooLong, MossTTSError, RequestError
 from moss_tts_node.ros.audio import encode
-from moss_tts_node.ros.lifecycle import Loan, Phase, check_serving
+from moss_tts_node.ros.lifecycle import DEACTIVATING, SHUTTING_DOWN, Loan, Phase, check_serving
 from moss_tts_node.ros.messages import RequestCounts, speech_request, timing_message
 from moss_tts_node.ros.parameters import Settings
 from moss_tts_node.ros.text_stream import NewStream
 from moss_tts_node.ros.voices import requested_voices
 from moss_tts_node.serving.intake import CHECKS_WAITING, Intake
-from moss_tts_node.serving.queue import Outcome, Refused, RequestQueue, State, Ticket
+from moss_tts_node.serving.queue import INTERRUPTED, Outcome, Refused, RequestQueue, State, Ticket
 from moss_tts_node.synthesis.request import SpeechRequest, check_request
 from moss_tts_node.synthesis.results import AudioChunk, AudioStream
 from moss_tts_node.synthesizer import Synthesizer
@@ -55,6 +56,19 @@ SYNTHESIZE = "~/synthesize"
 SPEAK = "~/speak"
 # How long a transition that ends the requests in line waits for the last of them to be answered.
 ANSWERS_WAIT_S = 5.0
+# The reasons a request is stopped with, besides the line's and the lifecycle's.
+CLIENT_CANCEL = "canceled by the client"
+STOPPED = "stopped by ~/stop"
+EMPTIED = "dropped from the queue by ~/stop (stop_empties_queue true)"
+# How an utterance ended, by the reason its request was cancelled with: its final chunk's end_reason. Any other
+# reason is an error's (a transition that failed).
+END_REASONS = {
+    CLIENT_CANCEL: AudioChunkMsg.END_REASON_CANCEL,
+    STOPPED: AudioChunkMsg.END_REASON_STOP,
+    INTERRUPTED: AudioChunkMsg.END_REASON_INTERRUPT,
+    DEACTIVATING: AudioChunkMsg.END_REASON_DEACTIVATION,
+    SHUTTING_DOWN: AudioChunkMsg.END_REASON_SHUTDOWN,
+}
 
 
 class Log(Protocol):
@@ -65,7 +79,8 @@ class Log(Protocol):
     def error(self, message: str) -> Any: ...
 
 
-Publish = Callable[[str, AudioChunk, str], None]  # (request id, chunk, encoding): ros/audio.py's AudioOut.publish
+# (request id, chunk, encoding, end reason: the final chunk's, else ""): ros/audio.py's AudioOut.publish
+Publish = Callable[[str, AudioChunk, str, str], None]
 # What a message asks for, as the synthesizer takes it, its voice looked up among the loaded model's.
 Asked = Callable[[Synthesizer], SpeechRequest]
 
@@ -76,7 +91,9 @@ class Job:
 
     stream: AudioStream
     request_id: str
+    interface: str  # where it came from (TEXT, TEXT_STREAM, SPEAK, SYNTHESIZE)
     encoding: str
+    sample_rate: int
     collected: list[np.ndarray] | None  # a whole-utterance answer keeps the samples; None publishes them
     received: float = field(default_factory=time.monotonic)
     started: float | None = None
@@ -119,13 +136,16 @@ class Requests:
         self._last: TimingReport | None = None  # the last request's figures
         self._answering = 0  # callbacks waiting for an outcome to answer with
         self._answered = threading.Condition()
+        self._arrivals = 0  # requests handed to the intake so far: each one's number is its place in that order
+        self._emptied_before = 0  # a request that arrived before this number was dropped by a stop, unchecked
+        self._stopping = threading.Lock()  # a stop that empties the line, and the entries into it, one at a time
 
     # -- arrivals: each hands its request to the intake (a service call then waits for its answer) ------------
 
     def text(self, text: str) -> None:
         """A ``~/text`` message: spoken, its audio published. A refusal's log line and count are its only trace: a
         topic has no answer."""
-        self._enter(TEXT, partial(self._admit, lambda synth: SpeechRequest(text), uuid.uuid4().hex, _published))
+        self._enter(TEXT, partial(self._admit, TEXT, lambda synth: SpeechRequest(text), uuid.uuid4().hex, _published))
 
     def text_stream(self, stream: NewStream, ended: Callable[[str], None]) -> None:
         """A new ``~/text_stream`` stream: its first chunk's request, spoken as its text arrives in its feed.
@@ -136,10 +156,10 @@ class Requests:
             if ticket.state is State.DONE:
                 ended(stream_id)
 
-        def admit() -> Ticket[Job]:
+        def admit(arrival: int) -> Ticket[Job]:
             try:
                 asked = partial(_stream_asked, stream.first, self._node)
-                return self._admit(asked, stream_id, partial(_fed, stream), on_update)
+                return self._admit(TEXT_STREAM, asked, stream_id, partial(_fed, stream), arrival, on_update)
             except BaseException:
                 ended(stream_id)  # before its refusal is logged and counted: a chunk sent after that is dropped
                 raise
@@ -150,9 +170,8 @@ class Requests:
 
     def speak(self, goal: Speak.Goal, goal_id: str, on_update: Callable[[Ticket[Job]], None]) -> Future[Ticket[Job]]:
         """A Speak goal, spoken and published: its check, then its place in line (ros/goals.py waits on it)."""
-        return self._enter(
-            SPEAK, partial(self._admit, partial(_asked, goal, self._node), goal_id, _published, on_update)
-        )
+        asked = partial(_asked, goal, self._node)
+        return self._enter(SPEAK, lambda arrival: self._admit(SPEAK, asked, goal_id, _published, arrival, on_update))
 
     def synthesize(self, request: Synthesize.Request, response: Synthesize.Response) -> Synthesize.Response:
         """A ``~/synthesize`` call, answered once its request has ended: the whole utterance, at most
@@ -162,7 +181,7 @@ class Requests:
         response.timing = timing_message(None, None)
         with self.answering():
             asked = partial(_asked, request, self._node)
-            check = self._enter(SYNTHESIZE, partial(self._admit, asked, uuid.uuid4().hex, _whole))
+            check = self._enter(SYNTHESIZE, partial(self._admit, SYNTHESIZE, asked, uuid.uuid4().hex, _whole))
             try:
                 ticket = check.result()
             except Refused as refusal:
@@ -192,6 +211,27 @@ class Requests:
         line = self._line
         if line is not None:
             line.cancel(ticket, reason)
+
+    def stop(self) -> str:
+        """``~/stop``: stop the request being spoken (within one generation step) and, with
+        ``stop_empties_queue``, every one behind it, those still being checked included; what it stopped, for
+        the log and the service's answer. Never waits for a request to end. Only while active (the node says why
+        there is nothing to stop in another state)."""
+        line, settings = self._line, self.settings
+        assert line is not None and settings is not None  # opened by the activation
+        empty = settings.stop_empties_queue
+        with self._stopping:
+            if empty:
+                with self._counts:
+                    self._emptied_before = self._arrivals
+            current, dropped = line.stop(STOPPED, EMPTIED if empty else None)
+        said = "nothing to stop" if current is None else f"stopped {_named(current.job)}"
+        if empty:
+            said += f"; dropped the {len(dropped)} waiting" if dropped else "; none were waiting"
+        elif line.depth:
+            said += f"; the {line.depth} waiting go on (stop_empties_queue false)"
+        self._log.info(f"~/stop: {said}")
+        return said
 
     @contextmanager
     def answering(self) -> Iterator[None]:
@@ -248,11 +288,15 @@ class Requests:
 
     # -- the check, on the intake's thread, and the speech, on the line's worker ---------------------------
 
-    def _enter(self, interface: str, admit: Callable[[], Ticket[Job]], refused_as: str = "") -> Future[Ticket[Job]]:
-        """Hand ``admit`` to the intake: the future of the request's place in line, or of its refusal (counted and
-        logged, ``refused_as`` before its reason), the intake's own included."""
+    def _enter(self, interface: str, admit: Callable[[int], Ticket[Job]], refused_as: str = "") -> Future[Ticket[Job]]:
+        """Hand ``admit`` to the intake, with the request's number in the order of arrival: the future of the
+        request's place in line, or of its refusal (counted and logged, ``refused_as`` before its reason), the
+        intake's own included."""
+        with self._counts:
+            arrival = self._arrivals
+            self._arrivals += 1
         try:
-            return self._intake.submit(partial(self._checked, interface, admit, refused_as))
+            return self._intake.submit(partial(self._checked, interface, partial(admit, arrival), refused_as))
         except Refused as refusal:
             refused: Future[Ticket[Job]] = Future()
             refused.set_exception(self.refuse(interface, f"{refused_as}{refusal}"))
@@ -263,6 +307,8 @@ class Requests:
         the check itself is logged here too (a service call or a goal gets it back)."""
         try:
             return admit()
+        except Emptied:
+            raise  # not refused: ended by a stop before its turn, as those waiting in line were
         except (MossTTSError, Refused) as err:
             raise self.refuse(interface, f"{refused_as}{err}") from None
         except Exception as exc:
@@ -271,13 +317,16 @@ class Requests:
 
     def _admit(
         self,
+        interface: str,
         asked: Asked,
         request_id: str,
         start: Start,
+        arrival: int,
         on_update: Callable[[Ticket[Job]], None] | None = None,
     ) -> Ticket[Job]:
-        """Check a request and put it in line; raises Refused or MossTTSError with the reason. The check of a long
-        text takes tens of milliseconds (docs/security.md, "Request checks"), hence the intake's thread."""
+        """Check a request and put it in line; raises Refused or MossTTSError with the reason, Emptied when a stop
+        that empties the line came after it arrived. The check of a long text takes tens of milliseconds
+        (docs/security.md, "Request checks"), hence the intake's thread."""
         check_serving(self._phase(), self._node)
         with self._model.borrow() as synth:
             if synth is None:  # deactivated and cleaned up since the state was read
@@ -289,22 +338,34 @@ class Requests:
             settings.check_language(speech.language)
             cancel = threading.Event()
             stream, collected = start(synth, speech, settings, cancel)
-        ticket = Ticket(Job(stream, request_id, settings.output_encoding, collected), cancel, on_update)
-        line.submit(ticket)  # a line closed since the state was read refuses it with the reason it closed
+        job = Job(stream, request_id, interface, settings.output_encoding, synth.spec.sampling_rate, collected)
+        ticket = Ticket(job, cancel, on_update)
+        with self._stopping:
+            if arrival < self._emptied_before:
+                raise Emptied(EMPTIED)
+            line.submit(ticket)  # a line closed since the state was read refuses it with the reason it closed
         return ticket
 
     def _speak(self, ticket: Ticket[Job]) -> Outcome:
-        """Run one request on the line's worker, publishing or keeping each chunk as it comes."""
+        """Run one request on the line's worker, publishing or keeping each chunk as it comes. A published one
+        ends with one final chunk whatever ends it: the model's last, or an empty one that says why it stopped."""
         job = ticket.job
         job.started = time.monotonic()
-        for chunk in job.stream:
-            if job.collected is None:
-                self._publish(job.request_id, chunk, job.encoding)
-            else:
-                job.collected.append(chunk.samples)
-            job.chunks += 1
-            job.audio_s = chunk.start_s + chunk.samples.shape[0] / chunk.sample_rate
-            ticket.updated()
+        try:
+            for chunk in job.stream:
+                if job.collected is None:
+                    ended = "" if chunk.stop_reason is None else chunk.stop_reason.value  # end or max_new_tokens
+                    self._publish(job.request_id, chunk, job.encoding, ended)
+                else:
+                    job.collected.append(chunk.samples)
+                job.chunks += 1
+                job.audio_s = chunk.start_s + chunk.samples.shape[0] / chunk.sample_rate
+                ticket.updated()
+        except Exception:
+            self._end_audio(job, AudioChunkMsg.END_REASON_ERROR)
+            raise
+        if job.stream.cancelled:
+            self._end_audio(job, END_REASONS.get(ticket.cancel_reason, AudioChunkMsg.END_REASON_ERROR))
         report = job.stream.report
         assert report is not None  # set when the stream ends
         self._last = report
@@ -316,6 +377,23 @@ class Requests:
             outcome = Outcome(True, report.summary())
         self._log.info(f"request {job.request_id[:8]}: {outcome.message}")
         return outcome
+
+    def _end_audio(self, job: Job, end_reason: str) -> None:
+        """The empty final chunk of a published request that stopped before the model's final chunk."""
+        if job.collected is None:
+            closing = AudioChunk(np.empty(0, np.float32), job.sample_rate, job.chunks, job.audio_s)
+            self._publish(job.request_id, closing, job.encoding, end_reason)
+            job.chunks += 1
+
+
+class Emptied(Refused):
+    """A request still being checked when a stop emptied the line: it ends as those waiting did, uncounted as
+    refused (``str()`` is its reason)."""
+
+
+def _named(job: Job) -> str:
+    """A request as a stop's answer names it."""
+    return f"the {job.interface} request {job.request_id[:8]}"
 
 
 def _asked(msg: Speak.Goal | Synthesize.Request | TextChunk, node: str, synth: Synthesizer) -> SpeechRequest:

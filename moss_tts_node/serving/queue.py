@@ -77,10 +77,13 @@ class Ticket(Generic[Job]):
         self._on_update = on_update
         self._done = threading.Event()
 
-    def cancel(self, reason: str) -> None:
-        if not self.cancel_flag.is_set():
-            self.cancel_reason = reason
-            self.cancel_flag.set()
+    def cancel(self, reason: str) -> bool:
+        """Set the cancel flag with ``reason``; False if it was set already (the first reason stays)."""
+        if self.cancel_flag.is_set():
+            return False
+        self.cancel_reason = reason
+        self.cancel_flag.set()
+        return True
 
     def updated(self) -> None:
         if self._on_update is not None:
@@ -177,6 +180,17 @@ class RequestQueue(Generic[Job]):
                 self._renumber()
             else:
                 ticket.cancel(reason)
+
+    def stop(self, reason: str, empty: str | None) -> tuple[Ticket[Job] | None, list[Ticket[Job]]]:
+        """Cancel the current ticket with ``reason`` (it ends within one step of its work) and, when ``empty``
+        gives a reason, end every waiting one with it now; the ticket this call stopped (None when there was
+        none, or it was stopping already) and those it ended. Waits for nothing."""
+        with self._lock:
+            current = self._current if self._current is not None and self._current.cancel(reason) else None
+            dropped = list(self._waiting) if empty is not None else []
+            if empty is not None:
+                self._drop_waiting(empty)
+        return current, dropped
 
     def close(self, reason: str) -> None:
         """Refuse new requests, end the waiting ones with ``reason``, cancel the current one, and

@@ -198,8 +198,9 @@ class _ChunkMaker:
         self.samples = 0  # emitted so far
         self.index = 0
 
-    def chunk(self, samples: np.ndarray, final: bool) -> AudioChunk:
-        out = AudioChunk(samples, self.sample_rate, self.index, self.samples / self.sample_rate, final)
+    def chunk(self, samples: np.ndarray, ended: StopReason | None = None) -> AudioChunk:
+        """The next chunk; ``ended``, why the utterance ended, makes it the final one."""
+        out = AudioChunk(samples, self.sample_rate, self.index, self.samples / self.sample_rate, ended)
         self.samples += samples.shape[0]
         self.index += 1
         self.clock.mark_first_audio()
@@ -243,7 +244,7 @@ class Pipeline:
             source, frames_of = self._generation(stack, source, budget, sampling, cancelled, clock)
             codec = stack.enter_context(self.stages.decoder())
             decoding = stack.enter_context(self._decoding(codec, audio, streaming and self.stages.streams))
-            yield from self._speak(source, frames_of, decoding, audio.chunk_frames, out, cancelled, spoken)
+            yield from self._speak(source, frames_of, decoding, audio.chunk_frames, out, cancelled, spoken, budget)
         return self._result(spoken, budget, decoding, sampling, out)
 
     def _generation(
@@ -274,14 +275,16 @@ class Pipeline:
         out: _ChunkMaker,
         cancelled: Callable[[], bool],
         spoken: _Spoken,
+        budget: _FrameBudget,
     ) -> Generator[AudioChunk, None, None]:
-        """Every item of ``source`` as chunks, in order, recorded in ``spoken``; one final chunk, unless the
-        request was cancelled."""
+        """Every item of ``source`` as chunks, in order, recorded in ``spoken``; one final chunk, with why the
+        request ended, unless it was cancelled."""
         final_sent = False
         while (item := source.next_item()) is not None:
             if isinstance(item, Pause):
                 final_sent = source.more() is False
-                generated = yield from self._silence(item, chunk_frames, out, final_sent, cancelled)
+                ended = _ended(spoken, budget) if final_sent else None
+                generated = yield from self._silence(item, chunk_frames, out, ended, cancelled)
                 spoken.done.append((item, generated))
             else:
                 decoder = SegmentDecoder(decoding, chunk_frames)
@@ -294,14 +297,15 @@ class Pipeline:
                         rest = decoder.end_segment()
                     final_sent = source.more() is False
                     if final_sent or rest is not None:
-                        yield out.chunk(rest if rest is not None else _NO_SAMPLES, final=final_sent)
+                        ended = _ended(spoken, budget) if final_sent else None
+                        yield out.chunk(rest if rest is not None else _NO_SAMPLES, ended)
             if generated.stop is StopReason.CANCELLED:
                 break
         # A source also ends when the request is cancelled while it waits for text.
         stopped = any(result.stop is StopReason.CANCELLED for _, result in spoken.done)
         spoken.cancelled = stopped or (not final_sent and cancelled())
         if not spoken.cancelled and not final_sent:
-            yield out.chunk(_NO_SAMPLES, final=True)  # the end became known after the last samples left
+            yield out.chunk(_NO_SAMPLES, _ended(spoken, budget))  # the end became known after the last samples left
 
     def _result(
         self,
@@ -312,12 +316,7 @@ class Pipeline:
         out: _ChunkMaker,
     ) -> StreamResult:
         """What the request produced, and its timing report."""
-        if spoken.cancelled:
-            stop = StopReason.CANCELLED
-        elif budget.cut or any(g.stop is StopReason.MAX_NEW_TOKENS for _, g in spoken.done):
-            stop = StopReason.MAX_NEW_TOKENS
-        else:
-            stop = StopReason.END
+        stop = StopReason.CANCELLED if spoken.cancelled else _ended(spoken, budget)
         pieces = [item for item, _ in spoken.done if isinstance(item, Piece)]
         rows = [generated.rows for _, generated in spoken.done]
         codes = np.concatenate(spoken.codes) if spoken.codes else self._no_frames()
@@ -344,10 +343,16 @@ class Pipeline:
         )
 
     def _silence(
-        self, pause: Pause, chunk_frames: int, out: _ChunkMaker, final: bool, cancelled: Callable[[], bool]
+        self,
+        pause: Pause,
+        chunk_frames: int,
+        out: _ChunkMaker,
+        ended: StopReason | None,
+        cancelled: Callable[[], bool],
     ) -> Generator[AudioChunk, None, Generated]:
-        """``pause`` as chunks of zeros, ``chunk_frames`` frames each and the rest last; returns what it "generated":
-        no rows, and whether it was cancelled."""
+        """``pause`` as chunks of zeros, ``chunk_frames`` frames each and the rest last (the final chunk, when
+        ``ended`` says why the request ends with it); returns what it "generated": no rows, and whether it was
+        cancelled."""
         step = chunk_frames * SAMPLES_PER_FRAME
         stop = StopReason.END
         for start in range(0, pause.samples, step):
@@ -355,7 +360,7 @@ class Pipeline:
                 stop = StopReason.CANCELLED
                 break
             end = min(start + step, pause.samples)
-            yield out.chunk(np.zeros(end - start, dtype=np.float32), final=final and end == pause.samples)
+            yield out.chunk(np.zeros(end - start, dtype=np.float32), ended if end == pause.samples else None)
         return Generated(np.empty((0, self.spec.channels), dtype=np.int64), stop, self._no_frames())
 
     def _no_frames(self) -> np.ndarray:
@@ -380,7 +385,7 @@ class Pipeline:
             with out.clock.stage("codec"):
                 samples = decoder.end_segment() if frame is None else decoder.push(frame)
             if samples is not None:
-                yield out.chunk(samples, final=False)
+                yield out.chunk(samples)
 
     @contextmanager
     def _decoding(self, codec: AudioCodec, audio: AudioConfig, streaming: bool) -> Iterator[SegmentDecoding]:
@@ -480,6 +485,14 @@ class Pipeline:
                 if generated.stop is StopReason.CANCELLED:
                     break
         return ListedPlan(items), lambda piece, number: replays[number]
+
+
+def _ended(spoken: _Spoken, budget: _FrameBudget) -> StopReason:
+    """Why a request that was not cancelled ended: its frame budget or a piece's steps ran out, or the model
+    ended every piece."""
+    if budget.cut or any(generated.stop is StopReason.MAX_NEW_TOKENS for _, generated in spoken.done):
+        return StopReason.MAX_NEW_TOKENS
+    return StopReason.END
 
 
 def _seeded(sampling: SamplingParams, piece_number: int) -> SamplingParams:

@@ -22,7 +22,12 @@ class AudioChunk:
     sample_rate: int
     index: int
     start_s: float  # offset of the first sample from the start of the utterance
-    is_final: bool
+    stop_reason: StopReason | None = None  # why the utterance ended, on its final chunk only
+
+    @property
+    def is_final(self) -> bool:
+        """The utterance's last chunk (a cancelled one has none: the stream just ends)."""
+        return self.stop_reason is not None
 
 
 @dataclass(frozen=True)

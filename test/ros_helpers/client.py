@@ -18,6 +18,7 @@ it saw. Commands:
 - ``cycles``      rounds of configure, activate, a service call, deactivate, cleanup (progress after each step)
 - ``deactivate``  deactivate while a goal speaks with a service call and a goal waiting; then requests while
                   inactive, and activate again
+- ``stop``        requests of every kind, then ~/stop (the service or the topic), step by step; collect ~/audio
 
 Every command waits for the node's interfaces to match first (never a fixed sleep). ``params``
 given to speak/text/synthesize are set before the scenario and restored after it.
@@ -51,12 +52,14 @@ from rclpy.parameter import Parameter, parameter_value_to_python
 from rclpy.parameter_client import AsyncParameterClient
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.task import Future
-from std_msgs.msg import String
+from std_msgs.msg import Empty, String
+from std_srvs.srv import Trigger
 
 from moss_tts_node.ros.audio import decode
 
 NODE = "/moss_tts_node"
 MATCH_TIMEOUT = 20.0
+SPOKEN_TO_ITS_END = ("end", "max_new_tokens")  # the end reasons of an utterance that was not stopped
 QUEUED, GENERATING = Speak.Feedback.STATE_QUEUED, Speak.Feedback.STATE_GENERATING
 CANCELED = GoalStatus.STATUS_CANCELED
 
@@ -104,6 +107,7 @@ class Client(Node):
                 "sample_rate": msg.sample_rate,
                 "channels": msg.channels,
                 "is_final": msg.is_final,
+                "end_reason": msg.end_reason,
                 "start_offset": msg.start_offset,
                 "received": self.now(),
             }
@@ -130,12 +134,10 @@ class Client(Node):
         )
 
     def has_all_chunks(self, goal: dict[str, Any]) -> bool:
-        """The result can overtake the last chunks (another topic): are they all in?"""
+        """The result can overtake the last chunks (another topic): are they all in? A goal that was spoken, to
+        its end or not, has its final chunk; one that never was has none."""
         mine = [c for c in self.chunks if c["request_id"] == goal["id"]]
-        if goal["success"]:
-            return any(c["is_final"] for c in mine)
-        seconds = sum(c["bytes"] / (2 if c["encoding"] == "pcm_s16le" else 4) / c["sample_rate"] for c in mine)
-        return seconds >= goal["duration"] - 1e-6
+        return any(c["is_final"] for c in mine) or (not mine and goal["duration"] == 0)
 
     def send_goal(self, action: ActionClient, request: dict[str, Any]) -> dict[str, Any]:
         """Send one Speak goal and wait for its acceptance."""
@@ -628,7 +630,8 @@ class Soak:
         self.counts["refused"] += 1
 
     def final_chunks(self) -> int:
-        return sum(c["is_final"] for c in self.client.chunks)
+        """Final chunks of utterances spoken to their end (a cancelled goal's says "cancel", and may come late)."""
+        return sum(c["is_final"] and c["end_reason"] in SPOKEN_TO_ITS_END for c in self.client.chunks)
 
     def call(self, request: Synthesize.Request, refusal: str | None = None) -> None:
         self.counts["requests"] += 1
@@ -831,6 +834,130 @@ def run_deactivate(client: Client, args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def run_stop(client: Client, args: dict[str, Any]) -> dict[str, Any]:
+    """Play ``steps`` in order, then wait for every goal's result and for a final chunk of every request that
+    published audio; the answer has the chunks, the goals' results by name, the stop calls' answers, the ids of the
+    requests in the order their audio began, and the last diagnostics values.
+
+    A step is ``{"goal": name, "request": {fields}}`` (send a Speak goal, once accepted), ``{"text": s}``
+    (publish on ~/text), ``{"chunk": {TextChunk fields}}`` (publish on ~/text_stream), ``{"params": {...}}`` (set
+    them), ``{"wait_audio": [n, k]}`` (until the n-th request to publish audio has published k chunks: texts have
+    no id to wait on), ``{"wait_depth": n}`` (until /diagnostics says n requests wait),
+    ``{"wait_open": n}`` (until it counts n open text streams), ``{"wait_final": n}`` (until n final chunks are
+    in), ``{"stop": "service" | "topic", "times": k}`` (k stops, each call answered before the next; messages
+    all at once) or ``{"storm": [calls, messages]}`` (that many stop calls, all in flight at once, and messages).
+    ``spoken``: also wait until that many requests have published audio; ``wait_finals`` false: return once the
+    steps are done (a request left speaking).
+    """
+    action = ActionClient(client, Speak, f"{NODE}/speak")
+    stop_service = client.create_client(Trigger, f"{NODE}/stop")
+    qos = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
+    stop_topic = client.create_publisher(Empty, f"{NODE}/stop", qos)
+    texts = client.create_publisher(String, f"{NODE}/text", qos)
+    chunks = client.create_publisher(TextChunk, f"{NODE}/text_stream", qos)
+    if not action.wait_for_server(MATCH_TIMEOUT) or not stop_service.wait_for_service(MATCH_TIMEOUT):
+        raise TimeoutError("~/speak or the ~/stop service did not appear")
+    for publisher in (stop_topic, texts, chunks):
+        client.spin_until(lambda p=publisher: p.get_subscription_count() > 0, MATCH_TIMEOUT, "the node's subscribers")
+    client.wait_audio_matched()
+    diagnostics: list[dict[str, str]] = []
+
+    def on_diagnostics(msg: DiagnosticArray) -> None:
+        for status in msg.status:
+            if status.name.startswith("moss_tts_node"):
+                diagnostics.append({kv.key: kv.value for kv in status.values})
+
+    client.create_subscription(DiagnosticArray, "/diagnostics", on_diagnostics, 10)
+
+    def spoken() -> list[str]:  # request ids in the order their audio began
+        return list(dict.fromkeys(c["request_id"] for c in client.chunks))
+
+    reported: dict[str, str] = {}  # the last value of each key waited for, printed when it changes
+
+    def diagnosed(key: str, value: int) -> bool:
+        if not diagnostics:
+            return False
+        seen = diagnostics[-1][key]
+        if reported.get(key) != seen:  # on stderr: what a timeout's message shows
+            print(f"/diagnostics {key}: {seen} (waiting for {value})", file=sys.stderr)
+            reported[key] = seen
+        return seen == str(value)
+
+    timeout = args.get("timeout", 30)
+    goals: dict[str, dict[str, Any]] = {}
+    answers: list[str] = []
+    for step in args["steps"]:
+        if "goal" in step:
+            goals[step["goal"]] = client.send_goal(action, step.get("request", {"text": step["goal"]}))
+        elif "text" in step:
+            texts.publish(String(data=step["text"]))
+        elif "chunk" in step:
+            fields = step["chunk"]
+            message = TextChunk(
+                stream_id=fields["stream_id"], text=fields.get("text", ""), final=fields.get("final", False)
+            )
+            chunks.publish(request_message(fields, message))
+        elif "params" in step:
+            client.set_params_or_fail(step["params"])
+        elif "wait_audio" in step:
+            number, count = step["wait_audio"]
+            client.spin_until(lambda n=number: len(spoken()) > n, timeout, f"request {number}'s audio")
+            client.wait_chunks(spoken()[number], count, timeout)
+        elif "wait_depth" in step:
+            client.spin_until(lambda n=step["wait_depth"]: diagnosed("queue_depth", n), timeout, "the queue depth")
+        elif "wait_open" in step:
+            client.spin_until(lambda n=step["wait_open"]: diagnosed("text_streams_open", n), timeout, "open streams")
+        elif "wait_final" in step:
+            wanted = step["wait_final"]
+            client.spin_until(lambda n=wanted: sum(c["is_final"] for c in client.chunks) >= n, timeout, "final chunks")
+        elif "stop" in step:
+            for _ in range(step.get("times", 1)):
+                if step["stop"] == "service":
+                    response = client.result(stop_service.call_async(Trigger.Request()), timeout, "the stop answer")
+                    answers.append(response.message)
+                else:
+                    stop_topic.publish(Empty())
+        else:
+            count, messages = step["storm"]
+            calls = [stop_service.call_async(Trigger.Request()) for _ in range(count)]
+            for _ in range(messages):
+                stop_topic.publish(Empty())
+            client.spin_until(lambda calls=calls: all(c.done() for c in calls), timeout, "every stop answered")
+            answers.extend(call.result().message for call in calls)
+    for publisher in (stop_topic, texts, chunks):  # in the node's hands before this client may go
+        if not publisher.wait_for_all_acked(rclpy.duration.Duration(seconds=10)):
+            raise TimeoutError("the node did not acknowledge the messages published")
+    if not args.get("wait_finals", True):
+        return {"chunks": client.chunks, "spoken": spoken(), "answers": answers, "goals": {}, "diagnostics": {}}
+    results = {
+        name: client.result(record["result_future"], timeout, f"goal {name}'s result") for name, record in goals.items()
+    }
+    client.spin_until(
+        lambda: (
+            len(spoken()) >= args.get("spoken", 0)
+            and all(any(c["is_final"] for c in chunks_of(client, key)) for key in spoken())
+        ),
+        timeout,
+        "every final chunk",
+    )
+    client.drain(quiet=1.0)
+    return {
+        "chunks": client.chunks,
+        "spoken": spoken(),
+        "answers": answers,
+        "goals": {
+            name: {
+                "id": goals[name]["id"],
+                "status": response.status,
+                "success": response.result.success,
+                "message": response.result.message,
+            }
+            for name, response in results.items()
+        },
+        "diagnostics": diagnostics[-1] if diagnostics else {},
+    }
+
+
 def chunks_of(client: Client, request_id: str) -> list[dict[str, Any]]:
     return [c for c in client.chunks if c["request_id"] == request_id]
 
@@ -848,6 +975,7 @@ COMMANDS = {
     "transitions": run_transitions,
     "cycles": run_cycles,
     "deactivate": run_deactivate,
+    "stop": run_stop,
 }
 
 
@@ -863,7 +991,8 @@ def main(commands: dict[str, Any] = COMMANDS) -> int:
     client = Client()
     try:
         changed = args.get("params", {})
-        names = set(changed).union(*(goal.get("params", {}) for goal in args.get("goals", [])))
+        later = [*args.get("goals", []), *args.get("steps", [])]  # a goal's or a step's parameters, restored too
+        names = set(changed).union(*(item.get("params", {}) for item in later))
         saved = client.get_params(sorted(names)) if names else {}
         client.set_params_or_fail(changed)
         try:
