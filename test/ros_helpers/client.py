@@ -449,9 +449,7 @@ def run_diagnostics(client: Client, args: dict[str, Any]) -> dict[str, Any]:
             if status.name.startswith("moss_tts_node"):
                 seen[:] = [values]
                 if where.items() <= values.items():
-                    statuses.append(
-                        {"level": int.from_bytes(status.level), "message": status.message, "values": values}
-                    )
+                    statuses.append({"level": ord(status.level), "message": status.message, "values": values})
 
     client.create_subscription(DiagnosticArray, "/diagnostics", on_diagnostics, 10)
     try:
