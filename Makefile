@@ -74,3 +74,9 @@ test: lint msgs $(VENV)/.play-installed
 
 clean:
 	rm -rf $(DEMO_DIR) demo.wav
+
+# aarch64 (a Jetson Orin's CPU, an ARM server's) under qemu-user, compared with this venv's x86-64 results; as root.
+# docs/development.md, "aarch64, emulated". AARCH64_CHECK_ARGS=--ci: the part CI runs.
+.PHONY: aarch64-check
+aarch64-check: $(VENV)/.installed
+	VENV=$(VENV) DEMO_TEXT="$(DEMO_TEXT)" scripts/aarch64_check.sh $(AARCH64_CHECK_ARGS)
