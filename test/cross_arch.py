@@ -2,12 +2,13 @@
 demo synthesis, compared.
 
     python cross_arch.py write DIR                  # one real-width layer as F32, F16, Q8_0, Q4_0, Q4_K_M + rows
-    python cross_arch.py decode DIR OUT             # each GGUF's last hidden state (backbone_worker.py) into OUT
+    python cross_arch.py decode DIR OUT [--types T...]  # each GGUF's last hidden state (backbone_worker.py) into OUT
+    python cross_arch.py speak DEMO OUT --text T --codes X86/tokens.npz  # the F32 demo, the codec on x86's codes
     python cross_arch.py compare REF OTHER...       # OTHER's hidden states and demo against REF's; exit 1 if off
 
 DIR is written once (on x86-64) and read by every machine, so all decode the very same files. OUT (and REF, OTHER)
-is a folder holding ``hidden.npz``, ``system_info.json`` and, when the check put them there, ``demo.wav`` and
-``tokens.npz`` (``synth --seed 1 --save-tokens``).
+is a folder holding ``hidden.npz`` and ``system_info.json``, ``demo_weights/`` and ``tokens.npz`` (``make demo``'s
+synthesis, ``synth --seed 1 --save-tokens``), and what ``speak`` writes.
 """
 
 from __future__ import annotations
@@ -254,7 +255,7 @@ def main() -> None:
     speaking.add_argument("demo", type=Path)
     speaking.add_argument("out", type=Path)
     speaking.add_argument("--text", required=True)
-    speaking.add_argument("--codes", type=Path, help="another machine's tokens.npz, to decode here")
+    speaking.add_argument("--codes", type=Path, help="a tokens.npz (x86-64's) whose codes to decode here")
     decoding = commands.add_parser("decode")
     decoding.add_argument("directory", type=Path)
     decoding.add_argument("out", type=Path)
