@@ -115,31 +115,30 @@ def test_a_sentence_is_spoken_while_the_next_is_still_being_written(synth: Synth
     assert stream.report.prompt_rows == prompt_rows(synth, "The first sentence is here.", "And so it goes on.")
 
 
-class _WaitingFeed(TextFeed):
-    """A feed that says when the synthesis waits on it for text that has not come."""
+class _CancelledWhileWaiting(TextFeed):
+    """A feed that sets the cancel the moment the synthesis waits on it for text that has not come.
 
-    def __init__(self) -> None:
+    Set from a thread of the test's own, the cancel could come after the input's pause ran out and the synthesis
+    spoke the unfinished sentence (seen under load); set here, under a pause longer than the test, it comes while
+    the synthesis waits, whatever the machine's speed.
+    """
+
+    def __init__(self, cancel: threading.Event) -> None:
         super().__init__()
-        self.waiting = threading.Event()
+        self.cancel = cancel
 
     def take(self, timeout: float) -> tuple[str, bool]:
         text, ended = super().take(timeout)
         if timeout > 0 and not text and not ended:
-            self.waiting.set()
+            self.cancel.set()
         return text, ended
 
 
 def test_a_cancel_while_waiting_for_text_ends_the_stream_and_abandons_the_feed(synth: Synthesizer) -> None:
-    feed = _WaitingFeed()
-    feed.put("One sentence. Then a second that never ends")
     cancel = threading.Event()
-    stream = synth.stream_text(feed, seed=1, max_new_tokens=STEPS, cancel=cancel)
-
-    def cancel_once_waiting() -> None:
-        if feed.waiting.wait(WAIT_S):
-            cancel.set()
-
-    threading.Thread(target=cancel_once_waiting).start()
+    feed = _CancelledWhileWaiting(cancel)
+    feed.put("One sentence. Then a second that never ends")
+    stream = synth.stream_text(feed, seed=1, max_new_tokens=STEPS, cancel=cancel, input_pause_s=WAIT_S)
     chunks = list(stream)
     assert stream.cancelled and stream.report is not None
     assert stream.report.prompt_rows == prompt_rows(synth, "One sentence.")  # the second never began
