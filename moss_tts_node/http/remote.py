@@ -242,14 +242,14 @@ class RemoteSynthesizer:
                 if limit is not None and samples + piece.shape[0] >= limit:
                     piece, stop = piece[: limit - samples], StopReason.MAX_NEW_TOKENS
                 clock.mark_first_audio()
-                yield AudioChunk(piece, self.sampling_rate, index, samples / self.sampling_rate, False)
+                yield AudioChunk(piece, self.sampling_rate, index, samples / self.sampling_rate)
                 index, samples = index + 1, samples + piece.shape[0]
                 if stop is StopReason.MAX_NEW_TOKENS:
                     break
         finally:
             connection.close()
         if stop is not StopReason.CANCELLED:
-            yield AudioChunk(np.empty(0, np.float32), self.sampling_rate, index, samples / self.sampling_rate, True)
+            yield AudioChunk(np.empty(0, np.float32), self.sampling_rate, index, samples / self.sampling_rate, stop)
         frames = round(samples / self.sampling_rate * FRAMES_PER_SECOND)
         report = TimingReport.from_clock(
             clock,

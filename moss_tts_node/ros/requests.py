@@ -338,7 +338,7 @@ class Requests:
             settings.check_language(speech.language)
             cancel = threading.Event()
             stream, collected = start(synth, speech, settings, cancel)
-        job = Job(stream, request_id, interface, settings.output_encoding, synth.spec.sampling_rate, collected)
+        job = Job(stream, request_id, interface, settings.output_encoding, synth.sampling_rate, collected)
         ticket = Ticket(job, cancel, on_update)
         with self._stopping:
             if arrival < self._emptied_before:
