@@ -80,12 +80,13 @@ def test_llama_cpp_python_is_the_version_the_bridge_is_written_against() -> None
     assert str(install_requires()["llama-cpp-python"]) == f"=={LLAMA_CPP_PYTHON_VERSION}"
 
 
-def test_the_http_pins_are_inside_the_http_extras_ranges() -> None:
-    """requirements-http.txt (`make test`'s HTTP server) pins what setup.py's [http] extra allows."""
+@pytest.mark.parametrize("python", PYTHONS)
+def test_the_http_pins_are_inside_the_http_extras_ranges(python: str) -> None:
+    """requirements-http.txt (`make test`'s HTTP server) pins what setup.py's [http] extra allows, on each Python."""
     for node in ast.walk(ast.parse((ROOT / "setup.py").read_text())):
         if isinstance(node, ast.keyword) and node.arg == "extras_require":
             extras = ast.literal_eval(node.value)
     ranges = {utils.canonicalize_name(r.name): r.specifier for r in map(requirements.Requirement, extras["http"])}
-    versions = pins(ROOT / "requirements-http.txt")
+    versions = pins(ROOT / "requirements-http.txt", python)
     assert set(ranges) <= set(versions), f"requirements-http.txt lacks {sorted(set(ranges) - set(versions))}"
     assert all(versions[name] in spec for name, spec in ranges.items()), (ranges, versions)
