@@ -244,6 +244,19 @@ def _number(value: float) -> float | None:
     return None if math.isnan(value) else value
 
 
+def _node_diagnostics(client: Client) -> list[dict[str, str]]:
+    """A list that fills with the node's /diagnostics values, one dict per message, as the client spins."""
+    diagnostics: list[dict[str, str]] = []
+
+    def on_diagnostics(msg: DiagnosticArray) -> None:
+        for status in msg.status:
+            if status.name.startswith("moss_tts_node"):
+                diagnostics.append({kv.key: kv.value for kv in status.values})
+
+    client.create_subscription(DiagnosticArray, "/diagnostics", on_diagnostics, 10)
+    return diagnostics
+
+
 def run_text(client: Client, args: dict[str, Any]) -> dict[str, Any]:
     publisher = client.create_publisher(String, f"{NODE}/text", 10)
     client.spin_until(lambda: publisher.get_subscription_count() > 0, MATCH_TIMEOUT, "the ~/text subscriber")
@@ -283,14 +296,7 @@ def run_text_stream(client: Client, args: dict[str, Any]) -> dict[str, Any]:
     qos = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
     chunks = client.create_publisher(TextChunk, f"{NODE}/text_stream", qos)
     texts = client.create_publisher(String, f"{NODE}/text", 10)
-    diagnostics: list[dict[str, str]] = []
-
-    def on_diagnostics(msg: DiagnosticArray) -> None:
-        for status in msg.status:
-            if status.name.startswith("moss_tts_node"):
-                diagnostics.append({kv.key: kv.value for kv in status.values})
-
-    client.create_subscription(DiagnosticArray, "/diagnostics", on_diagnostics, 10)
+    diagnostics = _node_diagnostics(client)
     for publisher, what in ((chunks, "~/text_stream"), (texts, "~/text")):
         client.spin_until(lambda p=publisher: p.get_subscription_count() > 0, MATCH_TIMEOUT, f"the {what} subscriber")
     client.wait_audio_matched()
@@ -858,14 +864,7 @@ def run_stop(client: Client, args: dict[str, Any]) -> dict[str, Any]:
     for publisher in (stop_topic, texts, chunks):
         client.spin_until(lambda p=publisher: p.get_subscription_count() > 0, MATCH_TIMEOUT, "the node's subscribers")
     client.wait_audio_matched()
-    diagnostics: list[dict[str, str]] = []
-
-    def on_diagnostics(msg: DiagnosticArray) -> None:
-        for status in msg.status:
-            if status.name.startswith("moss_tts_node"):
-                diagnostics.append({kv.key: kv.value for kv in status.values})
-
-    client.create_subscription(DiagnosticArray, "/diagnostics", on_diagnostics, 10)
+    diagnostics = _node_diagnostics(client)
 
     def spoken() -> list[str]:  # request ids in the order their audio began
         return list(dict.fromkeys(c["request_id"] for c in client.chunks))
