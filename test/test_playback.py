@@ -196,6 +196,11 @@ def test_after_a_cancel_the_next_utterance_plays_from_its_first_sample(
     """Through PulseAudio: a stream aborted and started again lost up to 18 ms of the next utterance's start."""
     for name, value in null_sink.env.items():
         monkeypatch.setenv(name, value)
+    # PortAudio reads the sound server's address once, when it starts: a test before this one in the same process
+    # may have started it without the null sink's, and the default device would be missing. Start it again.
+    sounddevice = pytest.importorskip("sounddevice")
+    sounddevice._terminate()
+    sounddevice._initialize()
     second = tone(0.5, 660.0)
     output = Watched(sound_output(None))
     with Speaker(output.open, prebuffer_s=0.3) as speaker:
