@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import shlex
+import statistics
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,8 +52,10 @@ ROS_PAGE = (Path(__file__).resolve().parent.parent / "docs" / "ros.md").read_tex
 # modules, 67 MiB measured), and no more; a model left loaded would hold its KV cache and buffers on top. (The
 # first cleanup can leave up to 20 MiB more, which the second takes back: docs/ros.md, "Lifecycle".)
 LOADED_CODE_MARGIN_KIB = 80 * 1024
-# Over the cycles, the mean after cleanup in the last quarter may exceed the second quarter's by this much at
-# most (the first quarter settles): a leak of 0.5 MiB a cycle fails it. docs/ros.md, "Lifecycle", has the curve.
+# Over the cycles, the median after cleanup in the last quarter may exceed the second quarter's by this much at
+# most (the first quarter settles): a leak of 0.5 MiB a cycle fails it; one sample taken while a cleanup's memory
+# was not yet given back (seen: 8-18 MiB above its neighbours, twice in five) does not. docs/ros.md, "Lifecycle",
+# has the curve.
 CLEANUP_GROWTH_KIB = 4 * 1024
 CYCLES = 20
 
@@ -300,7 +303,7 @@ def test_cleanup_gives_the_memory_back_over_cycles(own_netns: LoopbackNamespace,
     assert cleaned[-1] <= never_loaded + LOADED_CODE_MARGIN_KIB, (never_loaded, cleaned)
     quarter = len(cleaned) // 4
     second, last = cleaned[quarter : 2 * quarter], cleaned[-quarter:]
-    assert sum(last) / len(last) <= sum(second) / len(second) + CLEANUP_GROWTH_KIB, cleaned
+    assert statistics.median(last) <= statistics.median(second) + CLEANUP_GROWTH_KIB, cleaned
     assert min(load - clean for load, clean in zip(loaded, cleaned, strict=True)) > 20 * 1024, (loaded, cleaned)
 
 
