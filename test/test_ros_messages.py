@@ -235,6 +235,7 @@ def test_diagnostics_values_before_and_after_the_first_request(report: TimingRep
         "requests_completed": "0",
         "requests_refused": "0",
         "text_streams_open": "0",
+        "audio_listeners": "0",
         "last_real_time_factor": "",
         "last_time_to_first_audio_s": "",
         "last_stop_reason": "",

@@ -182,6 +182,7 @@ def test_the_player_is_silent_after_a_stop(
                 "stop",
                 steps=[{"params": LONG}, {"text": "Hello there, robot."}, {"wait_audio": [0, 20]}],
                 wait_finals=False,
+                other_listeners=1,
             )
             deadline = time.monotonic() + 60
             while played_span(tmp_path / "playing.raw") == 0:  # it plays

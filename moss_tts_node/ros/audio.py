@@ -74,6 +74,11 @@ class AudioOut:
         self._stamped = node.create_publisher(self._common.AudioDataStamped, "~/audio_common/audio_stamped", AUDIO_QOS)
         self._info = node.create_publisher(self._common.AudioInfo, "~/audio_common/audio_info", LATCHED_QOS)
 
+    def listeners(self) -> int:
+        """How many subscriptions ~/audio has matched: its writer's own count, which a subscriber's view of the
+        graph only approaches (~/audio is volatile: what is published before a match is lost to that reader)."""
+        return self._chunks.get_subscription_count()
+
     def announce(self, sample_rate: int) -> None:
         """Latch the audio_common AudioInfo of the loaded model (nothing without audio_common_msgs)."""
         if self._common is None:

@@ -112,6 +112,7 @@ class NodeStatus:
     queue_policy: str
     requests: RequestCounts
     text_streams_open: int = 0  # ~/text_stream streams receiving text
+    audio_listeners: int = 0  # subscriptions matched to ~/audio: whether anything hears the node
 
 
 def diagnostics(node_name: str, status: NodeStatus, stamp: TimeMsg) -> DiagnosticArray:
@@ -142,6 +143,7 @@ def diagnostic_status(node_name: str, status: NodeStatus) -> DiagnosticStatus:
         "requests_completed": requests.completed,
         "requests_refused": requests.refused,
         "text_streams_open": status.text_streams_open,
+        "audio_listeners": status.audio_listeners,
         "last_real_time_factor": _figure(last.real_time_factor if last else None),
         "last_time_to_first_audio_s": _figure(last.time_to_first_audio_s if last else None),
         "last_stop_reason": str(last.stop_reason) if last else "",

@@ -350,6 +350,7 @@ class TtsNode(LifecycleNode):
             queue_policy=self.get_parameter("queue_policy").value,
             requests=self._requests.counts(serving=phase is Phase.ACTIVE),
             text_streams_open=self._text_streams.open_count,
+            audio_listeners=self._audio.listeners(),
         )
         name = self._full_name.lstrip("/")  # "moss_tts_node", or "sounds/moss_tts_node" in a namespace
         self._diagnostics.publish(diagnostics(name, status, self.get_clock().now().to_msg()))

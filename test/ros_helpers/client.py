@@ -257,17 +257,27 @@ def _node_diagnostics(client: Client) -> list[dict[str, str]]:
     return diagnostics
 
 
+def wait_other_listeners(client: Client, others: int) -> None:
+    """Wait until the node's ~/audio has matched ``others`` subscriptions besides this client's (a player).
+
+    ~/audio is volatile: what is published before the node has matched a reader is lost to it. This client's view
+    of the graph can show a subscription before the node's writer has matched it (seen on a loaded machine: a
+    player that heard nothing), so the wait is on the node's own count, which /diagnostics reports.
+    """
+    if others:
+        diagnostics = _node_diagnostics(client)
+        client.spin_until(
+            lambda: bool(diagnostics) and int(diagnostics[-1]["audio_listeners"]) >= 1 + others,
+            MATCH_TIMEOUT,
+            "~/audio's listeners, as the node's /diagnostics count them",
+        )
+
+
 def run_text(client: Client, args: dict[str, Any]) -> dict[str, Any]:
     publisher = client.create_publisher(String, f"{NODE}/text", 10)
     client.spin_until(lambda: publisher.get_subscription_count() > 0, MATCH_TIMEOUT, "the ~/text subscriber")
     client.wait_audio_matched()
-    # Other processes that must hear the audio (a player): ~/audio is volatile, so what is published before the
-    # node has matched them is lost. Their subscriptions in this client's view of the graph are the nearest sign
-    # the node has them too (discovery reaches both from the same announcements).
-    listeners = 1 + args.get("other_listeners", 0)
-    client.spin_until(
-        lambda: client.count_subscribers(f"{NODE}/audio") >= listeners, MATCH_TIMEOUT, "~/audio's listeners"
-    )
+    wait_other_listeners(client, args.get("other_listeners", 0))
     for text in args["texts"]:
         publisher.publish(String(data=text))
     if not publisher.wait_for_all_acked(rclpy.duration.Duration(seconds=10)):  # in the node's hands before we go
@@ -851,7 +861,8 @@ def run_stop(client: Client, args: dict[str, Any]) -> dict[str, Any]:
     in), ``{"stop": "service" | "topic", "times": k}`` (k stops, each call answered before the next; messages
     all at once) or ``{"storm": [calls, messages]}`` (that many stop calls, all in flight at once, and messages).
     ``spoken``: also wait until that many requests have published audio; ``wait_finals`` false: return once the
-    steps are done (a request left speaking).
+    steps are done (a request left speaking); ``other_listeners``: ~/audio's subscriptions to wait for besides this
+    client's before the first step (a player).
     """
     action = ActionClient(client, Speak, f"{NODE}/speak")
     stop_service = client.create_client(Trigger, f"{NODE}/stop")
@@ -864,6 +875,7 @@ def run_stop(client: Client, args: dict[str, Any]) -> dict[str, Any]:
     for publisher in (stop_topic, texts, chunks):
         client.spin_until(lambda p=publisher: p.get_subscription_count() > 0, MATCH_TIMEOUT, "the node's subscribers")
     client.wait_audio_matched()
+    wait_other_listeners(client, args.get("other_listeners", 0))
     diagnostics = _node_diagnostics(client)
 
     def spoken() -> list[str]:  # request ids in the order their audio began
