@@ -926,6 +926,8 @@ def run_stop(client: Client, args: dict[str, Any]) -> dict[str, Any]:
                     answers.append(response.message)
                 else:
                     stop_topic.publish(Empty())
+            if not stop_topic.wait_for_all_acked(rclpy.duration.Duration(seconds=10)):  # in the node's hands
+                raise TimeoutError("the node did not acknowledge the stop messages")
         else:
             count, messages = step["storm"]
             calls = [stop_service.call_async(Trigger.Request()) for _ in range(count)]
