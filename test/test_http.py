@@ -110,6 +110,13 @@ def speech(netns: LoopbackNamespace, out: Path, **fields: Any) -> dict[str, Any]
     return call(netns, "openai", base_url=BASE_URL, model=MODEL, out=str(out), extra_body=extra, **fields)
 
 
+def direct_pcm(netns: LoopbackNamespace, out: Path, seed: int) -> Path:
+    """The server's own streamed PCM of TEXT in the voice 'guide' at ``seed``: what a remote backend must pass on."""
+    answer = speech(netns, out, streamed=True, input=TEXT, voice="guide", response_format="pcm", extra={"seed": seed})
+    assert answer["status"] == 200
+    return out
+
+
 def pcm_samples(path: Path) -> np.ndarray:
     return np.frombuffer(path.read_bytes(), dtype="<i2")
 
@@ -355,17 +362,8 @@ def test_the_api_speaks_through_the_remote_backend(
         long_input=LONG_TEXT,
         out=str(tmp_path / "api.pcm"),
     )
-    direct = speech(
-        http_netns,
-        tmp_path / "direct.pcm",
-        streamed=True,
-        input=TEXT,
-        voice="guide",
-        response_format="pcm",
-        extra={"seed": 6},
-    )
-    assert direct["status"] == 200
-    assert_same_audio(pcm_samples(tmp_path / "api.pcm"), pcm_samples(tmp_path / "direct.pcm"))
+    direct = direct_pcm(http_netns, tmp_path / "direct.pcm", seed=6)
+    assert_same_audio(pcm_samples(tmp_path / "api.pcm"), pcm_samples(direct))
     assert answer["name"] == MODEL
     assert answer["voices"] == {"butler": [pytest.approx(1.6), ""], "guide": [pytest.approx(1.6), None]}
     assert answer["finals"][-1] and not any(answer["finals"][:-1]) and len(answer["finals"]) > 2
@@ -456,18 +454,9 @@ def test_the_node_speaks_through_the_remote_backend(
     assert goal["success"], goal["message"]
     chunks = [chunk for chunk in spoken["chunks"] if chunk["request_id"] == goal["id"]]
     assert chunks[-1]["is_final"] and not any(chunk["is_final"] for chunk in chunks[:-1])
-    direct = speech(
-        http_netns,
-        tmp_path / "direct.pcm",
-        streamed=True,
-        input=TEXT,
-        voice="guide",
-        response_format="pcm",
-        extra={"seed": 9},
-    )
-    assert direct["status"] == 200
-    assert sum(chunk["bytes"] for chunk in chunks) == (tmp_path / "direct.pcm").stat().st_size
+    direct = direct_pcm(http_netns, tmp_path / "direct.pcm", seed=9)
+    assert sum(chunk["bytes"] for chunk in chunks) == direct.stat().st_size
     response = whole["responses"][0]
     assert response["success"], response["message"]
-    assert response["bytes"] == (tmp_path / "direct.pcm").stat().st_size
+    assert response["bytes"] == direct.stat().st_size
     assert "text stream 's' refused: text that arrives in fragments needs the local model" in log
