@@ -120,7 +120,7 @@ class Synthesizer:
         return load_voice(reference, self.spec, self.stages.encoder, limit)
 
     def _voice_limit(self, config: Config) -> VoiceLimit:
-        return VoiceLimit(config.limits.max_reference_seconds, self.n_ctx, self.spec.n_vq)
+        return VoiceLimit(config.limits.max_reference_seconds, self.n_ctx, self.spec)
 
     def _references(self, voices: Voices) -> list[Voice]:
         """The reference of each of a request's speakers ([S1] first; None for a speaker without one), before
