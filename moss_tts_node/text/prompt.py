@@ -1,4 +1,4 @@
-"""Prompt building: text fields and reference codes into the (S, 33) matrix the backbone reads.
+"""Prompt building: text fields and reference codes into the (S, 1 + n_vq) matrix the backbone reads.
 
 The layout follows docs/model.md ("Prompt format") exactly: a ChatML user turn holding the
 ``<user_inst>`` block, the assistant header, then one ``audio_start`` row; in continuation mode the assistant
