@@ -176,7 +176,8 @@ class AudioConfig:
     codec_threads: int = _option(0, "ONNX Runtime intra-op threads; 0 lets it choose.", min=0, max=1024)
     chunk_frames: int = _option(
         5,
-        "Frames (80 ms each) per streamed chunk after the first (always one frame, right after step 32): "
+        "Frames (80 ms each) per streamed chunk after the first (always one frame, as soon as the delay pattern "
+        "completes it: after one step per codebook of the model): "
         'smaller arrives more evenly, costs more codec calls (docs/stream-decoder.md, "Streaming": the trade-off).',
         min=1,
         max=500,

@@ -120,7 +120,7 @@ class Synthesizer:
         return load_voice(reference, self.spec, self.stages.encoder, limit)
 
     def _voice_limit(self, config: Config) -> VoiceLimit:
-        return VoiceLimit(config.limits.max_reference_seconds, self.n_ctx, self.spec.n_vq)
+        return VoiceLimit(config.limits.max_reference_seconds, self.n_ctx, self.spec)
 
     def _references(self, voices: Voices) -> list[Voice]:
         """The reference of each of a request's speakers ([S1] first; None for a speaker without one), before
@@ -267,7 +267,7 @@ class Synthesizer:
         of strings, which a reader thread drains (so a slow one never holds the synthesis up). The text is
         cleaned and cut at sentence ends as it arrives (``text/cutter.py``): the first sentence alone, then
         pieces of whole sentences of ``pack_tokens`` tokens or more (at most ``RUN_TOKENS``; 0: each sentence
-        alone, which pays the model's ramp of 31 steps once a sentence). Each is generated as soon as it is
+        alone, which pays the model's ramp of n_vq steps once a sentence). Each is generated as soon as it is
         settled, while the next fragments arrive, its prompt prefilling only its own text after the voice's
         rows kept in the KV cache. A run of more than ``RUN_TOKENS`` tokens without a sentence end is cut at
         a clause, else a word; input silent for ``input_pause_s`` seconds, while the

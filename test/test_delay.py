@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moss_tts_node.model.delay import NOT_FLUSHING, DelayState, apply_delay, remove_delay
+from moss_tts_node.model.delay import NOT_FLUSHING, DelayState, FrameAssembler, apply_delay, remove_delay
 from moss_tts_node.model.spec import ModelSpec
 
 SPEC = ModelSpec()  # the published ids
@@ -151,3 +151,33 @@ def test_a_scripted_utterance_de_delays_to_its_frames() -> None:
     assert full.sum() == gen_steps + 1  # one frame per gen step, plus the one begun at the first delay slot
     assert not np.any(codes[full] == SPEC.audio_pad_code)  # no frame is partial
     assert len(rows) == gen_steps + 1 + (N - 1) + 1 + 1  # gen steps, delay step, forced slots, audio_end, im_end
+
+
+@pytest.mark.parametrize("n_vq", [16, 32])
+def test_the_specs_geometry_is_the_delay_patterns(n_vq: int) -> None:
+    """ModelSpec's rows, first-frame steps and frames-after agree with apply_delay, remove_delay and the state
+    machine, for both codebook counts of the family."""
+    spec = ModelSpec(n_vq=n_vq)
+    for frames in (1, 2, n_vq - 1, n_vq, 3 * n_vq):
+        delayed = apply_delay(np.zeros((frames, n_vq), dtype=np.int64), spec.audio_pad_code)
+        assert spec.delayed_rows(frames) == delayed.shape[0]
+        assert spec.frames_after(delayed.shape[0]) == remove_delay(delayed).shape[0] == frames
+    assert spec.frames_after(n_vq - 1) == remove_delay(np.zeros((n_vq - 1, n_vq), dtype=np.int64)).shape[0] == 0
+    prompt = np.full((2, spec.channels), spec.audio_pad_code, dtype=np.int64)
+    prompt[:, 0] = (100, spec.audio_start_token_id)
+    state = DelayState(spec, prompt)
+    steps = 1  # the step sampling the first frame's last codebook completes it
+    while not state.audio_channels()[-1]:
+        state.advance(spec.audio_assistant_gen_slot_token_id)
+        steps += 1
+    assert spec.first_frame_steps == steps
+
+
+def test_the_frame_assembler_hands_out_frames_as_the_rows_complete_them() -> None:
+    rows = np.random.default_rng(1).integers(0, 1024, size=(N + 4, N))
+    assembler = FrameAssembler(SPEC, capacity=rows.shape[0])
+    handed = [(count, assembler.push(row)) for count, row in enumerate(rows, start=1)]
+    frames = [(count, frame) for count, frame in handed if frame is not None]
+    assert [count for count, _ in frames] == list(range(SPEC.first_frame_steps, rows.shape[0] + 1))
+    np.testing.assert_array_equal(np.array([frame for _, frame in frames]), remove_delay(rows))
+    assert assembler.frames == remove_delay(rows).shape[0]

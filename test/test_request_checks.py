@@ -262,7 +262,7 @@ def voice_dir(tmp_path: Path) -> Path:
 
 def library(synth: Synthesizer, demo_config: Path, **overrides: Any) -> VoiceLibrary:
     config = load_config(demo_config, {f"voices.{key}": value for key, value in overrides.items()})
-    return VoiceLibrary.build(config, synth.spec, synth.stages.encoder, VoiceLimit(30.0, synth.n_ctx, 32))
+    return VoiceLibrary.build(config, synth.spec, synth.stages.encoder, VoiceLimit(30.0, synth.n_ctx, synth.spec))
 
 
 def test_the_library_names_every_voice_and_encodes_it_once(

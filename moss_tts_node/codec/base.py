@@ -12,10 +12,10 @@ Codes are always laid out (frames, codebooks) in this package. The graphs want
 (codebooks, batch, frames); the transposition happens in one place, inside the backend,
 so that a (32, 32) matrix can never be transposed by guesswork.
 
-The codec's residual quantizer has ``CODEC_QUANTIZERS`` (32) levels and its graphs always carry that many rows
-of codes; a codec opened for a model of fewer codebooks (``n_quantizers``: the model's ``n_vq``, 16 for MOSS-TTSD,
--VoiceGenerator and -SoundEffect) passes that count as the graphs' ``n_quantizers`` input, pads the codes it
-decodes to 32 rows, and keeps the first ``n_quantizers`` rows of what the encoder returns (docs/model.md,
+The codec's residual quantizer has ``CODEC_QUANTIZERS`` levels (``codec/quantizer.py``) and its graphs always carry
+that many rows of codes; a codec opened for a model of fewer codebooks (``n_quantizers``: the model's ``n_vq``, 16 for
+MOSS-TTSD, -VoiceGenerator and -SoundEffect) passes that count as the graphs' ``n_quantizers`` input, pads the codes it
+decodes to the graphs' rows, and keeps the first ``n_quantizers`` rows of what the encoder returns (docs/model.md,
 "Codec I/O")."""
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, ClassVar, TypeVar
 import numpy as np
 
 from moss_tts_node.codec.layout import CHECKPOINT_CONFIG
+from moss_tts_node.codec.quantizer import CODEBOOK_SIZE, CODEC_QUANTIZERS
 from moss_tts_node.errors import CodecError
 from moss_tts_node.model.rates import FRAMES_PER_SECOND, SAMPLE_RATE, SAMPLES_PER_FRAME
 
@@ -38,13 +39,6 @@ if TYPE_CHECKING:
 
 
 ONNX_SOURCE = "OpenMOSS-Team/MOSS-Audio-Tokenizer-ONNX"
-
-
-CODEBOOK_SIZE = 1024
-
-
-# Levels of the codec's residual quantizer: the rows of codes its graphs take and give.
-CODEC_QUANTIZERS = 32
 
 
 # The key of the codec checkpoint's config.json that holds how far back (seconds) each of its Transformer
@@ -92,15 +86,6 @@ def read_attention_span(directory: Path | None) -> int:
     return frames
 
 
-def checked_quantizers(n_quantizers: int) -> int:
-    """``n_quantizers`` if a codec can code with that many codebooks (1 to 32), else CodecError."""
-    if type(n_quantizers) is not int or not 1 <= n_quantizers <= CODEC_QUANTIZERS:
-        raise CodecError(
-            f"the codec codes with 1 to {CODEC_QUANTIZERS} quantizers (its residual levels), not {n_quantizers!r}"
-        )
-    return n_quantizers
-
-
 def window_context(limit: int, attention_span: int) -> int:
     """Frames of left context each window after the first re-codes: the chosen overlap, capped by the limit."""
     return max(0, min(WINDOW_OVERLAP_SPANS * attention_span, limit - max(1, limit // WINDOW_MIN_NEW_SHARE)))
@@ -141,9 +126,9 @@ class AudioCodec(ABC):
 
     sample_rate: ClassVar[int] = SAMPLE_RATE
     samples_per_frame: ClassVar[int] = SAMPLES_PER_FRAME
-    # Codebooks coded: the model's n_vq, set by each backend when it opens (checked_quantizers); the first
-    # n_quantizers of the codec's CODEC_QUANTIZERS levels.
-    n_quantizers: int = CODEC_QUANTIZERS
+    # Codebooks coded: the model's n_vq, set by each backend when it opens (checked_quantizers), the first
+    # n_quantizers of the codec's CODEC_QUANTIZERS levels. An instance's count: the class has none.
+    n_quantizers: int
     # Most frames one graph call may take (a configured bound on memory and latency);
     # None: unbounded. Longer input is processed in windows by encode/decode.
     max_frames: int | None = None
@@ -226,7 +211,7 @@ class AudioCodec(ABC):
         return np.ascontiguousarray(waveform, dtype=np.float32)
 
     @classmethod
-    def _checked_codes(cls, codes: np.ndarray, n_quantizers: int = CODEC_QUANTIZERS) -> np.ndarray:
+    def _checked_codes(cls, codes: np.ndarray, n_quantizers: int) -> np.ndarray:
         """Return (T, ``n_quantizers``) codes as contiguous int64, or raise CodecError saying what is wrong."""
         if not isinstance(codes, np.ndarray) or codes.ndim != 2 or codes.shape[1] != n_quantizers:
             shape = getattr(codes, "shape", type(codes).__name__)

@@ -34,8 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from moss_tts_node.codec.base import CODEC_QUANTIZERS, ONNX_SOURCE, checked_quantizers
+from moss_tts_node.codec.base import ONNX_SOURCE
 from moss_tts_node.codec.cuda import GpuInfo
+from moss_tts_node.codec.quantizer import CODEC_QUANTIZERS, checked_quantizers
 from moss_tts_node.errors import CodecError, WeightsError
 from moss_tts_node.model.rates import SAMPLES_PER_FRAME, frames_for_seconds
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from moss_tts_node.codec.base import CODEC_QUANTIZERS, AudioCodec, read_attention_span
+from moss_tts_node.codec.base import AudioCodec, read_attention_span
 from moss_tts_node.codec.layout import DECODER_FILE, ENCODER_FILE
 from moss_tts_node.codec.onnx import OnnxCodec
+from moss_tts_node.codec.quantizer import CODEC_QUANTIZERS
 from moss_tts_node.errors import CodecError
 
 

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from moss_tts_node.codec.base import CODEC_QUANTIZERS, ONNX_SOURCE, AudioCodec, checked_quantizers, read_attention_span
+from moss_tts_node.codec.base import ONNX_SOURCE, AudioCodec, read_attention_span
+from moss_tts_node.codec.quantizer import CODEC_QUANTIZERS, checked_quantizers
 from moss_tts_node.errors import CodecError, WeightsError
 
 if TYPE_CHECKING:

@@ -37,6 +37,7 @@ import numpy as np
 
 from moss_tts_node.codec.base import AudioCodec
 from moss_tts_node.codec.onnx import TensorSpec, check_tensor
+from moss_tts_node.codec.quantizer import checked_quantizers
 from moss_tts_node.errors import CodecError
 
 CODES_INPUT = "audio_codes"
@@ -262,9 +263,10 @@ class StreamDecoder:
                 raise CodecError(f"{self.path}: graph {kind} missing {missing}, unexpected {extra}; {_BUILD_HINT}")
         self._sized_outputs = [AUDIO_OUTPUT, FRAMES_OUTPUT, *(write_slots_name(stage) for stage in layers)]
         quantizers = inputs[CODES_INPUT].shape[0]
-        if not isinstance(quantizers, int) or not 0 < quantizers <= AudioCodec.n_quantizers:
-            raise CodecError(f"{self.path}: input {CODES_INPUT} has {quantizers!r} quantizers; {_BUILD_HINT}")
-        self.n_quantizers = quantizers  # the codebooks each frame's codes hold
+        try:
+            self.n_quantizers = checked_quantizers(quantizers)  # the codebooks each frame's codes hold
+        except CodecError as error:
+            raise CodecError(f"{self.path}: input {CODES_INPUT}: {error}; {_BUILD_HINT}") from error
         self._check(inputs[CODES_INPUT], "input", TensorSpec(CODES_INPUT, "tensor(int64)", (quantizers, 1, None)))
         self._check(inputs[FRAMES_INPUT], "input", TensorSpec(FRAMES_INPUT, "tensor(int64)", ()))
         self._check(outputs[AUDIO_OUTPUT], "output", TensorSpec(AUDIO_OUTPUT, "tensor(float)", (1, 1, None)))

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from moss_tts_node.codec.base import CODEC_QUANTIZERS, PUBLISHED_ATTENTION_SPAN_FRAMES, AudioCodec, checked_quantizers
+from moss_tts_node.codec.base import PUBLISHED_ATTENTION_SPAN_FRAMES, AudioCodec
 from moss_tts_node.codec.cuda import CudaApi, cuda_api
 from moss_tts_node.codec.engines import (
     DATA_INPUTS,
@@ -37,6 +37,7 @@ from moss_tts_node.codec.engines import (
     read_engine_set,
     trt_logger,
 )
+from moss_tts_node.codec.quantizer import CODEC_QUANTIZERS, checked_quantizers
 from moss_tts_node.errors import CodecError
 
 

@@ -1,6 +1,6 @@
 """The Qwen3 backbone of MOSS-TTS-Delay, run by llama.cpp through the C bridge.
 
-MOSS-TTS feeds the backbone summed embeddings (text + 32 audio codebooks), not token ids, and reads the
+MOSS-TTS feeds the backbone summed embeddings (text + one per audio codebook), not token ids, and reads the
 final-normed hidden state (for its audio heads) and the text logits. ``Backbone`` owns one llama.cpp
 model and context; see bridge/moss_bridge.h for what each call does on the C side.
 

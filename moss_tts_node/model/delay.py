@@ -121,18 +121,17 @@ class DelayState:
 class FrameAssembler:
     """Collects the audio columns of generated rows; hands out frames as they complete."""
 
-    def __init__(self, n_vq: int, pad_code: int, capacity: int) -> None:
-        self.n_vq = n_vq
-        self.pad_code = pad_code
-        self.rows = np.empty((max(capacity, 1), n_vq), dtype=np.int64)
+    def __init__(self, spec: ModelSpec, capacity: int) -> None:
+        self.spec = spec
+        self.rows = np.empty((max(capacity, 1), spec.n_vq), dtype=np.int64)
         self.count = 0
-        self._diagonal = np.arange(n_vq)
+        self._diagonal = np.arange(spec.n_vq)
 
     def push(self, audio: np.ndarray) -> np.ndarray | None:
         """Add one row's (n_vq,) codes; returns the frame this row completes, if any."""
         self.rows[self.count] = audio
         self.count += 1
-        t = self.count - self.n_vq
+        t = self.frames - 1
         if t < 0:
             return None
         return self.rows[t + self._diagonal, self._diagonal]
@@ -140,11 +139,11 @@ class FrameAssembler:
     @property
     def frames(self) -> int:
         """Frames completed so far."""
-        return max(self.count - self.n_vq + 1, 0)
+        return self.spec.frames_after(self.count)
 
     def is_gap(self, frame: np.ndarray) -> bool:
         """All-pad frames separate audio segments (the ramp-up, the flush, text turns)."""
-        return bool(np.all(frame == self.pad_code))
+        return bool(np.all(frame == self.spec.audio_pad_code))
 
     def generated(self) -> np.ndarray:
         return self.rows[: self.count]

@@ -4,7 +4,7 @@ Everything outside ``backbone.decode`` is overhead on llama.cpp's time; a step d
 logits the delay state needs (the loop reads from the backbone only the outputs the heads ask for: the
 hidden state for the audio channels it samples, the text logits only when the whole vocabulary may be
 sampled, else the heads compute the two the audio phase allows from the hidden state), sampling and the
-delay update, the next row's embedding (33 float16 rows), and the decode, told whether its text head is
+delay update, the next row's embedding (1 + n_vq float16 rows), and the decode, told whether its text head is
 needed. The caller's codec work happens while the row is out.
 """
 

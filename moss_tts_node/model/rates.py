@@ -1,6 +1,6 @@
 """Audio rates shared by the model and its codec (docs/model.md, "Shape of the model").
 
-One generation step completes one frame of 32 codes; the codec turns a frame into SAMPLES_PER_FRAME
+One generation step completes one frame of n_vq codes; the codec turns a frame into SAMPLES_PER_FRAME
 samples at SAMPLE_RATE, so a step is 80 ms of audio.
 """
 

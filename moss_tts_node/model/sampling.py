@@ -82,7 +82,7 @@ class Sampler:
         self.spec = spec
         self.rng = np.random.default_rng(config.seed)
         # Repetition penalty sets, as the original model keeps them: codebook 0 over its own
-        # column; codebooks 1..31 over the union of their columns, prompt rows included.
+        # column; codebooks 1 to n_vq - 1 over the union of their columns, prompt rows included.
         self._seen_first = np.zeros(spec.audio_rows, dtype=bool)
         self._seen_rest = np.zeros(spec.audio_rows, dtype=bool)
         self.observe(prompt[:, 1:])

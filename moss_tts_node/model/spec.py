@@ -1,4 +1,5 @@
-"""The model's vocabulary facts: special-token ids, codebook count and sizes; and which model it is.
+"""The model's vocabulary facts: special-token ids, codebook count and sizes, and the delay's geometry that the
+codebook count sets (the rows a clip takes, the steps to the first frame); and which model it is.
 
 They come from the weights directory's ``config.json`` (``layout.CONFIG_FILE``) (the keys upstream's config
 uses: docs/model.md, "Upstream"), with the published model's values as defaults, so a tiny test model can bring
@@ -45,6 +46,30 @@ class ModelSpec:
     def audio_rows(self) -> int:
         """Rows of each audio embedding table and head: the codes plus the pad code."""
         return self.audio_vocab_size + 1
+
+    # The delay pattern's geometry (docs/model.md, "Reference clip staircase", "De-delay"): codebook k of frame t
+    # sits in row t + k, so a frame's last codebook lags n_vq - 1 rows behind its first. One step writes one row.
+
+    def delayed_rows(self, frames: int) -> int:
+        """Rows that hold ``frames`` frames under the delay: a reference clip's slot rows, and the steps that
+        complete that many frames."""
+        return frames + self.n_vq - 1
+
+    @property
+    def first_frame_steps(self) -> int:
+        """Steps until a generation's first frame is complete (the ramp-up): the first audio can leave then."""
+        return self.delayed_rows(1)
+
+    @property
+    def first_frame_budget(self) -> int:
+        """The steps counted for the first frame wherever a bound is set on it: ``first_frame_steps`` and one to
+        spare. A prompt must leave the context room for them (the planner's and the voices' checks), and the
+        benches bound a request's first audio with them."""
+        return self.first_frame_steps + 1
+
+    def frames_after(self, steps: int) -> int:
+        """Frames complete after ``steps`` steps (none during the ramp-up)."""
+        return max(steps - self.n_vq + 1, 0)
 
     @property
     def special_token_ids(self) -> dict[str, int]:

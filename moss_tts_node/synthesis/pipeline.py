@@ -99,14 +99,14 @@ class _FrameBudget:
     """The frames a request may still produce (None: no bound), spent as its pieces generate them and its pauses
     take them, in the order of the request.
 
-    A piece of s steps completes at most s - (n_vq - 1) frames (the first after n_vq rows), so giving it
-    ``left + n_vq - 1`` steps keeps the request within the budget, however its pieces end; a pause is cut to the
-    frames left.
+    A piece of s steps completes at most ``spec.frames_after(s)`` frames (the first after
+    ``spec.first_frame_steps``), so giving it the steps of the frames left (``spec.delayed_rows(left)``) keeps the
+    request within the budget, however its pieces end; a pause is cut to the frames left.
     """
 
-    def __init__(self, frames: int | None, n_vq: int) -> None:
+    def __init__(self, frames: int | None, spec: ModelSpec) -> None:
         self.left = frames
-        self.n_vq = n_vq
+        self.spec = spec
         self.cut = False  # the request was cut short: a pause, or the items after the last
 
     @property
@@ -114,7 +114,7 @@ class _FrameBudget:
         return self.left is not None and self.left <= 0
 
     def steps(self, piece: Piece) -> int:
-        return piece.max_steps if self.left is None else min(piece.max_steps, self.left + self.n_vq - 1)
+        return piece.max_steps if self.left is None else min(piece.max_steps, self.spec.delayed_rows(self.left))
 
     def spend(self) -> None:
         """One frame completed."""
@@ -234,7 +234,7 @@ class Pipeline:
         while generating (low_memory), every piece is generated first and each decoded offline afterwards:
         nothing streams.
         """
-        budget = _FrameBudget(max_frames, self.spec.n_vq)
+        budget = _FrameBudget(max_frames, self.spec)
         source: PlanSource = _BudgetedPlan(plan if isinstance(plan, PlanSource) else ListedPlan(plan), budget)
         clock = StageClock()
         out = _ChunkMaker(self.spec.sampling_rate, clock)
@@ -420,7 +420,7 @@ class Pipeline:
         state = DelayState(spec, piece.prompt)
         sampler = Sampler(sampling, spec, piece.prompt)
         context = piece.prefix_frames
-        assembler = FrameAssembler(spec.n_vq, spec.audio_pad_code, capacity=context + steps)
+        assembler = FrameAssembler(spec, capacity=context + steps)
         # The recording's rows as the prompt holds them, delayed: its frames complete here, or in the first steps.
         for row in piece.prompt[piece.prompt.shape[0] - context :, 1:]:
             frame = assembler.push(row)

@@ -22,8 +22,8 @@ from moss_tts_node.text.pieces import Pause, Piece
 # sentences, and 1 to 2 s of an LLM writing at 15 to 30 tokens per second before the run's first audio.
 RUN_TOKENS = 32
 # After the first sentence, a piece packs whole sentences until it has this many text tokens (at most
-# RUN_TOKENS): each piece costs the model 31 steps before its first frame is complete, and a sentence of a
-# few words speaks for little more than that (measured: docs/speed.md, "Streamed text").
+# RUN_TOKENS): each piece costs the model a step per codebook before its first frame is complete, and a sentence
+# of a few words speaks for little more than that (measured: docs/speed.md, "Streamed text").
 PACK_TOKENS = 24
 # Input silent this long closes the piece at its last word: many times an LLM's gap between tokens (30 to
 # 70 ms), so only a stall (a tool call, a slow server) cuts a sentence short.

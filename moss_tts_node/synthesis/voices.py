@@ -46,18 +46,20 @@ _SHOWN_CHARS = 40  # of a name that is no voice, quoted in its refusal
 class VoiceLimit:
     """How long a voice may be: ``limits.max_reference_seconds``, and what an ``n_ctx``-row context leaves.
 
-    The context check is a lower bound of what the prompt needs (the voice's slot rows, then one frame's
-    steps), so a voice it passes may still leave too little room for a text: the prompt's own check says so.
+    The context check is a lower bound of what the prompt needs (the voice's slot rows, then the steps of the first
+    frame: ``ModelSpec.first_frame_budget``), so a voice it passes may still leave too little room for a text: the
+    prompt's own check says so.
     """
 
     max_seconds: float
     n_ctx: int
-    n_vq: int
+    spec: ModelSpec  # the model's, whose codebook count sets the rows a voice takes
 
     def check_together(self, references: list[int], prefix: int) -> None:
         """RequestError when voices of these frames, the ``references`` (of [S1], [S2] ...) and a ``prefix`` (0 for
         none), leave no room in the context for one frame, before any is decoded."""
-        rows = sum(frames + self.n_vq - 1 for frames in references) + prefix + self.n_vq + 1
+        spec = self.spec
+        rows = sum(spec.delayed_rows(frames) for frames in references) + prefix + spec.first_frame_budget
         if rows > self.n_ctx:
             seconds = (sum(references) + prefix) / FRAMES_PER_SECOND
             raise RequestError(
@@ -74,7 +76,7 @@ class VoiceLimit:
                 f"{what} lasts {seconds:.1f} s, longer than the {self.max_seconds:g} s of "
                 "'limits.max_reference_seconds': use 3 to 20 s of clear speech, or raise the limit"
             )
-        rows = frames + 2 * self.n_vq  # its slot rows (frames + n_vq - 1), then n_vq + 1 steps for one frame
+        rows = self.spec.delayed_rows(frames) + self.spec.first_frame_budget  # its slot rows, then one frame's steps
         if rows > self.n_ctx:
             raise RequestError(
                 f"{what} lasts {seconds:.1f} s ({frames} frames): its prompt needs more than the {self.n_ctx} rows "

@@ -17,8 +17,9 @@ inside a pause marker) once it is *settled*:
   close on a later line (it joins the lines first) is the one case where the pieces are cleaned apart.
 
 The first piece is the first sentence, so speech starts as soon as it can; after it, a piece packs whole
-sentences until it measures ``min_piece`` (never past ``max_run``): each piece costs the model a ramp of 31
-steps before its first frame is complete, which short sentences each on their own would pay again and again.
+sentences until it measures ``min_piece`` (never past ``max_run``): each piece costs the model a ramp of as many
+steps as it has codebooks before its first frame is complete, which short sentences each on their own would pay
+again and again.
 
 A run longer than ``max_run`` (by ``measure``) without a sentence end is cut at its last clause end that
 keeps the piece within ``max_run``, else its last word end, else between two wide characters; and

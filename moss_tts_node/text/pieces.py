@@ -1,10 +1,11 @@
 """How a request's text is cut into pieces that each fit the context and one codec window.
 
 A piece of t text tokens takes t prompt rows and about t * FRAMES_PER_TEXT_TOKEN generated frames
-(or its share of a requested token count) plus the 32-step ramp-up, all inside n_ctx; its audio should
-also fit one codec window (``audio.max_codec_seconds``), so that a piece decodes without windowing. A
-text that fits is one piece; a longer one is split at sentence boundaries (``text/split.py``), each piece
-with the same instruction and voice. The synthesizer speaks the pieces one after the other as one stream.
+(or its share of a requested token count) plus the ramp-up before its first frame (``ModelSpec.first_frame_steps``,
+the model's codebook count), all inside n_ctx; its audio should also fit one codec window
+(``audio.max_codec_seconds``), so that a piece decodes without windowing. A text that fits is one piece; a longer
+one is split at sentence boundaries (``text/split.py``), each piece with the same instruction and voice. The
+synthesizer speaks the pieces one after the other as one stream.
 
 Pause markers (``text/pauses.py``) change the plan by what they mean: rendered as silence, each becomes a
 ``Pause`` of exactly its length between the speech pieces around it; passed to the model, each counts as the
@@ -201,7 +202,8 @@ class PiecePlanner:
         other_rows = measured.prompts[0].rows.shape[0] - measured.tokens[0]
         prefix_frames = 0 if continuation is None else continuation.codes.shape[0]
         codec_frames = self.codec_frames - prefix_frames  # a continuation decodes with its prefix before it
-        limit = int(min((self.n_ctx - other_rows - self.spec.n_vq) / (1 + per_token), codec_frames / per_token))
+        ramp = self.spec.first_frame_steps
+        limit = int(min((self.n_ctx - other_rows - ramp) / (1 + per_token), codec_frames / per_token))
         model_pauses = measured.pause_markers == PAUSE_MODEL
 
         def pause_tokens(text: str) -> int:
@@ -257,7 +259,8 @@ class PiecePlanner:
         as the prefix, ``per_token`` frames a token), it fits beside the next piece as long: in the context, after
         the rows every piece has (fields and references), and in the codec window."""
         fixed = self.prompts.encode(replace(measured.fields, text=""), measured.references).rows.shape[0]
-        return min((self.n_ctx - fixed - self.spec.n_vq) / (2 * (1 + per_token)), self.codec_frames / (2 * per_token))
+        ramp = self.spec.first_frame_steps
+        return min((self.n_ctx - fixed - ramp) / (2 * (1 + per_token)), self.codec_frames / (2 * per_token))
 
     def continued(
         self,
@@ -276,7 +279,8 @@ class PiecePlanner:
         carried = Continuation(frames, said.text, normalize, turns=True)
         prompt = self.prompts.encode(replace(own, text=carried.text(own.text)), references, frames)
         room = self.n_ctx - prompt.rows.shape[0]
-        if room < piece.expected_frames + self.spec.n_vq or frames.shape[0] + piece.expected_frames > self.codec_frames:
+        needed = piece.expected_frames + self.spec.first_frame_steps
+        if room < needed or frames.shape[0] + piece.expected_frames > self.codec_frames:
             return None
         return Piece(prompt.rows, min(piece.max_steps, room), frames.shape[0], own, piece.expected_frames)
 
@@ -305,7 +309,7 @@ class PiecePlanner:
 
     def step_budget(self, prompt: np.ndarray, requested: int) -> int:
         room = self.n_ctx - prompt.shape[0]
-        needed = self.spec.n_vq + 1  # the ramp-up plus one complete frame
+        needed = self.spec.first_frame_budget
         if room < needed:
             raise RequestError(
                 f"the prompt takes {prompt.shape[0]} rows of the {self.n_ctx}-row context and leaves "

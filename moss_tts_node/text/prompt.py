@@ -1,4 +1,4 @@
-"""Prompt building: text fields and reference codes into the (S, 33) matrix the backbone reads.
+"""Prompt building: text fields and reference codes into the (S, 1 + n_vq) matrix the backbone reads.
 
 The layout follows docs/model.md ("Prompt format") exactly: a ChatML user turn holding the
 ``<user_inst>`` block, the assistant header, then one ``audio_start`` row; in continuation mode the assistant
@@ -143,7 +143,7 @@ class PromptBuilder:
         """``chat`` with each placeholder replaced by its clip's block of user slots."""
         spec, tok = self.spec, self._token_text
         for codes in clips:
-            slots = tok["audio_user_slot_token_id"] * (codes.shape[0] + spec.n_vq - 1)
+            slots = tok["audio_user_slot_token_id"] * spec.delayed_rows(codes.shape[0])
             block = tok["audio_start_token_id"] + slots + tok["audio_end_token_id"]
             chat = chat.replace(self.template.audio_placeholder, block, 1)
         return chat

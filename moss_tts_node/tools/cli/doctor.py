@@ -273,7 +273,8 @@ def _check_model(config: Any, checks: list[Check]) -> None:
 
 
 def _check_heads(config: Any, environment: _Environment, checks: list[Check]) -> None:
-    """Where the 32 audio heads will run (what ``auto`` resolves to) and whether their weights are there."""
+    """Where the audio heads (one per codebook) will run (what ``auto`` resolves to) and whether their weights are
+    there."""
     from moss_tts_node.config import backbone_path
     from moss_tts_node.llama.gguf import GgufHeadsInfo
     from moss_tts_node.model.heads import resolve_heads_backend

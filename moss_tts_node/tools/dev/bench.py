@@ -11,12 +11,13 @@ reports:
 - steps/s and ms per step split into llama.cpp decode / heads / sampling and delay logic / codec / other;
 - the backbone-only limit: llama.cpp decoding the same rows in a tight loop (text head on, as llama.cpp
   runs by default, and off, as the audio phase runs here; alternated in blocks of 10 steps);
-- overhead = (step - decode) / decode, time to first audio against the bound prefill + n_vq + 1 steps + one
-  chunk decode, real-time factor, and peak RSS against GGUF + fp16 embeddings and heads + KV + the resident
-  decode graph (its weights, and a stream decoder's attention caches) + 500 MiB;
+- overhead = (step - decode) / decode, time to first audio against the bound prefill + the first frame's steps
+  (``ModelSpec.first_frame_budget``) + one chunk decode, real-time factor, and peak RSS against GGUF + fp16
+  embeddings and heads + KV + the resident decode graph (its weights, and a stream decoder's attention caches)
+  + 500 MiB;
 - prompt-prefix reuse: the same voice (``--voice-seconds`` of random reference codes) then speaks another
   text; its prefilled rows, prefill ms and time to first audio against the bound prefill(its new rows) +
-  n_vq + 1 steps + one chunk decode, next to the first request's (which prefills its whole prompt).
+  the first frame's steps + one chunk decode, next to the first request's (which prefills its whole prompt).
 
 ``--dialogue-piece`` adds what a dialogue's next piece costs to prefill (docs/family.md, "Dialogues"): it carries the
 piece before it, its text as the transcript and its frames (as many as that piece is planned to make) as the prefix,
@@ -263,7 +264,8 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
     assert stream.report is not None and stream.clock is not None and stream.generated is not None
     peak_rss = peak_rss_mib()  # the first request's peak, before the replays below load anything more
     steps = step_figures(stream.report, stream.clock, spec)
-    repeat = synth.stream(REPEAT_TEXT, max_new_tokens=spec.n_vq + 8, **request)  # its first frame needs n_vq steps
+    # its first frame, and a few more
+    repeat = synth.stream(REPEAT_TEXT, max_new_tokens=spec.first_frame_steps + 8, **request)
     list(repeat)
     assert repeat.report is not None
     limit = backbone_limit(synth, stream.generated, stream.prompt, Path(job["workdir"]) / "prompt.npy")
@@ -304,7 +306,7 @@ def step_figures(report: TimingReport, clock: StageClock, spec: ModelSpec) -> di
     codec_ms = report.codec_ms / steps
     decode_s = [seconds for _, seconds in clock.calls["backbone"]]
     step_s = np.diff([start for start, _ in clock.calls["heads"]]).tolist()
-    steady_from = spec.n_vq + 8  # past the ramp-up, in which fewer codebooks are sampled
+    steady_from = spec.first_frame_steps + 8  # past the ramp-up, in which fewer codebooks are sampled
 
     def steady_median_ms(seconds: list[float]) -> float | None:
         return 1000 * float(np.median(seconds[steady_from:])) if len(seconds) >= steady_from + 10 else None
@@ -383,9 +385,10 @@ def first_chunk_decode_ms(synth: Synthesizer, codes: np.ndarray | None) -> float
 
 
 def first_audio_bound_ms(prefill_ms: float, step_ms: float, chunk_ms: float | None, spec: ModelSpec) -> float:
-    """What a request's first audio should take at most: its prefill, n_vq + 1 steps (the rows up to frame 0's
-    last codebook, the delay pattern's, and one step of slack) and one chunk decode."""
-    return prefill_ms + (spec.n_vq + 1) * step_ms + (chunk_ms or 0.0)
+    """What a request's first audio should take at most: its prefill, the first frame's steps (the rows up to frame
+    0's last codebook, the delay pattern's, and one to spare: ``ModelSpec.first_frame_budget``) and one chunk
+    decode."""
+    return prefill_ms + spec.first_frame_budget * step_ms + (chunk_ms or 0.0)
 
 
 def first_audio_figures(

@@ -62,12 +62,13 @@ def stream_rtf(left_context: int, chunk_frames: int, frame_seconds: float) -> fl
 def run(args: argparse.Namespace) -> int:
     from moss_tts_node.codec.base import PUBLISHED_ATTENTION_SPAN_FRAMES, run_windowed
     from moss_tts_node.codec.onnx import OnnxCodec
+    from moss_tts_node.codec.quantizer import CODEBOOK_SIZE
     from moss_tts_node.codec.streaming import SegmentDecoder, WindowedStreamDecoding
     from moss_tts_node.model.rates import FRAMES_PER_SECOND
 
     codec = OnnxCodec(args.codec_dir / "decoder.onnx", provider="cpu", threads=args.threads)
     span = codec.attention_span_frames
-    codes = np.random.default_rng(args.seed).integers(0, 1024, size=(args.frames, codec.n_quantizers))
+    codes = np.random.default_rng(args.seed).integers(0, CODEBOOK_SIZE, size=(args.frames, codec.n_quantizers))
     offline = codec.decode(codes)
     peak = float(np.abs(offline).max())
     print(f"{args.codec_dir}: attention span {span} frames; {args.frames} random frames; offline peak {peak:.3g}")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from moss_tts_node.codec.base import CODEBOOK_SIZE
+from moss_tts_node.codec.quantizer import CODEBOOK_SIZE
 from moss_tts_node.codec.stream_decoder import StreamDecoder
 from moss_tts_node.config import load_config
 from moss_tts_node.synthesizer import Synthesizer

@@ -28,11 +28,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from moss_tts_node.codec.base import CODEBOOK_SIZE, AudioCodec
 from moss_tts_node.codec.layout import DECODER_FILE, ENCODER_FILE
+from moss_tts_node.codec.quantizer import CODEBOOK_SIZE, CODEC_QUANTIZERS
 from moss_tts_node.model.rates import SAMPLES_PER_FRAME
 
-N_QUANTIZERS = AudioCodec.n_quantizers
 OPSET = 17
 IR_VERSION = 8  # the oldest IR that carries opset 17: readable by older runtimes and TensorRT
 
@@ -99,7 +98,7 @@ def _lengths(
 
 def _encoder_model(rng: np.random.Generator) -> onnx.ModelProto:
     """input_values (B,1,T) float32, n_quantizers () -> codes (n_q,B,T/1920), lengths (B,)."""
-    projection = rng.standard_normal((SAMPLES_PER_FRAME, N_QUANTIZERS)) / np.sqrt(SAMPLES_PER_FRAME)
+    projection = rng.standard_normal((SAMPLES_PER_FRAME, CODEC_QUANTIZERS)) / np.sqrt(SAMPLES_PER_FRAME)
     length_nodes, length_consts = _lengths("input_values", 0, "Div", "audio_codes_lengths")
     nodes = [
         helper.make_node("Reshape", ["input_values", "frame_shape"], ["frames"]),  # (B, F, 1920)
@@ -107,7 +106,7 @@ def _encoder_model(rng: np.random.Generator) -> onnx.ModelProto:
         helper.make_node("Mul", ["projected", "gain"], ["scaled"]),
         helper.make_node("Tanh", ["scaled"], ["squashed"]),  # (-1, 1)
         helper.make_node("Add", ["squashed", "one"], ["shifted"]),  # (0, 2)
-        helper.make_node("Mul", ["shifted", "half_codebook"], ["levels"]),  # (0, 1024)
+        helper.make_node("Mul", ["shifted", "half_codebook"], ["levels"]),  # (0, CODEBOOK_SIZE)
         helper.make_node("Floor", ["levels"], ["floored"]),
         helper.make_node("Clip", ["floored", "code_min", "code_max"], ["clipped"]),
         helper.make_node("Cast", ["clipped"], ["codes_bft"], to=TensorProto.INT64),
@@ -145,12 +144,12 @@ def _encoder_model(rng: np.random.Generator) -> onnx.ModelProto:
 
 def _decoder_model(rng: np.random.Generator) -> onnx.ModelProto:
     """audio_codes (32,B,F) int64, n_quantizers () -> audio (B,1,1920*F), lengths (B,)."""
-    embeddings = rng.standard_normal((N_QUANTIZERS * CODEBOOK_SIZE, _EMBED_DIM)) / np.sqrt(N_QUANTIZERS)
+    embeddings = rng.standard_normal((CODEC_QUANTIZERS * CODEBOOK_SIZE, _EMBED_DIM)) / np.sqrt(CODEC_QUANTIZERS)
     conv = rng.standard_normal((_HIDDEN, _EMBED_DIM, _CONV_FRAMES)) / np.sqrt(_EMBED_DIM * _CONV_FRAMES)
     projection = rng.standard_normal((_HIDDEN, SAMPLES_PER_FRAME)) / np.sqrt(_HIDDEN)
     length_nodes, length_consts = _lengths("audio_codes", 1, "Mul", "audio_lengths")
     nodes = [
-        # Codebook k's rows live at k*1024 .. k*1024+1023 of one flat table.
+        # Codebook k's rows live at k * CODEBOOK_SIZE onwards, in one flat table.
         helper.make_node("Add", ["audio_codes", "codebook_offsets"], ["rows"]),
         helper.make_node("Gather", ["embeddings", "rows"], ["embedded"], axis=0),  # (32, B, F, D)
         helper.make_node("Less", ["codebook_ids", "n_quantizers"], ["used"]),
@@ -169,10 +168,10 @@ def _decoder_model(rng: np.random.Generator) -> onnx.ModelProto:
         *length_nodes,
     ]
     consts = [
-        _const("codebook_offsets", (np.arange(N_QUANTIZERS) * CODEBOOK_SIZE).reshape(-1, 1, 1)),
+        _const("codebook_offsets", (np.arange(CODEC_QUANTIZERS) * CODEBOOK_SIZE).reshape(-1, 1, 1)),
         _const("embeddings", embeddings, np.float32),
-        _const("codebook_ids", np.arange(N_QUANTIZERS)),
-        _const("mask_shape", [N_QUANTIZERS, 1, 1, 1]),
+        _const("codebook_ids", np.arange(CODEC_QUANTIZERS)),
+        _const("mask_shape", [CODEC_QUANTIZERS, 1, 1, 1]),
         _const("axis0", [0]),
         _const("conv_weight", conv, np.float32),
         _const("projection", projection, np.float32),
@@ -183,7 +182,7 @@ def _decoder_model(rng: np.random.Generator) -> onnx.ModelProto:
         nodes,
         "moss_demo_decoder",
         [
-            helper.make_tensor_value_info("audio_codes", TensorProto.INT64, [N_QUANTIZERS, "batch", "frames"]),
+            helper.make_tensor_value_info("audio_codes", TensorProto.INT64, [CODEC_QUANTIZERS, "batch", "frames"]),
             helper.make_tensor_value_info("n_quantizers", TensorProto.INT64, []),
         ],
         [

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from moss_tts_node.codec.base import CODEBOOK_SIZE, AudioCodec
+from moss_tts_node.codec.quantizer import CODEBOOK_SIZE, CODEC_QUANTIZERS
 from moss_tts_node.model.rates import SAMPLE_RATE, SAMPLES_PER_FRAME
 from moss_tts_node.tools.prepare.safetensors_io import write_safetensors
 from moss_tts_node.tools.prepare.stream_decoder_checkpoint import Patch, read_codec_config
@@ -113,7 +113,7 @@ def tiny_codec_config() -> dict[str, Any]:
         "quantizer_type": "rlfq",
         "quantizer_kwargs": {
             "quantizer_type": "rlfq",
-            "num_quantizers": AudioCodec.n_quantizers,
+            "num_quantizers": CODEC_QUANTIZERS,
             "codebook_size": CODEBOOK_SIZE,
             "codebook_dim": 8,
             "rvq_dim": 512,
@@ -145,7 +145,7 @@ def write_random_codec(config: Path | Mapping[str, Any], out_dir: Path) -> Path:
             (out_dim, 1, 1), "conv_g", seed, v_shape=(out_dim, in_dim, 1)
         )
 
-    for i in range(AudioCodec.n_quantizers):  # read_codec_config refuses any other count
+    for i in range(CODEC_QUANTIZERS):  # read_codec_config refuses any other count
         add(f"quantizer.quantizers.{i}.codebook.weight", (CODEBOOK_SIZE, spec.codebook_dim))
         add_weight_normed(f"quantizer.quantizers.{i}.out_proj", spec.rvq_dim, spec.codebook_dim)
     add_weight_normed("quantizer.output_proj", spec.quantizer_output_dim, spec.rvq_dim)

@@ -48,6 +48,7 @@ from typing import IO, Any
 import numpy as np
 
 import moss_tts_node
+from moss_tts_node.codec import quantizer
 from moss_tts_node.codec.layout import DECODER_FILE, ENCODER_FILE, STREAM_DECODER_FILE
 from moss_tts_node.model.rates import FRAMES_PER_SECOND
 from moss_tts_node.tools.dev import resources, stream_decoder_worker
@@ -156,7 +157,8 @@ def roofline_ms(
 
 def baseline_tree(revision: str, work_dir: Path) -> Path:
     """The package at ``revision`` (and the bridge's C sources, which it builds on first use), from this
-    checkout's git, with this revision's worker copied in."""
+    checkout's git, with this revision's worker and the modules it brings along (``resources.py``,
+    ``codec/quantizer.py``) copied in."""
     tree = work_dir / f"baseline-{revision[:12]}"
     if not (tree / "moss_tts_node").is_dir():
         tree.mkdir(parents=True, exist_ok=True)
@@ -167,8 +169,10 @@ def baseline_tree(revision: str, work_dir: Path) -> Path:
             capture_output=True,
         )
         subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
-    for module in (stream_decoder_worker, resources):
-        shutil.copy(Path(module.__file__), tree / "moss_tts_node" / "tools" / "dev")
+    package = Path(moss_tts_node.__file__).resolve().parent
+    for module in (stream_decoder_worker, resources, quantizer):
+        source = Path(module.__file__).resolve()
+        shutil.copy(source, tree / "moss_tts_node" / source.relative_to(package))
     return tree
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from moss_tts_node.codec.base import CODEBOOK_SIZE, AudioCodec
+from moss_tts_node.codec.quantizer import CODEBOOK_SIZE, CODEC_QUANTIZERS
 from moss_tts_node.codec.stream_decoder import StreamDecoder
 from moss_tts_node.tools.dev.codec_fidelity import snr_db
 from moss_tts_node.tools.prepare.stream_decoder_build import write_graph
@@ -90,7 +90,7 @@ def main() -> None:
         _build(args.checkpoint, fp32, None, args.block)
     variant = args.work_dir / "variant.onnx"
     frames = args.stream_frames if args.mix else args.frames
-    codes = np.random.default_rng(0).integers(0, CODEBOOK_SIZE, (frames, AudioCodec.n_quantizers))
+    codes = np.random.default_rng(0).integers(0, CODEBOOK_SIZE, (frames, CODEC_QUANTIZERS))
     reference = _decode(fp32, codes, frames, args.threads)
     print(f"{frames} frames, 8-bit blocks of {args.block}; float32 output peak {np.abs(reference).max():.3g}")
     print(f"load average {os.getloadavg()[0]:.2f}", flush=True)

@@ -2,9 +2,9 @@
 
 Run as ``python -m moss_tts_node.tools.dev.stream_decoder_worker``, with ``moss_tts_node`` being the tree
 whose runtime runs the graphs: the bench starts one worker on this tree and one on an earlier revision's,
-into which it copies this file and ``resources.py`` (they use nothing else of the package but
-``StreamDecoder``, whose constructor, ``decode`` and ``reset`` every revision has). Requests arrive as
-JSON lines on stdin, each answered by one JSON line on stdout:
+into which it copies this file, ``resources.py`` and ``codec/quantizer.py`` (they use nothing else of the package
+but ``StreamDecoder``, whose constructor, ``decode`` and ``reset`` every revision has, and the errors). Requests
+arrive as JSON lines on stdin, each answered by one JSON line on stdout:
 
 - ``{"load": GRAPH, "threads": N, "session_config": {KEY: VALUE}}``: a ``StreamDecoder`` of GRAPH with N
   intra-op threads (the one before is dropped first, so one graph is in memory at a time), its ONNX Runtime
@@ -27,14 +27,14 @@ from typing import Any
 
 import numpy as np
 
+from moss_tts_node.codec.quantizer import CODEBOOK_SIZE, CODEC_QUANTIZERS
 from moss_tts_node.codec.stream_decoder import StreamDecoder
 from moss_tts_node.tools.dev.resources import peak_rss_mib
 
-CODEBOOK_SIZE, QUANTIZERS = 1024, 32  # the codes every revision's graph takes
-
 
 def _codes(frames: int) -> np.ndarray:
-    return np.random.default_rng(0).integers(0, CODEBOOK_SIZE, (frames, QUANTIZERS))
+    """Random codes of all the codec's levels: what every revision's graph takes."""
+    return np.random.default_rng(0).integers(0, CODEBOOK_SIZE, (frames, CODEC_QUANTIZERS))
 
 
 def _calls(decoder: StreamDecoder, chunk: int, frames: int) -> tuple[list[tuple[float, float]], np.ndarray]:

@@ -10,7 +10,7 @@ producer thread, and reports:
 - for each piece (a sentence, or sentences packed to ``--pack`` tokens): from its last fragment to its first
   audio, split into the wait before its synthesis began (the next word, which settles the cut, and the
   pieces before it still being synthesized) and its synthesis up to its first audio, against the bound
-  prefill(its rows) + n_vq + 1 steps + one chunk decode;
+  prefill(its rows) + the first frame's steps (``ModelSpec.first_frame_budget``) + one chunk decode;
 - the time a player that starts on the first chunk would run dry (synthesis slower than speech);
 
 next to waiting for the whole reply: the time the last fragment arrives plus ``stream()``'s time to first
@@ -20,7 +20,8 @@ A fragment is a word with the spaces before it, or a mark: about one of Qwen's t
 bench models carry the demo's small tokenizer, which splits English text about three times finer than
 Qwen's: their prompts have that many more rows to prefill (so the prefill figures are pessimistic), and the
 cuts and packs count fragments instead, as Qwen's tokens would be counted. Random weights never end a
-sentence, so each piece is given the steps its text would take: 32 for its first frame, three a fragment.
+sentence, so each piece is given the steps its text would take: the first frame's (as many as the model has
+codebooks), then three a fragment.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def run_text_stream_bench(args: argparse.Namespace) -> int:
             raise SystemExit("--text must not end in spaces")
         _as_with_real_weights(synth)
         prefix = synth.prompts.voice_prefix(PromptFields(text="", language="en"), [voice]).shape[0]
-        # all 32 codebooks' heads once (the delay pattern brings one more in each step): the weights paged in
+        # every codebook's head once (the delay pattern brings one more in each step): the weights paged in
         list(synth.stream("Warm up.", max_new_tokens=48, **fields))
         for rate, pack in ((float(rate), int(pack)) for rate in args.rates.split(",") for pack in args.pack.split(",")):
             pack = min(pack, RUN_TOKENS) if pack >= 0 else PACK_TOKENS
@@ -108,7 +109,9 @@ def run_text_stream_bench(args: argparse.Namespace) -> int:
             for chunk in stream:
                 chunks.append((time.perf_counter(), chunk.samples.shape[0] / chunk.sample_rate))
             producer.join()
-            _report_stream(args.text, fragments, sentences, rows, put_at, chunks, stream.clock, synth.spec.n_vq)
+            _report_stream(
+                args.text, fragments, sentences, rows, put_at, chunks, stream.clock, synth.spec.first_frame_budget
+            )
         synth.prepare_voice(language="en", voice=voice)
         whole = synth.stream(args.text, **fields)  # the whole reply as one piece, after the whole of it came
         arrivals = [(time.perf_counter(), chunk.samples.shape[0] / chunk.sample_rate) for chunk in whole]
@@ -127,12 +130,12 @@ def run_text_stream_bench(args: argparse.Namespace) -> int:
 
 def _as_with_real_weights(synth: Any) -> None:
     """This instance's planner counts a text's tokens as Qwen's tokenizer about would (its fragments), for the
-    cuts and packs, and gives each piece the steps its text would take, 32 for the first frame and
-    FRAMES_PER_TOKEN a fragment: random weights never end a sentence of their own."""
+    cuts and packs, and gives each piece the steps its text would take, the first frame's and FRAMES_PER_TOKEN a
+    fragment: random weights never end a sentence of their own."""
     plan = synth.planner.plan
 
     def planned(fields: Any, voice: Any, max_new_tokens: int, *rest: Any) -> Any:
-        steps = 32 + FRAMES_PER_TOKEN * len(_FRAGMENT.findall(fields.text))
+        steps = synth.spec.first_frame_steps + FRAMES_PER_TOKEN * len(_FRAGMENT.findall(fields.text))
         return plan(fields, voice, min(steps, max_new_tokens), *rest)
 
     synth.planner.plan = planned
@@ -147,9 +150,10 @@ def _report_stream(
     put_at: list[float],
     chunks: list[tuple[float, float]],
     clock: Any,
-    n_vq: int,
+    bound_steps: int,
 ) -> None:
-    """Print one streamed run's figures (see the module docstring)."""
+    """Print one streamed run's figures (see the module docstring); ``bound_steps``: the steps the bound on a
+    piece's first audio counts for its first frame (``ModelSpec.first_frame_budget``)."""
     t0 = put_at[0]
     prefills = clock.calls["prefill"]
     step_starts = [start for start, _ in clock.calls["heads"]]
@@ -161,11 +165,11 @@ def _report_stream(
     for number, (sentence, (prefill_start, prefill_s)) in enumerate(zip(sentences, prefills, strict=False)):
         first = next(arrival for arrival, _ in chunks if arrival > prefill_start + prefill_s)
         written = put_at[ends[number]]
-        bound = prefill_s + (n_vq + 1) * step_s + chunk_s  # the delay pattern's steps up to frame 0
+        bound = prefill_s + bound_steps * step_s + chunk_s  # the delay pattern's steps up to frame 0
         print(
             f"  piece {number + 1} ({rows[number]} rows to prefill): last fragment at {written - t0:5.2f} s, "
             f"first audio {first - written:5.2f} s later = wait {prefill_start - written:5.2f} s + synthesis "
-            f"{first - prefill_start:4.2f} s (bound {bound:4.2f} s: prefill {prefill_s:4.2f} s + {n_vq + 1} steps "
+            f"{first - prefill_start:4.2f} s (bound {bound:4.2f} s: prefill {prefill_s:4.2f} s + {bound_steps} steps "
             "+ a chunk)"
             f"  {sentence[:40]!r}"
         )

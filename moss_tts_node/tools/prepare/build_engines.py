@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from moss_tts_node.codec.base import CODEC_QUANTIZERS
 from moss_tts_node.codec.engines import DEFAULT_MAX_SECONDS, METADATA_FILE, build_engines
+from moss_tts_node.codec.quantizer import CODEC_QUANTIZERS
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

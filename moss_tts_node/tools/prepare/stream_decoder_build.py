@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from moss_tts_node.codec.base import AudioCodec
 from moss_tts_node.codec.layout import STREAM_DECODER_FILE
+from moss_tts_node.codec.quantizer import CODEC_QUANTIZERS, checked_quantizers
 from moss_tts_node.codec.stream_decoder import (
     ATTENTION_KEY,
     ATTENTION_MODES,
@@ -83,7 +83,7 @@ def build_stream_decoder(
     *,
     precision: str = "fp32",
     attention: str = "window",
-    quantizers: int = AudioCodec.n_quantizers,
+    quantizers: int = CODEC_QUANTIZERS,
 ) -> Path:
     """Write the stream decoder graph of the checkpoint in ``checkpoint_dir`` to ``out_path``; return it.
 
@@ -98,8 +98,7 @@ def build_stream_decoder(
         raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {tuple(PRECISIONS)}, got {precision!r}")
-    if not 0 < quantizers <= AudioCodec.n_quantizers:
-        raise ValueError(f"quantizers must be in 1..{AudioCodec.n_quantizers}, got {quantizers}")
+    checked_quantizers(quantizers)
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     write_graph(Path(checkpoint_dir), out_path, attention, PRECISIONS[precision], quantizers)
@@ -111,7 +110,7 @@ def write_graph(
     out_path: Path,
     attention: str,
     weights: WeightPrecision | None,
-    quantizers: int = AudioCodec.n_quantizers,
+    quantizers: int = CODEC_QUANTIZERS,
 ) -> None:
     """Write the graph of the checkpoint in ``checkpoint_dir``, float32 but for the 8-bit weights that
     ``weights`` picks (``tools/dev/stream_decoder_precision.py`` measures any such choice)."""
@@ -256,8 +255,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.add_argument(
         "--quantizers",
         type=int,
-        default=AudioCodec.n_quantizers,
-        help="codebooks the codes hold, the first ones: 32 (default) or 16 for the 16-codebook models of the family",
+        default=CODEC_QUANTIZERS,
+        help=f"codebooks the codes hold, the first ones: {CODEC_QUANTIZERS} (default) or 16 for the 16-codebook models "
+        "of the family",
     )
     parser.add_argument("--force", action="store_true", help="overwrite an existing output")
     parser.set_defaults(run=run)

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from moss_tts_node.codec.base import CODEBOOK_SIZE, AudioCodec
+from moss_tts_node.codec.base import AudioCodec
+from moss_tts_node.codec.quantizer import CODEBOOK_SIZE, CODEC_QUANTIZERS
 from moss_tts_node.errors import WeightsError
 from moss_tts_node.model.rates import FRAMES_PER_SECOND
 from moss_tts_node.tools.prepare.config_reader import ConfigReader, read_json_object
@@ -102,7 +103,7 @@ def read_codec_config(path: Path) -> CodecSpec:
     quantizer_type = quantizer.get("quantizer_type", config.get("quantizer_type", "rvq"))
     reader.check_supported("quantizer_kwargs.quantizer_type", quantizer_type, _QUANTIZER_TYPES)
     where = "quantizer_kwargs"
-    reader.check_supported(f"{where}.num_quantizers", quantizer.get("num_quantizers"), (AudioCodec.n_quantizers,))
+    reader.check_supported(f"{where}.num_quantizers", quantizer.get("num_quantizers"), (CODEC_QUANTIZERS,))
     reader.check_supported(f"{where}.codebook_size", quantizer.get("codebook_size"), (CODEBOOK_SIZE,))
     input_dim = reader.integer(quantizer, "input_dim", where)
     rvq_dim = int(quantizer.get("rvq_dim") or input_dim)

@@ -18,7 +18,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from moss_tts_node.codec.base import CODEBOOK_SIZE
+from moss_tts_node.codec.quantizer import CODEBOOK_SIZE
 from moss_tts_node.codec.stream_decoder import (
     CODES_INPUT,
     FRAMES_INPUT,
