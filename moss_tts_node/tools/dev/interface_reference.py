@@ -29,9 +29,12 @@ PARTS = {"msg": ("",), "srv": ("Request", "Response"), "action": ("Goal", "Resul
 _SEPARATOR = "---"
 _CONSTANTS = "| constant | type | value | meaning |\n|---|---|---|---|"
 _FIELDS = "| field | type | default | meaning |\n|---|---|---|---|"
-# type name [default]  or  type NAME = value, then an optional comment
 _ROW = re.compile(
-    r"^(?P<type>\S+)\s+(?P<name>\w+)(?:\s*=\s*(?P<value>\"[^\"]*\"|\S+)|\s+(?P<default>\"[^\"]*\"|\S+))?\s*(?:#\s?(?P<comment>.*))?$"
+    r"""^(?P<type>\S+) \s+ (?P<name>\w+)
+    (?: \s*=\s* (?P<value>"[^"]*"|\S+)     # a constant: type NAME = value
+      | \s+ (?P<default>"[^"]*"|\S+) )?     # a field, with its default
+    \s* (?:\#\s? (?P<comment>.*))? $""",
+    re.VERBOSE,
 )
 
 
