@@ -153,6 +153,7 @@ class Speaker:
         self._queue: deque[_Utterance] = deque()
         self._ended: deque[str] = deque(maxlen=ENDED_MEMORY)
         self._closed = False
+        self._idle = False  # the player thread waits for more than it was fed: wait_idle's condition
         self._thread = threading.Thread(target=self._run, name="speaker", daemon=True)
         self._thread.start()
 
@@ -179,6 +180,7 @@ class Speaker:
                 newest.blocks.append(samples)
                 newest.buffered += samples.size
             newest.final = final
+            self._idle = False
             self._changed.notify_all()
 
     def cancel(self, key: str) -> bool:
@@ -187,6 +189,7 @@ class Speaker:
             for utterance in self._queue:
                 if utterance.key == key and not utterance.cancelled:
                     self._cancel(utterance)
+                    self._idle = False
                     self._changed.notify_all()
                     return True
         return False
@@ -200,6 +203,12 @@ class Speaker:
         """Wait until every utterance fed so far has ended (played, or cancelled); False on timeout."""
         with self._changed:
             return self._changed.wait_for(lambda: not self._queue, timeout)
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until the player has done all it can with what was fed so far and waits for more: every utterance
+        ended, or the first one short of its prebuffer (before it starts, or after running dry); False on timeout."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._idle or self._closed, timeout)
 
     def close(self) -> None:
         """Drop what is still queued, let the device play what it was given, and release it."""
@@ -257,9 +266,10 @@ class Speaker:
         playing was cancelled, or None once closed. Ended utterances leave the queue here."""
         with self._changed:
             while True:
-                self._changed.wait_for(
-                    lambda: self._closed or bool(self._queue and self._queue[0].ready(self.prebuffer_s))
-                )
+                while not (self._closed or (self._queue and self._queue[0].ready(self.prebuffer_s))):
+                    self._idle = True  # until a feed or a cancel changes what there is to do
+                    self._changed.notify_all()
+                    self._changed.wait()
                 if not self._queue:
                     return None
                 head = self._queue[0]

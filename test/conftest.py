@@ -80,6 +80,19 @@ def synth(demo_config: Path) -> Iterator[Synthesizer]:
         yield loaded
 
 
+SMALL_CONTEXT_ROWS = 384  # a context that holds about 55 text tokens of speech per piece
+
+
+@pytest.fixture(scope="module")
+def small_context(demo_config: Path) -> Iterator[Synthesizer]:
+    """The demo model with a context small enough that a few sentences are several pieces (one per module: a test
+    may patch its parts)."""
+    from moss_tts_node.synthesizer import Synthesizer
+
+    with Synthesizer.from_config_file(demo_config, {"llama.n_ctx": SMALL_CONTEXT_ROWS}) as loaded:
+        yield loaded
+
+
 def codec_tiny_location() -> Path:
     """Where codec-tiny is looked for (whether or not it is there): ``codec_tiny_dir`` checks that it is."""
     return Path(os.environ.get(SHARED_DIR_VARIABLE) or REPO_ROOT.parent / "shared") / CODEC_TINY

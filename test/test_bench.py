@@ -131,16 +131,26 @@ def test_clone_runs_alternate_and_the_summary_compares_them(
     assert "| continuation | 2 | 250 | 1600 (1.45) | 10.00 (0.91) |" in summary
 
 
-def test_the_dialogue_piece_prefills_what_it_carries_after_what_it_shares(synth: Any) -> None:
+def test_the_dialogue_piece_prefills_what_it_carries_after_what_it_shares(
+    synth: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import types
+
     import numpy as np
 
-    from moss_tts_node.tools.dev.bench import dialogue_piece_figures
+    from moss_tts_node.tools.dev import bench
 
-    figures = dialogue_piece_figures(synth, np.zeros((10, 32), dtype=np.int64), seed=1)
+    # bench's clock, read at the start and the end of each timed prefill: three carried runs, then three alone, of
+    # the seconds below. A figure is the best of its three, and only the piece's own prefill is timed.
+    runs_s = (0.003, 0.001, 0.002, 0.005, 0.004, 0.006)
+    ticks = iter([tick for start, run_s in enumerate(runs_s) for tick in (float(start), start + run_s)])
+    monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    figures = bench.dialogue_piece_figures(synth, np.zeros((10, 32), dtype=np.int64), seed=1)
     carried, alone = figures["dialogue_carried_rows"], figures["dialogue_alone_rows"]
     # The rows before the text are kept in the KV cache either way; the carried piece prefills its transcript (the
     # piece before's text) and its frames more.
     shared = figures["dialogue_alone_prompt_rows"] - alone
     assert shared > 2 * (10 + 31) and figures["dialogue_carried_prompt_rows"] - carried == shared
     assert carried > figures["dialogue_carried_frames"] > 0
-    assert figures["dialogue_carried_ms"] > 0 and figures["dialogue_alone_ms"] > 0
+    assert figures["dialogue_carried_ms"] == pytest.approx(1.0) and figures["dialogue_alone_ms"] == pytest.approx(4.0)
+    assert next(ticks, None) is None  # every run was timed, and nothing else

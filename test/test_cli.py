@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pytest
 import soundfile as sf
 from conftest import bad_input_message, run_cli
 
@@ -139,6 +141,9 @@ def test_synth_play_without_a_sound_output_says_so(demo_config: Path, tmp_path: 
     assert "sound" in message
 
 
+STDIN_TEXT = "Hello there, robot. 你好！How are you?"
+
+
 def synth_reading_stdin(demo_config: Path, *flags: str | Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     """``synth --text -`` in a child process, its standard input a pipe the test writes to as an LLM would."""
     return subprocess.Popen(
@@ -164,24 +169,38 @@ def test_synth_text_dash_speaks_standard_input_and_the_file_holds_the_whole_stre
 ) -> None:
     from moss_tts_node.synthesizer import Synthesizer
 
-    text = "Hello there, robot. 你好！How are you?"
     out = tmp_path / "out.wav"
     child = synth_reading_stdin(demo_config, "--output", out, "--seed", "3", "--max-new-tokens", "40")
-    encoded = text.encode()
-    cjk = encoded.index("你".encode())
-    assert child.stdin is not None
-    for part in (encoded[:3], encoded[3 : cjk + 1]):  # the second cut inside a character's UTF-8
-        child.stdin.write(part)
-        child.stdin.flush()
-        time.sleep(0.01)  # the reads see the parts apart; nothing is asserted on time
-    stdout, stderr = child.communicate(encoded[cjk + 1 :], timeout=120)  # the rest, then the end of input
+    stdout, stderr = child.communicate(STDIN_TEXT.encode(), timeout=120)  # how it is read: the test below
     assert child.returncode == 0, stderr.decode()
     assert f"wrote {out}" in stdout.decode()
     written, _ = sf.read(out, dtype="int16")
     with Synthesizer.from_config_file(demo_config, {"generation.max_new_tokens": 40}) as synth:
-        chunks = [chunk.samples for chunk in synth.stream_text([text], seed=3, streaming=False)]
+        chunks = [chunk.samples for chunk in synth.stream_text([STDIN_TEXT], seed=3, streaming=False)]
     expected = np.frombuffer(float_to_pcm16(np.concatenate(chunks)), "<i2")
     np.testing.assert_allclose(written, expected, atol=1)  # the same audio, one LSB of rounding
+
+
+def test_standard_input_yields_what_each_read_brings_and_holds_a_split_character(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """synth --text -'s reader, on a pipe the test fills between reads: each read returns what was written before
+    it, so every cut, one inside a character's UTF-8 included, is seen as it was made."""
+    from moss_tts_node.tools.cli.main import standard_input
+
+    encoded = STDIN_TEXT.encode()
+    cjk = encoded.index("你".encode())
+    read_end, write_end = os.pipe()
+    with os.fdopen(read_end, "rb") as reading:
+        monkeypatch.setattr(sys, "stdin", reading)
+        fragments = standard_input()
+        os.write(write_end, encoded[:3])
+        assert next(fragments) == "Hel"
+        os.write(write_end, encoded[3 : cjk + 1])  # the cut inside 你's three bytes: its first is held back
+        assert next(fragments) == "lo there, robot. "
+        os.write(write_end, encoded[cjk + 1 :])
+        os.close(write_end)  # the end of input
+        assert list(fragments) == ["你好！How are you?"]
 
 
 def test_synth_text_dash_refuses_empty_or_broken_standard_input(demo_config: Path, tmp_path: Path) -> None:

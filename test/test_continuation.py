@@ -9,7 +9,6 @@ the report, and every refusal.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -138,13 +137,6 @@ def assert_continues_the_prefix(synth: Synthesizer, piece: Piece, transcript: st
     text = prompt_text(synth, piece.prompt).split("- Text:\n")[1].split("\n</user_inst>")[0]
     assert text.startswith(transcript + " ")
     return text[len(transcript) + 1 :]
-
-
-@pytest.fixture(scope="module")
-def small_context(demo_config: Path) -> Iterator[Synthesizer]:
-    """The demo model with a context that makes a few sentences several pieces beside the prefix."""
-    with Synthesizer.from_config_file(demo_config, {"llama.n_ctx": 384}) as loaded:
-        yield loaded
 
 
 def test_every_piece_of_a_long_text_continues_the_prefix(

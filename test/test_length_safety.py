@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import re
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -130,13 +129,6 @@ def test_codec_tiny_windows_overlapping_by_the_chosen_spans_stay_close_to_one_ca
 
 
 # -- long text -------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def small_context(demo_config: Path) -> Iterator[Synthesizer]:
-    """The demo model with a context that holds about 55 text tokens of speech per piece."""
-    with Synthesizer.from_config_file(demo_config, {"llama.n_ctx": 384}) as synth:
-        yield synth
 
 
 def test_text_too_long_for_the_context_is_spoken_in_pieces_as_one_stream(small_context: Synthesizer) -> None:

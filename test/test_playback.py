@@ -9,7 +9,6 @@ from __future__ import annotations
 import itertools
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -115,24 +114,15 @@ def test_a_burst_plays_whole_in_blocks_without_gaps() -> None:
     assert out.kinds()[0] == "open" and out.kinds()[-2:] == ["stop", "close"] and "abort" not in out.kinds()
 
 
-def wait_until_waiting(speaker: Speaker) -> None:
-    """Wait until the player thread has looked at what it was fed last and waits for more. A feed's notify takes
-    the waiting thread off its condition's waiters (CPython's ``threading.Condition``); its next wait, once it has
-    looked, puts it back."""
-    deadline = time.monotonic() + 10
-    while not speaker._changed._waiters:  # type: ignore[attr-defined]
-        assert time.monotonic() < deadline, "the player thread never waited again"
-        time.sleep(0.001)
-
-
 def test_it_waits_for_the_prebuffer_then_counts_a_dry_spell() -> None:
     out = FakeOutput()
     with Speaker(out.open, prebuffer_s=0.3) as speaker:
         speaker.feed("a", tone(0.1), RATE, final=False)
-        wait_until_waiting(speaker)  # it has seen the 0.1 s, and did not start
+        assert speaker.wait_idle(timeout=10)  # it has seen the 0.1 s, and did not start
         assert out.kinds() == []
         speaker.feed("a", tone(0.25), RATE, final=False)  # 0.35 s queued: it starts
-        out.wait_writes(round(0.35 / BLOCK_S))  # every queued block written: the utterance runs dry
+        assert speaker.wait_idle(timeout=10)  # every queued block written: the utterance ran dry
+        assert len(out.writes()) == round(0.35 / BLOCK_S) and speaker.underruns == 1
         speaker.feed("a", tone(0.5), RATE, final=True)
         assert speaker.wait(timeout=10)
     assert out.played().shape[0] == round(0.85 * RATE)

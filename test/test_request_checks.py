@@ -182,13 +182,6 @@ def _limited(config: Config, seconds: float) -> Config:
 # -- the audio of a whole request ------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def small_context(demo_config: Path) -> Iterator[Synthesizer]:
-    """The demo model with a context that makes a few sentences several pieces."""
-    with Synthesizer.from_config_file(demo_config, {"llama.n_ctx": 384}) as loaded:
-        yield loaded
-
-
 @pytest.mark.parametrize("streaming", [True, False])
 def test_max_audio_bounds_every_piece_of_a_request_together(small_context: Synthesizer, streaming: bool) -> None:
     text = " ".join(f"This is sentence number {n}, which the robot says." for n in range(8))

@@ -17,13 +17,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from ros_helpers import node_params_file, require_ros
 from ros_helpers.netns import READY_LINE, UNCONFIGURED_LINE, LoopbackNamespace, retry_until, wait_for_line
-
-from moss_tts_node.tools.dev.demo_weights import write_demo_weights
 
 ROOT = Path(__file__).resolve().parent.parent
 # Where README sends a user for the install route and the node.
@@ -204,10 +203,15 @@ def ros2_cli() -> None:
 
 
 @pytest.fixture(scope="module")
-def user_files(demo_config: Path, params_file: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+def user_files(
+    demo_config: Path,
+    params_file: Path,
+    family_demo: Callable[[str], Path],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, str]:
     """The docs' placeholders -> the demo model's config and a node params file for it; for two nodes, that file
     and one of the MOSS-SoundEffect demo."""
-    sounds = write_demo_weights(tmp_path_factory.mktemp("sound-effect"), seed=0, model="sound-effect")
+    sounds = family_demo("sound-effect")
     sounds_params = node_params_file(
         sounds, tmp_path_factory.mktemp("params") / "sounds.yaml", **{"llama.n_threads": 1}
     )

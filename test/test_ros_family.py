@@ -6,14 +6,14 @@ shipped launch files: test_ros_cli.py (it needs an installed package).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from ros_helpers import node_params_file, require_ros
 from ros_helpers.netns import LoopbackNamespace, NodeProcess, serving
 
 from moss_tts_node.model.rates import SAMPLE_RATE, SAMPLES_PER_FRAME
-from moss_tts_node.tools.dev.demo_weights import write_demo_weights
 
 require_ros()
 
@@ -23,8 +23,10 @@ DESIGNED = {"text": "Hello there, I am your robot.", "instruction": "an old man,
 
 
 @pytest.fixture(scope="module")
-def node(netns: LoopbackNamespace, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
-    config = write_demo_weights(tmp_path_factory.mktemp("voice-generator"), seed=0, model="voice-generator")
+def node(
+    netns: LoopbackNamespace, family_demo: Callable[[str], Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[NodeProcess]:
+    config = family_demo("voice-generator")
     params = node_params_file(config, tmp_path_factory.mktemp("params") / "node.yaml", **{"llama.n_threads": 1})
     with serving(netns, ["--params-file", str(params)]) as up:
         yield up

@@ -33,7 +33,6 @@ from moss_tts_node.errors import CodecError, ConfigError, MossTTSError, WeightsE
 from moss_tts_node.model.rates import SAMPLES_PER_FRAME
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.synthesis.stages import codec_params
-from moss_tts_node.tools.dev.demo_codec import write_demo_codec
 
 ORIN = GpuInfo("Orin", "8.7", 7 * 2**30)
 
@@ -190,7 +189,7 @@ def test_frozen_quantizers_graph_computes_what_the_original_does(
     import onnxruntime as ort
 
     if codec == "demo":
-        encoder, decoder = write_demo_codec(tmp_path / "plain")
+        encoder, decoder = request.getfixturevalue("demo_codec")
     else:
         tiny = request.getfixturevalue("codec_tiny_dir")
         encoder, decoder = tiny / "encoder.onnx", tiny / "decoder.onnx"

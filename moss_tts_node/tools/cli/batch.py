@@ -56,6 +56,19 @@ JSONL_FIELDS = (
     "scene",
     "seed",
 )
+# What a JSONL key means where it is batch's own, or means more than synth's option for the same request field
+# (usage_reference writes docs/usage.md's table of keys from these and synth's help).
+JSONL_KEY_HELP = {
+    "id": "names the output, DIR/<id>.wav (default: derived from the line number and the text)",
+    "text": "what to say; left out (or empty) for a sound: ambient_sound or sound_event",
+    "reference": 'the voice: a clip or .npy of codes, relative to the list\'s folder; "" for none, left out for the '
+    "configured voice; not with references",
+    "references": f"one voice per speaker, [S1] first, up to {MAX_SPEAKERS}: a list of clips or .npy files, null or "
+    '"" for a speaker without one; not with reference',
+    "prefix": "a recording the speech continues (docs/continuation.md): a clip or .npy of codes, relative to the "
+    "list's folder",
+    "prefix_text": "what the prefix says, put before text; left out when text itself begins with it",
+}
 _JSONL_STRINGS = (
     "reference",
     "prefix",

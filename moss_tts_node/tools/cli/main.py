@@ -117,8 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     voice.set_defaults(run=run_encode_voice)
 
     demo = commands.add_parser("demo-weights", help="write a tiny random model (noise, not speech) for tests")
-    demo.add_argument("directory", type=Path)
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("directory", type=Path, help="where to write the weights and their config.yaml")
+    demo.add_argument("--seed", type=int, default=0, help="random seed of the weights")
     demo.add_argument("--model", choices=list(FAMILY), default=MOSS_TTS.key, help="which model of the family")
     demo.set_defaults(run=run_demo_weights)
 

@@ -96,8 +96,8 @@ def register(commands: Any) -> None:
     )
     bench.add_argument("--steps", type=int, default=160, help="generation steps per run (default 160)")
     bench.add_argument("--threads", type=int, default=2, help="llama.cpp threads (and the heads'), default 2")
-    bench.add_argument("--seed", type=int, default=1)
-    bench.add_argument("--text", default=BENCH_TEXT)
+    bench.add_argument("--seed", type=int, default=1, help="seed of every run (and of the random voice)")
+    bench.add_argument("--text", default=BENCH_TEXT, help="what every run says")
     bench.add_argument(
         "--voice-seconds",
         type=float,

@@ -33,7 +33,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--codec-dir", required=True, type=Path, help="directory with decoder.onnx (and config.json)")
     parser.add_argument("--frames", type=int, default=240, help="random code frames to decode")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="random seed of the codes")
     parser.add_argument("--threads", type=int, default=1, help="ONNX Runtime threads")
     parser.set_defaults(run=run)
 

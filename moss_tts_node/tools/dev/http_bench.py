@@ -29,10 +29,10 @@ _READ_BYTES = 4096
 
 def register(commands: Any) -> None:
     parser = commands.add_parser("bench-http", help="TTFB and RTF through the speech server vs the CLI (by hand)")
-    parser.add_argument("--config", required=True, type=Path)
-    parser.add_argument("--text", default=DEFAULT_TEXT)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--config", required=True, type=Path, help="params file, for the CLI and the server")
+    parser.add_argument("--text", default=DEFAULT_TEXT, help="what every run says")
+    parser.add_argument("--seed", type=int, default=1, help="seed of every run")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each, after one to warm up")
     parser.set_defaults(run=run_bench_http)
 
 

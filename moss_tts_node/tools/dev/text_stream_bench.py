@@ -52,8 +52,8 @@ def register(commands: Any) -> None:
         "--pack", default="0,-1", help="pack_tokens values to compare, comma-separated (-1: the default)"
     )
     bench.add_argument("--threads", type=int, default=2, help="llama.cpp threads, default 2")
-    bench.add_argument("--seed", type=int, default=1)
-    bench.add_argument("--text", default=REPLY)
+    bench.add_argument("--seed", type=int, default=1, help="seed of every run and of the random voice")
+    bench.add_argument("--text", default=REPLY, help="the reply fed in as fragments")
     bench.set_defaults(run=run_text_stream_bench)
 
 
