@@ -48,6 +48,7 @@ from moss_tts_node.codec.layout import DECODER_FILE, ENCODER_FILE, STREAM_DECODE
 from moss_tts_node.errors import ConfigError
 from moss_tts_node.model.family import RecommendedSampling
 from moss_tts_node.model.layout import CONFIG_FILE, DEFAULT_GGUF, EMBEDDINGS_DIR, HEADS_DIR, TOKENIZER_DIR
+from moss_tts_node.model.rates import MAX_CODEC_SECONDS
 from moss_tts_node.text.languages import language_tag
 
 NODE_NAME = "moss_tts_node"
@@ -162,7 +163,7 @@ class AudioConfig:
         "onnx", "Codec backend: onnx (ONNX Runtime) or tensorrt (engines in model.engine_dir).", choices=CODEC_BACKENDS
     )
     max_codec_seconds: float = _option(
-        40.0,
+        MAX_CODEC_SECONDS,
         "Longest audio one codec call handles; longer audio is coded in windows (TensorRT: also its engines' limit).",
         min=0.08,
         max=3600.0,

@@ -31,13 +31,12 @@ from moss_tts_node.synthesis.cancel import CancelFlag, cancel_check
 from moss_tts_node.synthesis.dialogue import DialoguePieces
 from moss_tts_node.synthesis.feed import TextFeed
 from moss_tts_node.synthesis.pipeline import ListedPlan, Pipeline, PlanSource
-from moss_tts_node.synthesis.request import SpeechRequest, Voice, Voices, check_request, no_voice
+from moss_tts_node.synthesis.request import SpeechRequest, Voice, Voices, check_request, no_voice, request_language
 from moss_tts_node.synthesis.results import AudioStream, Synthesis
 from moss_tts_node.synthesis.stages import Stages, open_stages
 from moss_tts_node.synthesis.text_stream import DEFAULT_INPUT_PAUSE_S, PACK_TOKENS, RUN_TOKENS, CutPieces
 from moss_tts_node.synthesis.voices import LibraryVoice, VoiceLibrary, VoiceLimit, load_voice, voice_frames
 from moss_tts_node.text.cutter import TextCutter
-from moss_tts_node.text.languages import language_tag
 from moss_tts_node.text.normalize import has_something_to_say, normalize_text
 from moss_tts_node.text.pauses import resolve_pause_mode
 from moss_tts_node.text.pieces import Continuation, Piece, PiecePlanner
@@ -483,10 +482,7 @@ def _prompt_fields(gen: GenerationConfig, request: SpeechRequest, text: str | No
     defaults ``gen``; the language spelled as upstream's table does (``text/languages.py``), or refused."""
     language = request.language if request.language is not None else gen.language or None
     if language:
-        try:
-            language = language_tag(language)
-        except ValueError as error:
-            raise RequestError(str(error)) from None
+        language = request_language(language)
     return PromptFields(
         text=text,
         language=language,

@@ -13,6 +13,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ sys.path[:0] = [str(REPO), str(REPO / "test")]
 
 from qwen3_reference import qwen3_forward  # noqa: E402
 
+from moss_tts_node.config import LlamaConfig  # noqa: E402
 from moss_tts_node.llama.backbone import Backbone, BackboneParams, set_llama_verbose  # noqa: E402
 from moss_tts_node.model.rates import SAMPLES_PER_FRAME  # noqa: E402
 from moss_tts_node.synthesizer import Synthesizer  # noqa: E402
@@ -32,15 +34,10 @@ from moss_tts_node.tools.prepare.qwen3_gguf import Qwen3Shape, random_qwen3_tens
 
 def hidden_states(gguf: Path, n_gpu_layers: int, rows: np.ndarray, kv: str, flash: str) -> np.ndarray:
     """Prefill all rows but the last 8, then decode those one by one; the hidden state after each step."""
-    params = BackboneParams(
-        gguf_path=gguf,
-        n_ctx=512,
-        n_batch=64,
-        n_gpu_layers=n_gpu_layers,
-        kv_cache_type_k=kv,
-        kv_cache_type_v=kv,
-        flash_attn=flash,
+    llama = LlamaConfig(
+        n_ctx=512, n_batch=64, n_gpu_layers=n_gpu_layers, kv_cache_type_k=kv, kv_cache_type_v=kv, flash_attn=flash
     )
+    params = BackboneParams(gguf_path=gguf, **asdict(llama))
     with Backbone(params) as backbone:
         backbone.prefill(rows[:-8])
         out = [backbone.hidden().copy()]
@@ -51,7 +48,7 @@ def hidden_states(gguf: Path, n_gpu_layers: int, rows: np.ndarray, kv: str, flas
 
 
 def step_timing(gguf: Path, n_gpu_layers: int, hidden: int, steps: int = 64) -> dict[str, float]:
-    params = BackboneParams(gguf_path=gguf, n_ctx=1024, n_batch=512, n_gpu_layers=n_gpu_layers)
+    params = BackboneParams(gguf_path=gguf, **asdict(LlamaConfig(n_ctx=1024, n_batch=512, n_gpu_layers=n_gpu_layers)))
     rng = np.random.default_rng(0)
     with Backbone(params) as backbone:
         prompt = rng.standard_normal((200, hidden)).astype(np.float32)

@@ -17,7 +17,7 @@ import argparse
 import filecmp
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -109,7 +109,8 @@ def speak(demo: Path, out: Path, text: str, reference_codes: Path | None) -> Non
     """The demo's synthesis with an F32 backbone (converted here from its checkpoint) and an F32 KV cache, seed 1:
     its tokens into OUT/f32_tokens.npz. With ``reference_codes`` (another machine's tokens.npz), also the demo
     codec's offline decode of those very codes into OUT/codec.npy, the float output ONNX Runtime gives here."""
-    from moss_tts_node.codec.factory import CodecParams, open_codec
+    from moss_tts_node.codec.factory import open_codec
+    from moss_tts_node.synthesis.stages import codec_params
     from moss_tts_node.synthesizer import Synthesizer
     from moss_tts_node.tools.dev.demo_weights import CHECKPOINT_DIR
     from moss_tts_node.tools.prepare.convert import convert_checkpoint
@@ -128,8 +129,8 @@ def speak(demo: Path, out: Path, text: str, reference_codes: Path | None) -> Non
         for _ in stream:
             pass
         np.savez(out / F32_TOKENS, prompt=stream.prompt, generated=stream.generated, codes=stream.codes)
+        params = replace(codec_params(synth.config, synth.spec), onnx_provider="cpu")
     if reference_codes is not None:
-        params = CodecParams(backend="onnx", codec_dir=demo / "codec", engine_dir=None, onnx_provider="cpu")
         codec = open_codec(params, encoder=False)
         try:
             np.save(out / CODEC_FILE, codec.decode(np.load(reference_codes)["codes"]))

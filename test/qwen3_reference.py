@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from moss_tts_node.config import LlamaConfig
 from moss_tts_node.llama.backbone import Backbone, BackboneParams
 from moss_tts_node.model.generation import generate_rows
 from moss_tts_node.model.identity import RECORD_KEY
@@ -30,17 +32,10 @@ from moss_tts_node.tools.prepare.qwen3_gguf import Qwen3Shape
 
 def exact_backbone(gguf_path: Path) -> Backbone:
     """llama.cpp set up to match this reference closely: CPU, F32 KV cache, flash attention off."""
-    params = BackboneParams(
-        gguf_path=gguf_path,
-        n_ctx=64,
-        n_batch=8,
-        n_threads=2,
-        n_gpu_layers=0,
-        kv_cache_type_k="f32",
-        kv_cache_type_v="f32",
-        flash_attn="off",
+    llama = LlamaConfig(
+        n_ctx=64, n_batch=8, n_threads=2, n_gpu_layers=0, kv_cache_type_k="f32", kv_cache_type_v="f32", flash_attn="off"
     )
-    return Backbone(params)
+    return Backbone(BackboneParams(gguf_path=gguf_path, **asdict(llama)))
 
 
 @contextmanager

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 from qwen3_reference import qwen3_forward
 
 from moss_tts_node import choices
+from moss_tts_node.config import LlamaConfig
 from moss_tts_node.errors import BridgeError, WeightsError
 from moss_tts_node.llama.backbone import Backbone, BackboneParams
 from moss_tts_node.llama.bindings import (
@@ -59,7 +61,7 @@ def _params(path: Path, **overrides: object) -> BackboneParams:
         "flash_attn": "off",
     }
     settings.update(overrides)
-    return BackboneParams(gguf_path=path, **settings)  # type: ignore[arg-type]
+    return BackboneParams(gguf_path=path, **asdict(LlamaConfig(**settings)))  # the config's defaults for the rest
 
 
 @pytest.fixture(scope="module")

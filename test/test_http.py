@@ -242,7 +242,7 @@ HOSTILE = [
     ({"body": json.dumps({"model": MODEL, "input": "Hi.", "voice": "../../etc/passwd"})}, 400, "not a voice"),
     ({"body": json.dumps({"model": MODEL, "input": "Hi.", "voice": "/etc/passwd"})}, 400, "(a name, never a path)"),
     ({"body": json.dumps({"model": MODEL, "input": "Hi.", "prefix_voice": "/tmp/x.wav"})}, 400, "not a voice"),
-    ({"body": json.dumps({"model": MODEL, "input": "Hi.", "voices": ["butler"] * 6})}, 400, "give at most 5"),
+    ({"body": json.dumps({"model": MODEL, "input": "Hi.", "voices": ["butler"] * 6})}, 400, "give 1 to 5"),
     ({"body": json.dumps({"model": MODEL, "input": "Hi.", "voice": "alloy"})}, 400, "'alloy' is not a voice"),
     ({"body": json.dumps({"model": MODEL, "input": "Hi.", "reference_audio": "/etc/passwd"})}, 400, "unknown field"),
     ({"body": json.dumps({"model": MODEL, "input": "Hi.", "response_format": "mp3"})}, 400, "give one of wav"),
@@ -460,3 +460,71 @@ def test_the_node_speaks_through_the_remote_backend(
     assert response["success"], response["message"]
     assert response["bytes"] == direct.stat().st_size
     assert "text stream 's' refused: text that arrives in fragments needs the local model" in log
+
+
+# A server that lists a model and no voices, and answers every speech request 400 with an error body that breaks
+# off: a chunked body whose first line is no chunk size.
+FAULTY_SERVER = r"""
+import json
+import sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+
+class Faulty(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):
+        listed = {"data": [{"id": "faulty"}]} if self.path.endswith("/models") else {"voices": []}
+        body = json.dumps(listed).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(400)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(b"no chunk size\r\n")
+        self.close_connection = True
+
+    def log_message(self, *args):
+        pass
+
+
+server = HTTPServer(("127.0.0.1", int(sys.argv[1])), Faulty)
+print("ready", flush=True)
+server.serve_forever()
+"""
+
+
+def test_the_node_refuses_what_a_faulty_remote_server_answers_and_serves_on(
+    http_netns: LoopbackNamespace, demo_config: Path, tmp_path: Path
+) -> None:
+    """A remote server whose refusal breaks off mid-body: each ~/synthesize call is refused with the reason and
+    the node serves the next, where the exception out of the check once ended the executor's spin and the node."""
+    from ros_helpers import require_ros
+    from ros_helpers.netns import serving
+
+    require_ros()
+    port = PORT + 1
+    faulty = http_netns.popen([sys.executable, "-c", FAULTY_SERVER, str(port)], stdout=subprocess.PIPE)
+    try:
+        assert faulty.stdout is not None and faulty.stdout.readline().strip() == "ready"
+        values = {"model.backend": "remote", "model.remote_url": f"http://127.0.0.1:{port}/v1"}
+        params = node_params_file(demo_config, tmp_path / "faulty.yaml", **values)
+        with serving(http_netns, ["--params-file", str(params)], name="faulty-remote-node") as node:
+            answers = http_netns.client("synthesize", requests=[{"text": "Hello."}, {"text": "Hello again."}])
+            alive = node.process.poll() is None
+            log = node.output()
+    finally:
+        faulty.kill()
+        faulty.wait()
+    assert alive, log[-3000:]
+    for answer in answers["responses"]:
+        assert not answer["success"]
+        assert answer["message"].startswith("the remote server refused the request (400), and its reason broke off: ")
+    assert "Traceback" not in log

@@ -121,7 +121,7 @@ def test_the_cli_refuses_a_language_before_loading_the_model(demo_config: Path, 
     line = bad_input_message(
         "synth", "--config", demo_config, "--text", "Hi.", "--language", "xx", "--output", tmp_path / "a.wav"
     )
-    assert line.startswith("error: --language: unknown language 'xx': give one of the codes zh, yue, en")
+    assert line.startswith("error: unknown language 'xx': give one of the codes zh, yue, en")
     assert not (tmp_path / "a.wav").exists()
 
 

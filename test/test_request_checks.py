@@ -21,7 +21,7 @@ from moss_tts_node.errors import ConfigError, RequestError
 from moss_tts_node.model.rates import FRAMES_PER_SECOND, SAMPLE_RATE, SAMPLES_PER_FRAME
 from moss_tts_node.synthesis import voices as voices_module
 from moss_tts_node.synthesis.request import SpeechRequest, check_request
-from moss_tts_node.synthesis.voices import VoiceLibrary, VoiceLimit
+from moss_tts_node.synthesis.voices import LibraryVoice, VoiceLibrary, VoiceLimit
 from moss_tts_node.synthesizer import Synthesizer
 from moss_tts_node.text.normalize import has_something_to_say, normalize_text
 from moss_tts_node.timing import StopReason
@@ -258,6 +258,14 @@ def library(synth: Synthesizer, demo_config: Path, **overrides: Any) -> VoiceLib
     return VoiceLibrary.build(config, synth.spec, synth.stages.encoder, VoiceLimit(30.0, synth.n_ctx, synth.spec))
 
 
+LISTING = "~/list_voices"
+
+
+def find(voices: VoiceLibrary, value: str) -> LibraryVoice:
+    """The voice a client asks for in a request's ``voice`` field."""
+    return voices.find(value, "voice", LISTING)
+
+
 def test_the_library_names_every_voice_and_encodes_it_once(
     synth: Synthesizer, demo_config: Path, voice_dir: Path, tmp_path: Path
 ) -> None:
@@ -315,13 +323,13 @@ def test_find_takes_names_and_directory_paths_and_nothing_else(
 ) -> None:
     extra = codes(tmp_path / "guide.npy", 40)
     voices = library(synth, demo_config, files=[str(extra)], directories=[str(voice_dir)])
-    assert voices.find("butler").name == "butler"
-    assert voices.find(str(voice_dir / "nurse.npy")).name == "nurse"
+    assert find(voices, "butler").name == "butler"
+    assert find(voices, str(voice_dir / "nurse.npy")).name == "nurse"
     # The text normalized: ".", "..", "//" collapsed as written (no link is read), a relative path taken from the
     # working directory.
-    assert voices.find(f"{voice_dir}/sub/../nurse.npy").name == "nurse"
-    assert voices.find(f"{voice_dir}//./nurse.npy").name == "nurse"
-    assert voices.find(os.path.relpath(voice_dir / "nurse.npy", Path.cwd())).name == "nurse"
+    assert find(voices, f"{voice_dir}/sub/../nurse.npy").name == "nurse"
+    assert find(voices, f"{voice_dir}//./nurse.npy").name == "nurse"
+    assert find(voices, os.path.relpath(voice_dir / "nurse.npy", Path.cwd())).name == "nurse"
 
     (voice_dir / "sub" / "etc").symlink_to("/etc")
     (voice_dir / "passwd.wav").symlink_to("/etc/passwd")  # made after the library was built
@@ -352,11 +360,12 @@ def test_find_takes_names_and_directory_paths_and_nothing_else(
     reasons = set()
     for value in refused:
         with pytest.raises(RequestError) as error:
-            voices.find(value)
-        reasons.add(str(error.value))
+            find(voices, value)
+        shown = value if len(value) <= 40 else f"{value[:40]}..."
+        reasons.add(str(error.value).replace(repr(shown), "'...'", 1))
     assert reasons == {
-        "not a voice of this node: give one of its voice names (butler, guide, nurse) or the path of "
-        "a file in one of its voice directories"
+        f"voice '...' is not a voice of this node: give one of the names that {LISTING} lists or the path of a file "
+        "in one of its voice directories"
     }
 
 
@@ -371,10 +380,10 @@ def test_a_link_in_a_voice_directory_when_it_loads_is_a_voice_of_its_own_name_an
     voices = library(synth, demo_config, directories=[str(tmp_path / "configured")])
     assert voices.names == ["alias", "butler", "nurse"]
     np.testing.assert_array_equal(voices["alias"].codes, voices["nurse"].codes)
-    assert voices.find(str(voice_dir / "alias.npy")).name == "alias"
-    assert voices.find(str(voice_dir / "nurse.npy")).name == "nurse"
+    assert find(voices, str(voice_dir / "alias.npy")).name == "alias"
+    assert find(voices, str(voice_dir / "nurse.npy")).name == "nurse"
     with pytest.raises(RequestError, match="not a voice of this node"):
-        voices.find(str(tmp_path / "configured" / "nurse.npy"))
+        find(voices, str(tmp_path / "configured" / "nurse.npy"))
 
 
 def test_find_touches_no_file_of_the_machine(
@@ -396,7 +405,7 @@ def test_find_touches_no_file_of_the_machine(
     for voices in (with_directory, files_only):
         for value in values:
             with contextlib.suppress(RequestError):
-                voices.find(value)
+                find(voices, value)
     monkeypatch.undo()
     assert touched == []
 

@@ -23,6 +23,7 @@ from moss_tts_msgs.srv import Synthesize  # noqa: E402
 from rclpy.action import CancelResponse  # noqa: E402
 
 from moss_tts_node.errors import ConfigError  # noqa: E402
+from moss_tts_node.ros import requests as requests_module  # noqa: E402
 from moss_tts_node.ros.audio import encode  # noqa: E402
 from moss_tts_node.ros.goals import SpeakGoals  # noqa: E402
 from moss_tts_node.ros.lifecycle import DEACTIVATING, SHUTTING_DOWN, Loan, Phase  # noqa: E402
@@ -102,6 +103,10 @@ class Node:
         self.requests.apply(settings)
         self.requests.open(queue_size)
 
+    def synthesize(self, **fields: Any) -> Synthesize.Response:
+        """A ``~/synthesize`` call's answer, the node at the demo's sample rate and the default encoding."""
+        return self.requests.synthesize(Synthesize.Request(**fields), Synthesize.Response(), 24000, "pcm_s16le")
+
     def close(self) -> None:
         self.requests.end("the test is over")
         self.requests.close("the test is over")
@@ -121,7 +126,7 @@ def node(synth: Synthesizer, demo_config: Path) -> Iterator[Node]:
 def test_a_request_is_refused_unless_the_node_serves_each_refusal_counted_and_logged_once(node: Node) -> None:
     node.phase = Phase.INACTIVE
     node.requests.text("Hello.")
-    response = node.requests.synthesize(Synthesize.Request(text="Hello."), Synthesize.Response(sample_rate=24000))
+    response = node.synthesize(text="Hello.")
     goal = node.requests.speak(Speak.Goal(text="Hello."), "goal", lambda ticket: None)
     assert (response.success, response.message, len(response.audio)) == (False, INACTIVE, 0)
     assert str(goal.exception(WAIT_S)) == INACTIVE
@@ -135,11 +140,44 @@ def test_a_request_is_refused_unless_the_node_serves_each_refusal_counted_and_lo
 
 
 def test_a_bad_request_is_refused_with_its_reason_and_the_line_serves_on(node: Node) -> None:
-    refused = node.requests.synthesize(Synthesize.Request(text="🤖🤖🤖"), Synthesize.Response(sample_rate=24000))
-    spoken = node.requests.synthesize(Synthesize.Request(text="Hello.", seed=1), Synthesize.Response(sample_rate=24000))
+    refused = node.synthesize(text="🤖🤖🤖")
+    spoken = node.synthesize(text="Hello.", seed=1)
     assert not refused.success and refused.message.startswith("nothing to say: ")
     assert spoken.success and spoken.timing.seed == 1
     assert node.log.warnings() == [f"~/synthesize request refused: {refused.message}"]
+
+
+def test_a_check_that_fails_refuses_its_request_saying_so_and_the_node_serves_on(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fault in a request's check, whatever the backend (the remote one's synthesizer once lacked an attribute
+    the check read), is that request's refusal, with the reason, counted and its traceback logged: never an
+    exception out of the service callback or the goal's execute, which would end the executor's spin."""
+    asked = requests_module._asked
+
+    def failing(msg: Any, name: str, synth: Synthesizer) -> Any:
+        if msg.text == "fail":
+            raise AttributeError("'RemoteSynthesizer' object has no attribute 'spec'")
+        return asked(msg, name, synth)
+
+    monkeypatch.setattr(requests_module, "_asked", failing)
+    refused = node.synthesize(text="fail")
+    goal = node.requests.speak(Speak.Goal(text="fail"), "goal", lambda ticket: None)
+    reason = (
+        "the node failed to check the request (AttributeError: 'RemoteSynthesizer' object has no attribute 'spec'); "
+        "its log has the traceback"
+    )
+    assert (refused.success, refused.message, refused.sample_rate, refused.encoding) == (
+        False,
+        reason,
+        24000,
+        "pcm_s16le",
+    )
+    assert str(goal.exception(WAIT_S)) == reason
+    assert node.synthesize(text="Hello.", seed=1).success  # the next request is served
+    assert node.requests.counts(serving=True).refused == 2
+    errors = [line for level, line in node.log.lines if level == "error"]
+    assert len(errors) == 2 and all("Traceback" in line and "AttributeError" in line for line in errors)
 
 
 def test_a_request_is_published_as_it_is_spoken_and_a_call_answered_with_the_whole_utterance(
@@ -149,9 +187,7 @@ def test_a_request_is_published_as_it_is_spoken_and_a_call_answered_with_the_who
     ticket = goal.result(WAIT_S)
     assert ticket.wait(WAIT_S) is not None and ticket.outcome is not None and ticket.outcome.success
     published = np.concatenate([chunk.samples for chunk in node.published.chunks["goal"]])
-    response = node.requests.synthesize(
-        Synthesize.Request(text="Hello there.", seed=4), Synthesize.Response(sample_rate=24000)
-    )
+    response = node.synthesize(text="Hello there.", seed=4)
     assert response.success and response.encoding == "pcm_s16le" and response.channels == 1
     answered = np.frombuffer(bytes(response.audio), "<i2").astype(np.int32)
     expected = np.frombuffer(encode(published, "pcm_s16le"), "<i2").astype(np.int32)  # the same seed, same audio
@@ -167,9 +203,7 @@ def test_a_response_longer_than_max_response_seconds_is_refused_before_its_turn(
 ) -> None:
     node = Node(synth, settings_of(demo_config, max_response_seconds=2.0, **SHORT))
     try:
-        response = node.requests.synthesize(
-            Synthesize.Request(text="Hello there, robot. " * 12), Synthesize.Response(sample_rate=24000)
-        )
+        response = node.synthesize(text="Hello there, robot. " * 12)
     finally:
         node.close()
     assert not response.success
@@ -221,7 +255,7 @@ def test_once_closed_every_request_is_refused_at_once_with_the_reason(node: Node
     node.requests.close(SHUTTING_DOWN)
     node.requests.text("Hello.")
     goal = node.requests.speak(Speak.Goal(text="Hello."), "goal", lambda ticket: None)
-    response = node.requests.synthesize(Synthesize.Request(text="Hello."), Synthesize.Response())
+    response = node.synthesize(text="Hello.")
     assert goal.done() and str(goal.exception(0)) == response.message == SHUTTING_DOWN
     assert node.requests.counts(serving=False).refused == 3
     assert set(node.log.warnings()) == {

@@ -37,7 +37,8 @@ require_ros()
 ROOT = Path(__file__).resolve().parent.parent
 POLICY = ROOT / "policies" / "moss_tts.policy.xml"
 ABORTED = 6  # action_msgs/GoalStatus
-UNKNOWN_VOICE = "not a voice of this node: "
+UNKNOWN_VOICE = "is not a voice of this node: "
+LISTED = "`ros2 service call /moss_tts_node/list_voices moss_tts_msgs/srv/ListVoices`"
 LONG = {"sampling.text_temperature": 0.0, "generation.max_new_tokens": 8000}  # the demo model runs on
 VIAS = ("synthesize", "speak")
 
@@ -171,9 +172,11 @@ def test_no_file_outside_the_voices(netns: LoopbackNamespace, node: NodeProcess,
     finally:
         (voice_dir / "shadow.wav").unlink()  # a node started later would refuse to load such a directory
     assert not any(a["success"] for a in answers)
-    assert {a["message"] for a in answers} == {
-        f"{UNKNOWN_VOICE}give one of its voice names (butler, guide, nurse) or the path of a file in one of its "
+    quoted = re.compile(r"^(voice|reference_audio) '[^']+' is not a voice")
+    assert {quoted.sub(r"\1 '...' is not a voice", a["message"]) for a in answers} == {
+        f"{field} '...' {UNKNOWN_VOICE}give one of the names that {LISTED} lists or the path of a file in one of its "
         "voice directories"
+        for field in fields
     }
     assert {a["status"] for a in answers if "status" in a} == {ABORTED}
     log = node.output()
@@ -203,8 +206,7 @@ def test_the_new_voice_fields_take_names_only(
     assert not any(a["success"] for a in answers)
     quoted = re.compile(r"^(voices\[[01]\]|prefix_voice) '[^']+' is not a voice")
     assert {quoted.sub(r"\1 '...' is not a voice", a["message"]) for a in answers} == {
-        f"{field} '...' is not a voice of this node: give one of the names that `ros2 service call "
-        "/moss_tts_node/list_voices moss_tts_msgs/srv/ListVoices` lists (a name, never a path)"
+        f"{field} '...' {UNKNOWN_VOICE}give one of the names that {LISTED} lists (a name, never a path)"
         for field in ("voices[0]", "voices[1]", "prefix_voice")
     }
     log = node.output()
@@ -225,7 +227,11 @@ def test_paths_are_refused_unless_the_owner_allows_a_directory(
             {"text": "Hello.", "reference_audio": "/etc/passwd"},
         )
     assert answers[0]["success"], answers[0]
-    assert answers[1]["message"] == answers[2]["message"] == f"{UNKNOWN_VOICE}give one of its voice names (nurse)"
+    # the very file is refused as /etc/passwd is, quoted: no voice directory, so no path names a voice
+    quoted = re.compile(r"^reference_audio '[^']+' is not a voice")
+    assert {quoted.sub("reference_audio '...' is not a voice", a["message"]) for a in answers[1:]} == {
+        f"reference_audio '...' {UNKNOWN_VOICE}give one of the names that {LISTED} lists (a name, never a path)"
+    }
 
 
 # -- bounded requests -------------------------------------------------------------------------------------------
@@ -243,7 +249,7 @@ def test_paths_are_refused_unless_the_owner_allows_a_directory(
         ({"text": "Hello.", "scene": "a kitchen " * 100, "ambient_sound": "rain " * 300}, "'limits.max_text_chars'"),
         ({"text": "Hello.", "prefix_voice": "nurse", "prefix_text": "x" * 2000}, "'limits.max_text_chars'"),
         ({"text": "Hello.", "tokens": 1_000_001}, "the request's tokens must be a whole number from 1 to 1000000"),
-        ({"text": "Hello.", "voices": ["nurse"] * 6}, "the request gives 6 voices: give at most 5"),
+        ({"text": "Hello.", "voices": ["nurse"] * 6}, "the request gives 6 voices: give 1 to 5"),
         ({"text": "Hello.", "voices": ["nurse"], "voice": "guide"}, "the request gives 'voices' and a voice in"),
         ({"text": "Hello.", "prefix_text": "Good evening."}, "prefix_text but no prefix (prefix_voice over ROS"),
         ({"text": "Hello.", "prefix_voice": "butler"}, "prefix_voice 'butler' has no transcript"),

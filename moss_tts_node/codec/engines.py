@@ -38,13 +38,12 @@ from moss_tts_node.codec.base import ONNX_SOURCE
 from moss_tts_node.codec.cuda import GpuInfo
 from moss_tts_node.codec.quantizer import CODEC_QUANTIZERS, checked_quantizers
 from moss_tts_node.errors import CodecError, WeightsError
-from moss_tts_node.model.rates import SAMPLES_PER_FRAME, frames_for_seconds
+from moss_tts_node.model.rates import MAX_CODEC_SECONDS, SAMPLES_PER_FRAME, frames_for_seconds
 
 METADATA_FILE = "engines.json"
 METADATA_FORMAT = 2  # 2: n_quantizers is frozen into the engines (format 1 engines took it as an input)
 ENGINE_FILES = {"encoder": "encoder.engine", "decoder": "decoder.engine"}
 DATA_INPUTS = {"encoder": "input_values", "decoder": "audio_codes"}
-DEFAULT_MAX_SECONDS = 40.0  # upstream's MAX_AUDIO_SECONDS: 500 frames
 OPT_FRAMES = 100  # 8 s: the length most utterances' windows have
 PRECISION = "tf32"
 
@@ -179,7 +178,7 @@ def trt_logger() -> Any:
 def build_engines(
     decoder_onnx: Path,
     out_dir: Path,
-    max_seconds: float = DEFAULT_MAX_SECONDS,
+    max_seconds: float = MAX_CODEC_SECONDS,
     encoder_onnx: Path | None = None,
     n_quantizers: int = CODEC_QUANTIZERS,
 ) -> EngineSet:

@@ -14,14 +14,15 @@ from moss_tts_node.errors import CodecError
 
 @dataclass(frozen=True)
 class CodecParams:
-    """How to open the codec. The values are checked once, by the config (``model.*`` and ``audio.*`` keys)."""
+    """How to open the codec. The values, and their defaults, are the config's (``model.*`` and ``audio.*`` keys),
+    checked once there."""
 
     backend: str  # a name of choices.CODEC_BACKENDS
     codec_dir: Path | None  # the ONNX graphs (and the codec's config.json, which TensorRT engines lack)
     engine_dir: Path | None  # TensorRT engines, for the tensorrt backend
-    onnx_provider: str = "auto"  # a name of choices.ONNX_PROVIDERS
-    threads: int = 0  # ONNX Runtime intra-op threads; 0 lets it choose
-    max_frames: int = 500  # the most frames one codec call takes; longer audio is coded in windows
+    onnx_provider: str  # a name of choices.ONNX_PROVIDERS
+    threads: int  # ONNX Runtime intra-op threads; 0 lets it choose
+    max_frames: int  # the most frames one codec call takes (audio.max_codec_seconds); longer audio is windowed
     n_quantizers: int = CODEC_QUANTIZERS  # the model's codebooks (its n_vq), which the codec decodes and encodes
 
 

@@ -20,7 +20,7 @@ from moss_tts_node.config import LimitsConfig
 from moss_tts_node.model.family import MOSS_TTS
 from moss_tts_node.model.identity import ModelIdentity
 from moss_tts_node.synthesis.request import SpeechRequest
-from moss_tts_node.synthesis.voices import VoiceLibrary, named_voice, voices_by_name
+from moss_tts_node.synthesis.voices import VoiceLibrary, voices_by_name
 
 SPEECH_PATH = "/v1/audio/speech"
 MODELS_PATH = "/v1/models"
@@ -198,7 +198,7 @@ def _voices(body: dict[str, Any], library: VoiceLibrary) -> tuple[Any, Any]:
     prefix = voices_by_name(library, [], prefix_name, prefix_text, listing)[1]
     if voice == DEFAULT_VOICE and DEFAULT_VOICE not in library:
         return None, prefix
-    return (named_voice(library, voice, "voice", listing) if voice else ""), prefix
+    return (library.named(voice, "voice", listing) if voice else ""), prefix
 
 
 def _string(body: dict[str, Any], name: str, default: str) -> str:

@@ -160,8 +160,14 @@ class RemoteSynthesizer:
             connection.close()
             raise RemoteError(f"the remote server {self.config.model.remote_url} cannot be reached: {error}") from None
         if response.status != 200:
-            reason = _reason(response)
-            connection.close()
+            try:
+                reason = _reason(response)
+            except (OSError, http.client.HTTPException) as error:  # the error body broke off, or is no HTTP body
+                raise RemoteError(
+                    f"the remote server refused the request ({response.status}), and its reason broke off: {error!r}"
+                ) from None
+            finally:
+                connection.close()
             kind = RequestError if 400 <= response.status < 500 else RemoteError
             raise kind(f"the remote server refused the request ({response.status}): {reason}")
         return connection, response

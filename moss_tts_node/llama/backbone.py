@@ -30,18 +30,19 @@ _GGUF_MAGIC = b"GGUF"
 
 @dataclass(frozen=True)
 class BackboneParams:
-    """How to load the backbone. The user-facing values are checked once, by the config (``llama.*`` keys);
-    the bridge refuses the rest (ERR_INVALID_ARGUMENT, ERR_CONTEXT_CREATE) with the reason."""
+    """How to load the backbone: the GGUF and the config's ``llama.*`` keys, by the same names. Their defaults live
+    in the config (``LlamaConfig``), which checks the user-facing values once; the bridge refuses the rest
+    (ERR_INVALID_ARGUMENT, ERR_CONTEXT_CREATE) with the reason."""
 
     gguf_path: Path
-    n_ctx: int = 4096
-    n_batch: int = 512
-    n_threads: int = 0  # 0 = all online cores
-    n_gpu_layers: int = -1  # -1 all layers on the GPU, 0 CPU only
-    kv_cache_type_k: str = "f16"  # a key of bindings.GGML_TYPES
-    kv_cache_type_v: str = "f16"
-    flash_attn: str = "auto"  # a key of bindings.FLASH_ATTN
-    repack: bool = True  # llama.cpp's faster CPU layouts for quantized weights (llama/placement.py)
+    n_ctx: int
+    n_batch: int
+    n_threads: int  # 0 = all online cores
+    n_gpu_layers: int  # -1 all layers on the GPU, 0 CPU only
+    kv_cache_type_k: str  # a key of bindings.GGML_TYPES
+    kv_cache_type_v: str
+    flash_attn: str  # a key of bindings.FLASH_ATTN
+    repack: bool  # llama.cpp's faster CPU layouts for quantized weights (llama/placement.py)
 
 
 def set_llama_verbose(verbose: bool) -> None:

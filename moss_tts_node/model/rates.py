@@ -9,6 +9,9 @@ from __future__ import annotations
 SAMPLE_RATE = 24000
 SAMPLES_PER_FRAME = 1920
 FRAMES_PER_SECOND = SAMPLE_RATE / SAMPLES_PER_FRAME  # 12.5
+# Upstream's MAX_AUDIO_SECONDS: the most audio one codec call takes by default (audio.max_codec_seconds, and the
+# engines build-engines makes), 500 frames.
+MAX_CODEC_SECONDS = 40.0
 
 
 def frames_for_seconds(seconds: float) -> int:

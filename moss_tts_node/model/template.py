@@ -69,18 +69,27 @@ class PromptTemplate:
         field as absent. ``stop_before``: end right after that field's label (the prompt before its value).
         A name this template lacks is a ValueError: ask ``names`` first.
         """
+        before, rest = self.split_content(values, speakers, stop_before or TEXT)
+        return before if stop_before is not None else before + rest
+
+    def split_content(
+        self, values: Mapping[str, Any], speakers: Sequence[bool] = (), at: str = TEXT
+    ) -> tuple[str, str]:
+        """``user_content`` rendered once, in two: up to and with the label of field ``at`` (with ``TEXT``, what every
+        text of these other fields shares), then the rest, from that field's value on."""
         unknown = sorted(set(values) - set(self.names) | ({REFERENCE} & set(values)))
-        if unknown or (stop_before is not None and stop_before not in self.names):
-            raise ValueError(f"this template has no field {(unknown or [stop_before])[0]!r} to fill")
+        if unknown or at not in self.names:
+            raise ValueError(f"this template has no field {(unknown or [at])[0]!r} to fill")
         lines = [self.opening]
+        split = 0
         for label, name in self.fields:
             lines.append(f"- {label}:")
-            if name == stop_before:
-                return "\n".join(lines) + "\n"
+            if name == at:
+                split = len(lines)
             value = self._references(speakers) if name == REFERENCE else values.get(name)
             lines.append(self.absent if value is None else str(value))
         lines.append(self.closing)
-        return "\n".join(lines)
+        return "\n".join(lines[:split]) + "\n", "\n".join(lines[split:])
 
     def _references(self, speakers: Sequence[bool]) -> str | None:
         if not speakers:

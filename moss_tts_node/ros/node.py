@@ -325,8 +325,8 @@ class TtsNode(LifecycleNode):
         return self._requests.stop()
 
     def _on_synthesize(self, request: Synthesize.Request, response: Synthesize.Response) -> Synthesize.Response:
-        response.sample_rate, response.encoding = self._model.sample_rate, self.get_parameter("output_encoding").value
-        return self._requests.synthesize(request, response)
+        encoding = self.get_parameter("output_encoding").value
+        return self._requests.synthesize(request, response, self._model.sample_rate, encoding)
 
     def _on_list_voices(self, request: ListVoices.Request, response: ListVoices.Response) -> ListVoices.Response:
         with self._model.loan.borrow() as synth:

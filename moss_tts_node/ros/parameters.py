@@ -36,6 +36,7 @@ from moss_tts_node.errors import ConfigError, RequestError
 from moss_tts_node.ros.audio import ENCODINGS
 from moss_tts_node.ros.text_stream import StreamLimits
 from moss_tts_node.serving.queue import POLICIES
+from moss_tts_node.synthesis.request import request_language
 from moss_tts_node.text.languages import language_code
 
 
@@ -197,10 +198,7 @@ class Settings:
         its spellings (a code or an English name)."""
         if language is None:
             return
-        try:
-            code = language_code(language)
-        except ValueError as error:
-            raise RequestError(str(error)) from None
+        code = language_code(request_language(language))
         if self.languages and code not in self.languages:
             raise RequestError(
                 f"unknown language {language!r}: this node accepts {', '.join(self.languages)} (parameter 'languages')"

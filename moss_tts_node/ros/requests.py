@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -173,31 +174,22 @@ class Requests:
         asked = partial(_asked, goal, self._node)
         return self._enter(SPEAK, lambda arrival: self._admit(SPEAK, asked, goal_id, _published, arrival, on_update))
 
-    def synthesize(self, request: Synthesize.Request, response: Synthesize.Response) -> Synthesize.Response:
+    def synthesize(
+        self, request: Synthesize.Request, response: Synthesize.Response, sample_rate: int, encoding: str
+    ) -> Synthesize.Response:
         """A ``~/synthesize`` call, answered once its request has ended: the whole utterance, at most
-        ``max_response_seconds`` of it, in ``response`` (whose sample rate and encoding the node has set, for an
-        answer to a call refused before its turn)."""
-        response.channels = 1
-        response.timing = timing_message(None, None)
+        ``max_response_seconds`` of it, in ``response``. A call refused before its turn is answered with the node's
+        ``sample_rate`` and ``encoding`` now; a request that ran, with those it was checked under."""
         with self.answering():
             asked = partial(_asked, request, self._node)
             check = self._enter(SYNTHESIZE, partial(self._admit, SYNTHESIZE, asked, uuid.uuid4().hex, _whole))
             try:
                 ticket = check.result()
             except Refused as refusal:
-                response.message = str(refusal)
-                return response
+                return _answered(response, Outcome(False, str(refusal)), None, sample_rate, encoding)
             outcome = ticket.wait()
-            job = ticket.job
-            assert outcome is not None and job.collected is not None
-            audio = np.concatenate(job.collected) if job.collected else np.empty(0, np.float32)
-            response.success = outcome.success
-            response.message = outcome.message
-            response.encoding = job.encoding
-            response.audio = encode(audio, job.encoding)
-            response.duration = audio.shape[0] / response.sample_rate
-            response.timing = timing_message(job.stream.report, job.queue_wait_s)
-            return response
+            assert outcome is not None
+            return _answered(response, outcome, ticket.job, ticket.job.sample_rate, ticket.job.encoding)
 
     def refuse(self, interface: str, reason: object) -> Refused:
         """Count and log a request refused before its turn; the refusal, with ``reason``, for its answer."""
@@ -303,8 +295,10 @@ class Requests:
             return refused
 
     def _checked(self, interface: str, admit: Callable[[], Ticket[Job]], refused_as: str) -> Ticket[Job]:
-        """Run a request's check. No one waits for the verdict of a topic's request or a stream's, so a failure of
-        the check itself is logged here too (a service call or a goal gets it back)."""
+        """Run a request's check. Whatever it raises refuses the request with the reason, so that what waits for
+        the verdict (a service callback, a goal's execute) gets a refusal to answer with and never an exception
+        that would end the executor's spin. A failure of the check itself (a fault of the node's, on any
+        backend) is refused too, saying so, and its traceback logged."""
         try:
             return admit()
         except Emptied:
@@ -312,8 +306,9 @@ class Requests:
         except (MossTTSError, Refused) as err:
             raise self.refuse(interface, f"{refused_as}{err}") from None
         except Exception as exc:
-            self._log.error(f"{interface} request failed to be checked: {exc!r}")
-            raise
+            self._log.error(f"{interface} request failed to be checked:\n{traceback.format_exc()}")
+            failed = f"the node failed to check the request ({type(exc).__name__}: {exc}); its log has the traceback"
+            raise self.refuse(interface, f"{refused_as}{failed}") from None
 
     def _admit(
         self,
@@ -394,6 +389,23 @@ class Emptied(Refused):
 def _named(job: Job) -> str:
     """A request as a stop's answer names it."""
     return f"the {job.interface} request {job.request_id[:8]}"
+
+
+def _answered(
+    response: Synthesize.Response, outcome: Outcome, job: Job | None, sample_rate: int, encoding: str
+) -> Synthesize.Response:
+    """``response`` filled in, the one place it is: the request's outcome and, when it ran (``job``), the audio it
+    kept and its figures."""
+    response.success, response.message = outcome.success, outcome.message
+    response.sample_rate, response.channels, response.encoding = sample_rate, 1, encoding
+    response.timing = timing_message(None, None)
+    if job is not None:
+        assert job.collected is not None  # a whole-utterance request keeps its samples
+        audio = np.concatenate(job.collected) if job.collected else np.empty(0, np.float32)
+        response.audio = encode(audio, encoding)
+        response.duration = audio.shape[0] / sample_rate
+        response.timing = timing_message(job.stream.report, job.queue_wait_s)
+    return response
 
 
 def _asked(msg: Speak.Goal | Synthesize.Request | TextChunk, node: str, synth: Synthesizer) -> SpeechRequest:

@@ -39,16 +39,17 @@ def requested_voices(
     listing = f"`ros2 service call {node}/list_voices moss_tts_msgs/srv/ListVoices`"
     if not names:
         prefix = voices_by_name(library, [], msg.prefix_voice, msg.prefix_text, listing)[1]
-        return _one_voice(library, msg.voice, msg.reference_audio), prefix
+        return _one_voice(library, msg.voice, msg.reference_audio, listing), prefix
     return voices_by_name(library, names, msg.prefix_voice, msg.prefix_text, listing)
 
 
-def _one_voice(library: VoiceLibrary, voice: str, reference_audio: str) -> LibraryVoice | None:
+def _one_voice(library: VoiceLibrary, voice: str, reference_audio: str, listing: str) -> LibraryVoice | None:
     """The voice a request asks for in ``voice`` or ``reference_audio``; None for the default voice (neither given)."""
     if voice and reference_audio and voice != reference_audio:
         raise RequestError("the request gives two voices, in 'voice' and in 'reference_audio': give one")
-    value = voice or reference_audio
-    return library.find(value) if value else None
+    if voice:
+        return library.find(voice, "voice", listing)
+    return library.find(reference_audio, "reference_audio", listing) if reference_audio else None
 
 
 def voice_infos(library: VoiceLibrary) -> list[VoiceInfo]:

@@ -15,8 +15,9 @@ import numpy as np
 
 from moss_tts_node.config import OPTIONS, LimitsConfig, SamplingConfig, check_value
 from moss_tts_node.errors import ConfigError, RequestError
-from moss_tts_node.synthesis.voices import LibraryVoice
-from moss_tts_node.text.speakers import MAX_SPEAKERS, speaker_label
+from moss_tts_node.synthesis.voices import LibraryVoice, check_speaker_count
+from moss_tts_node.text.languages import language_tag
+from moss_tts_node.text.speakers import speaker_label
 
 # A voice: a WAV/FLAC clip or a .npy of codes (a path), (T, n_vq) codes, a voice of the library
 # (``synth.voices["butler"]``), "" for none, None for the configured one.
@@ -55,8 +56,9 @@ _COUNT_FIELDS = ("tokens", "max_new_tokens")
 
 def check_request(request: SpeechRequest, limits: LimitsConfig) -> None:
     """Refuse (RequestError) what no synthesis can be made of, before any heavy work: fields of the wrong
-    type or out of range, and more characters than ``limits.max_text_chars`` (counted before the text is
-    cleaned or tokenized, so an oversized request costs nothing). What needs the model (a text with nothing
+    type or out of range, a language that is none (``request_language``), and more characters than
+    ``limits.max_text_chars`` (counted before the text is cleaned or tokenized, so an oversized request costs
+    nothing). What needs the model (a text with nothing
     to say once cleaned, a prompt too long for the context, a voice) is checked by ``Synthesizer.stream``.
     """
     texts = {name: getattr(request, name) for name in _TEXT_FIELDS}
@@ -73,6 +75,8 @@ def check_request(request: SpeechRequest, limits: LimitsConfig) -> None:
     for name, value in texts.items():
         if value is not None and not value.isascii() and _has_lone_surrogate(value):
             raise RequestError(f"the request's {name} is not valid Unicode (a lone surrogate): send it as UTF-8 text")
+    if request.language:  # bounded above before it is looked up and quoted
+        request_language(request.language)
     seed = request.seed
     if seed is not None and (not _is_int(seed) or not -1 <= seed <= _SEED_MAX):
         raise RequestError(f"the seed must be -1 (use sampling.seed) or a number from 0 to {_SEED_MAX}, got {seed!r}")
@@ -91,15 +95,21 @@ def check_request(request: SpeechRequest, limits: LimitsConfig) -> None:
         _check_sampling(request.sampling)
 
 
+def request_language(value: str) -> str:
+    """The spelling the prompt gets for a request's language, a code or an English name (``language_tag``);
+    RequestError, saying what to give instead, for one that is none. The one check of a request's language,
+    whichever adapter asks."""
+    try:
+        return language_tag(value)
+    except ValueError as error:
+        raise RequestError(str(error)) from None
+
+
 def _check_voices(voices: Voices) -> None:
     if not isinstance(voices, list | tuple):
         _check_voice(voices, "voice")
         return
-    if not 1 <= len(voices) <= MAX_SPEAKERS:
-        raise RequestError(
-            f"the request gives {len(voices)} voices: give 1 to {MAX_SPEAKERS}, the references of the speakers "
-            f"{speaker_label(0)} to {speaker_label(MAX_SPEAKERS - 1)} in order (or one voice alone, '' for none)"
-        )
+    check_speaker_count(len(voices))
     for index, voice in enumerate(voices):
         _check_voice(voice, f"voice of {speaker_label(index)}")
     if all(no_voice(voice) for voice in voices):

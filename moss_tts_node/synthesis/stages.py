@@ -21,7 +21,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -41,18 +41,8 @@ from moss_tts_node.model.spec import ModelSpec
 
 
 def backbone_params(config: Config) -> BackboneParams:
-    llama = config.llama
-    return BackboneParams(
-        gguf_path=backbone_path(config),
-        n_ctx=llama.n_ctx,
-        n_batch=llama.n_batch,
-        n_threads=llama.n_threads,
-        n_gpu_layers=llama.n_gpu_layers,
-        kv_cache_type_k=llama.kv_cache_type_k,
-        kv_cache_type_v=llama.kv_cache_type_v,
-        flash_attn=llama.flash_attn,
-        repack=llama.repack,
-    )
+    """The backbone's parameters: its GGUF and every ``llama.*`` key, by name."""
+    return BackboneParams(gguf_path=backbone_path(config), **asdict(config.llama))
 
 
 def codec_params(config: Config, spec: ModelSpec) -> CodecParams:

@@ -28,14 +28,13 @@ from moss_tts_node.config import Config
 from moss_tts_node.errors import ConfigError, RequestError
 from moss_tts_node.model.rates import FRAMES_PER_SECOND
 from moss_tts_node.model.spec import ModelSpec
-from moss_tts_node.text.speakers import MAX_SPEAKERS
+from moss_tts_node.text.speakers import MAX_SPEAKERS, speaker_label
 
 CODES_SUFFIX = ".npy"
 CLIP_SUFFIXES = (".wav", ".flac", ".ogg")
 TRANSCRIPT_SUFFIX = ".txt"
 # Longer than any path the file system takes (PATH_MAX): such a value names no voice, and is not normalized.
 _MAX_PATH_CHARS = 4096
-_NAMES_SHOWN = 12  # voice names an unknown-voice reason lists
 # A voice's name is its file's name without the extension, and no file name is longer: a longer value names no
 # voice, and is refused without a look.
 MAX_NAME_CHARS = 255
@@ -251,28 +250,55 @@ class VoiceLibrary:
         """The default voice (``generation.reference_audio``), or None when there is none."""
         return None if self.default_name is None else self._voices[self.default_name]
 
-    def find(self, value: str) -> LibraryVoice:
-        """The voice an untrusted client asks for: a name is that voice, and a path (it has a "/") is the voice of
-        a voice directory's file when its text, normalized, is that file's path (``_client_paths``). Nothing of the
-        file system is read for it, no link followed (``os.path`` normalizes text alone), and every other value
-        gets the same RequestError, so a client learns nothing about the files of the machine, links included.
+    def get(self, name: str) -> LibraryVoice | None:
+        """The voice called ``name``, or None: the one lookup of a name, whoever asks (a client, the command line)."""
+        return self._voices.get(name)
+
+    def find(self, value: str, field: str, listing: str) -> LibraryVoice:
+        """The voice an untrusted client asks for in the request's ``field``: a name is that voice, and a path (it
+        has a "/") is the voice of a voice directory's file when its text, normalized, is that file's path
+        (``_client_paths``). Nothing of the file system is read for it, no link followed (``os.path`` normalizes
+        text alone), and every other value gets the library's one refusal (``named``'s), which quotes the value and
+        says nothing else of it, so a client learns nothing about the files of the machine, links included.
+        ``listing`` says where a client finds the names.
         """
-        voice = self._voices.get(value)
+        voice = self._named(value)
         if voice is None and self._by_path and "/" in value and len(value) <= _MAX_PATH_CHARS:
             voice = self._by_path.get(_normalized(value))
         if voice is None:
-            raise RequestError(self._unknown())
+            raise RequestError(self._refusal(value, field, listing, bool(self._by_path)))
         return voice
 
-    def _unknown(self) -> str:
+    def named(self, name: str, field: str, listing: str) -> LibraryVoice:
+        """The voice called ``name`` (a name only: a path is never one), given in the request's ``field``;
+        RequestError naming it otherwise, and saying that ``listing`` lists the names."""
+        voice = self._named(name)
+        if voice is None:
+            raise RequestError(self._refusal(name, field, listing, paths=False))
+        return voice
+
+    def _named(self, name: str) -> LibraryVoice | None:
+        """The voice called ``name``; a value longer than a file name is none, and is not looked up."""
+        return self.get(name) if len(name) <= MAX_NAME_CHARS else None
+
+    def _refusal(self, value: str, field: str, listing: str, paths: bool) -> str:
+        """Why ``value``, given in ``field``, is no voice: the same words for every value (quoted, shortened), and
+        whether a voice directory's path would do (``paths``)."""
+        shown = value if len(value) <= _SHOWN_CHARS else f"{value[:_SHOWN_CHARS]}..."
+        refused = f"{field} {shown!r} is not a voice of this node"
         if not self._voices:
-            return "not a voice of this node: it has no voices (its owner lists them in voices.files or .directories)"
-        names = self.names
-        shown = ", ".join(names[:_NAMES_SHOWN])
-        if len(names) > _NAMES_SHOWN:
-            shown += f" and {len(names) - _NAMES_SHOWN} more"
-        paths = " or the path of a file in one of its voice directories" if self._by_path else ""
-        return f"not a voice of this node: give one of its voice names ({shown}){paths}"
+            return f"{refused}: it has no voices (its owner lists them in voices.files or voices.directories)"
+        way = " or the path of a file in one of its voice directories" if paths else " (a name, never a path)"
+        return f"{refused}: give one of the names that {listing} lists{way}"
+
+
+def check_speaker_count(count: int) -> None:
+    """RequestError unless a request's list of voices, ``count`` of them, holds one per speaker the prompt has."""
+    if not 1 <= count <= MAX_SPEAKERS:
+        raise RequestError(
+            f"the request gives {count} voices: give 1 to {MAX_SPEAKERS}, the references of the speakers "
+            f"{speaker_label(0)} to {speaker_label(MAX_SPEAKERS - 1)} in order (or one voice alone, '' for none)"
+        )
 
 
 def voices_by_name(
@@ -284,11 +310,9 @@ def voices_by_name(
     its own (``LibraryVoice.transcript``) or the request's ``prefix_text``. Counted and bounded before any name is
     looked up; ``listing`` says where a client finds the names, for a refusal.
     """
-    if len(names) > MAX_SPEAKERS:
-        raise RequestError(
-            f"the request gives {len(names)} voices: give at most {MAX_SPEAKERS}, one per speaker ([S1] first)"
-        )
-    prefix = named_voice(library, prefix_name, "prefix_voice", listing) if prefix_name else None
+    if names:
+        check_speaker_count(len(names))
+    prefix = library.named(prefix_name, "prefix_voice", listing) if prefix_name else None
     if prefix is not None and prefix.transcript is None and not prefix_text.strip():
         raise RequestError(
             f"prefix_voice {prefix.name!r} has no transcript, and the speech that continues it follows what its "
@@ -297,26 +321,7 @@ def voices_by_name(
         )
     if not any(names):
         return "", prefix
-    return [
-        named_voice(library, name, f"voices[{i}]", listing) if name else None for i, name in enumerate(names)
-    ], prefix
-
-
-def named_voice(library: VoiceLibrary, name: str, field: str, listing: str) -> LibraryVoice:
-    """The voice of the library called ``name`` (a name only: a path is never one), given in the request's
-    ``field``; RequestError naming it otherwise, and saying that ``listing`` lists the names."""
-    if len(name) <= MAX_NAME_CHARS and name in library:
-        return library[name]
-    shown = name if len(name) <= _SHOWN_CHARS else f"{name[:_SHOWN_CHARS]}..."
-    if not len(library):
-        raise RequestError(
-            f"{field} {shown!r} is not a voice of this node: it has no voices (its owner lists them in voices.files "
-            "or voices.directories)"
-        )
-    raise RequestError(
-        f"{field} {shown!r} is not a voice of this node: give one of the names that {listing} lists (a name, never a "
-        "path)"
-    )
+    return [library.named(name, f"voices[{i}]", listing) if name else None for i, name in enumerate(names)], prefix
 
 
 def _client_paths(voices: Iterable[LibraryVoice]) -> dict[str, LibraryVoice]:

@@ -24,7 +24,6 @@ from moss_tts_node.errors import RequestError, WeightsError
 from moss_tts_node.model.delay import apply_delay
 from moss_tts_node.model.layout import TOKENIZER_DIR, TOKENIZER_FILE
 from moss_tts_node.model.spec import ModelSpec
-from moss_tts_node.model.template import TEXT
 
 
 @dataclass(frozen=True)
@@ -76,11 +75,12 @@ class PromptBuilder:
 
     def user_content(self, fields: PromptFields, references: Sequence[np.ndarray | None]) -> str:
         """The user turn's content: the template filled in with the fields and a line per speaker."""
-        return self.template.user_content(self._values(fields), _speakers(references))
+        return "".join(self._split_content(fields, references))
 
-    def _content_before_text(self, fields: PromptFields, references: Sequence[np.ndarray | None]) -> str:
-        """The user turn's content up to its text field's label: what every text of these fields shares."""
-        return self.template.user_content(self._values(fields), _speakers(references), stop_before=TEXT)
+    def _split_content(self, fields: PromptFields, references: Sequence[np.ndarray | None]) -> tuple[str, str]:
+        """The user turn's content, rendered once, in two: up to its text field's label (what every text of these
+        other fields shares), then the text and what follows it."""
+        return self.template.split_content(self._values(fields), _speakers(references))
 
     def check_fields(self, fields: PromptFields) -> None:
         """RequestError for a field given that this model's template has no place for (a scene to MOSS-TTS)."""
@@ -113,9 +113,9 @@ class PromptBuilder:
         self._refuse_control_tokens(fields)
         spec = self.spec
         tok = self._token_text
-        before_text = f"{tok['im_start_token_id']}user\n{self._content_before_text(fields, references)}"
-        chat = f"{tok['im_start_token_id']}user\n{self.user_content(fields, references)}"
-        chat += f"{tok['im_end_token_id']}\n{tok['im_start_token_id']}assistant\n"
+        content_before_text, text_on = self._split_content(fields, references)
+        before_text = f"{tok['im_start_token_id']}user\n{content_before_text}"
+        chat = f"{before_text}{text_on}{tok['im_end_token_id']}\n{tok['im_start_token_id']}assistant\n"
         clips = [codes for codes in references if codes is not None]
         text_start = len(self._with_clip_blocks(before_text, clips))
         frames = 0 if prefix is None else prefix.shape[0]
@@ -136,7 +136,7 @@ class PromptBuilder:
         The backbone keeps such a prefix in its KV cache between requests (``Backbone.prepare_prefix``).
         """
         self._refuse_control_tokens(replace(fields, text=""))
-        chat = f"{self._token_text['im_start_token_id']}user\n{self._content_before_text(fields, references)}"
+        chat = f"{self._token_text['im_start_token_id']}user\n{self._split_content(fields, references)[0]}"
         return self._rows(chat, [codes for codes in references if codes is not None], ())[0]
 
     def _with_clip_blocks(self, chat: str, clips: Sequence[np.ndarray]) -> str:

@@ -17,7 +17,7 @@ import platform
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from moss_tts_node.codec.layout import DECODER_FILE, ENCODER_FILE, STREAM_DECODER_FILE
 from moss_tts_node.errors import MossTTSError
@@ -31,6 +31,9 @@ from moss_tts_node.model.layout import (
     audio_embedding_file,
     audio_head_file,
 )
+
+if TYPE_CHECKING:
+    from moss_tts_node.model.spec import ModelSpec
 
 _JETSON_RELEASE = Path("/etc/nv_tegra_release")
 _REQUIRED = ("numpy", "pyyaml", "tokenizers", "soundfile", "gguf", "threadpoolctl")
@@ -172,6 +175,7 @@ def _check_gpu(checks: list[Check]) -> Any:
 
 def _check_config(path: Path, environment: _Environment, checks: list[Check]) -> None:
     from moss_tts_node.config import backbone_path, load_config
+    from moss_tts_node.model.spec import ModelSpec
 
     try:
         config = load_config(path)
@@ -179,10 +183,15 @@ def _check_config(path: Path, environment: _Environment, checks: list[Check]) ->
         checks.append(Check("FAIL", "config", str(error)))
         return
     checks.append(Check("ok", "config", str(path)))
-    n_vq = _check_weights(Path(config.model.weights_dir), backbone_path(config), checks)
-    if n_vq is not None:
-        _check_model(config, checks)
-    _check_heads(config, environment, checks)
+    weights = Path(config.model.weights_dir)
+    try:  # read once, for every check that needs it
+        spec: ModelSpec | MossTTSError = ModelSpec.load(weights)
+    except MossTTSError as error:
+        spec = error
+    n_vq = _check_weights(weights, backbone_path(config), spec, checks)
+    if not isinstance(spec, MossTTSError):
+        _check_model(config, spec, checks)
+    _check_heads(config, environment, spec, checks)
     if not config.llama.repack and environment.gpu_offload is not None:
         checks.append(_weight_layouts(repack=False))
     if config.llama.n_gpu_layers != 0 and environment.gpu_offload is False:
@@ -226,16 +235,13 @@ def _check_stream_decoder(config: Any, checks: list[Check]) -> None:
         checks.append(Check("--", "stream decoder", f"none in {where}: {windowed}; {build}"))
 
 
-def _check_weights(weights: Path, gguf: Path, checks: list[Check]) -> int | None:
+def _check_weights(weights: Path, gguf: Path, spec: ModelSpec | MossTTSError, checks: list[Check]) -> int | None:
     """The weight files the synthesizer reads, by name (nothing is loaded); the model's codebooks, or None when
-    its config.json cannot be read."""
-    from moss_tts_node.model.spec import ModelSpec
-
-    try:
-        n_vq = ModelSpec.load(weights).n_vq
-    except MossTTSError as error:
-        checks.append(Check("FAIL", "weights", str(error)))
+    its config.json cannot be read (``spec`` is why)."""
+    if isinstance(spec, MossTTSError):
+        checks.append(Check("FAIL", "weights", str(spec)))
         return None
+    n_vq = spec.n_vq
     size = f"{gguf.stat().st_size / 1e6:,.0f} MB" if gguf.is_file() else "missing"
     checks.append(Check("ok" if gguf.is_file() else "FAIL", "backbone gguf", f"{gguf} ({size})"))
     groups = {
@@ -250,13 +256,11 @@ def _check_weights(weights: Path, gguf: Path, checks: list[Check]) -> int | None
     return n_vq
 
 
-def _check_model(config: Any, checks: list[Check]) -> None:
+def _check_model(config: Any, spec: ModelSpec, checks: list[Check]) -> None:
     """Which model the weights are (the record convert wrote), its prompt template, and the sampling in effect:
     the model's recommendation where the config leaves a key at -1 (docs/family.md, "Sampling")."""
     from moss_tts_node.config import OPTIONS, resolved_sampling
-    from moss_tts_node.model.spec import ModelSpec
 
-    spec = ModelSpec.load(Path(config.model.weights_dir))
     identity = spec.identity
     told = f" ({identity.evidence})" if identity.evidence else " (no record of convert's: the published MOSS-TTS-GGUF?)"
     scene = ", with a Scene field" if identity.template.has_scene else ""
@@ -272,21 +276,23 @@ def _check_model(config: Any, checks: list[Check]) -> None:
     checks.append(Check("ok", "sampling", f"{', '.join(values)} (unmarked: as {identity.name} recommends)"))
 
 
-def _check_heads(config: Any, environment: _Environment, checks: list[Check]) -> None:
+def _check_heads(config: Any, environment: _Environment, spec: ModelSpec | MossTTSError, checks: list[Check]) -> None:
     """Where the audio heads (one per codebook) will run (what ``auto`` resolves to) and whether their weights are
-    there."""
+    there; ``spec`` is the model's, or why its config.json cannot be read."""
     from moss_tts_node.config import backbone_path
     from moss_tts_node.llama.gguf import GgufHeadsInfo
     from moss_tts_node.model.heads import resolve_heads_backend
-    from moss_tts_node.model.spec import ModelSpec
 
     weights, gguf = Path(config.model.weights_dir), backbone_path(config)
     try:
         carried = GgufHeadsInfo(gguf).audio_heads is not None
-        n_vq = ModelSpec.load(weights).n_vq
     except MossTTSError as error:
         checks.append(Check("FAIL", "audio heads", str(error)))
         return
+    if isinstance(spec, MossTTSError):
+        checks.append(Check("FAIL", "audio heads", str(spec)))
+        return
+    n_vq = spec.n_vq
     on_gpu = config.llama.n_gpu_layers != 0 and bool(environment.gpu_offload)
     backend = resolve_heads_backend(config.audio.heads_backend, carried, on_gpu)
     attach = attach_heads_command(weights, gguf.name)

@@ -149,8 +149,7 @@ def run_synth(args: argparse.Namespace) -> int:
     from moss_tts_node.codec.audio_io import write_wav
     from moss_tts_node.config import load_config
     from moss_tts_node.playback import Speaker, sound_output
-    from moss_tts_node.synthesis.request import SpeechRequest, check_request
-    from moss_tts_node.text.languages import language_tag
+    from moss_tts_node.synthesis.request import SpeechRequest, check_request, request_language
     from moss_tts_node.timing import StopReason
 
     if args.output is None and not args.play:
@@ -158,11 +157,8 @@ def run_synth(args: argparse.Namespace) -> int:
     if args.text is None and not (args.ambient_sound or args.sound_event):
         raise RequestError("nothing to say: give --text, or --ambient-sound or --sound-event for a sound")
     text = args.text or ""
-    if args.language is not None:  # refused before the model loads
-        try:
-            language_tag(args.language)
-        except ValueError as error:
-            raise RequestError(f"--language: {error}") from None
+    if args.language is not None:  # refused before the config and the model load
+        request_language(args.language)
     open_output = sound_output(args.device) if args.play else None  # no sound output: say so before loading
     overrides = parse_overrides(args.set)
     for flag, key in (
@@ -237,11 +233,11 @@ def _references(values: list[str] | None) -> str | list[str | None] | None:
 
 def _named(voices: Voices, library: VoiceLibrary) -> Voices:
     """The voices the user gave, each a voice of the config's library where it is one's name (and no file has that
-    path), else as given."""
+    path), else as given (a file's path, whose refusal is the file's own)."""
     if isinstance(voices, list):
         return [_named(voice, library) for voice in voices]
-    if isinstance(voices, str) and voices in library and not Path(voices).exists():
-        return library[voices]
+    if isinstance(voices, str) and not Path(voices).exists():
+        return library.get(voices) or voices
     return voices
 
 

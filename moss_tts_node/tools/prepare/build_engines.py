@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from moss_tts_node.codec.engines import DEFAULT_MAX_SECONDS, METADATA_FILE, build_engines
+from moss_tts_node.codec.engines import METADATA_FILE, build_engines
 from moss_tts_node.codec.quantizer import CODEC_QUANTIZERS
+from moss_tts_node.model.rates import MAX_CODEC_SECONDS
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -24,8 +25,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.add_argument(
         "--max-seconds",
         type=float,
-        default=DEFAULT_MAX_SECONDS,
-        help=f"longest audio one engine call takes (default {DEFAULT_MAX_SECONDS:g}); longer audio is windowed",
+        default=MAX_CODEC_SECONDS,
+        help=f"longest audio one engine call takes (default {MAX_CODEC_SECONDS:g}); longer audio is windowed",
     )
     parser.add_argument(
         "--quantizers",
