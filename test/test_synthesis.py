@@ -210,13 +210,13 @@ def test_a_stream_keeps_the_settings_it_was_made_with(synth: Synthesizer) -> Non
     )
     reference = [c.samples for c in synth.stream(TEXT, seed=3)]  # made and run under ``before``
     queued = synth.stream(TEXT, seed=3)
-    synth.config = after
+    synth.reconfigure(after)
     try:
         ran = [c.samples for c in queued]
         changed = synth.stream(TEXT, seed=3)
         changed_chunks = [c.samples for c in changed]
     finally:
-        synth.config = before
+        synth.reconfigure(before)
     assert [c.shape for c in ran] == [c.shape for c in reference]
     np.testing.assert_array_equal(np.concatenate(ran), np.concatenate(reference))
     assert changed.report is not None and changed.report.steps == 35  # the new settings do apply to new streams
