@@ -32,7 +32,8 @@ from moss_tts_node.model.rates import FRAMES_PER_SECOND, SAMPLE_RATE
 from moss_tts_node.pcm import pcm16_to_float
 from moss_tts_node.synthesis.cancel import CancelFlag, cancel_check
 from moss_tts_node.synthesis.feed import TextFeed
-from moss_tts_node.synthesis.request import SpeechRequest, check_request, request_of
+from moss_tts_node.synthesis.fields import with_request_keywords
+from moss_tts_node.synthesis.request import REQUEST_FIELDS, SpeechRequest, check_request, request_of
 from moss_tts_node.synthesis.results import AudioChunk, AudioStream, StreamResult, Synthesis
 from moss_tts_node.synthesis.voices import LibraryVoice, VoiceLibrary
 from moss_tts_node.timing import StageClock, StopReason, TimingReport
@@ -41,6 +42,7 @@ TIMEOUT_S = 120.0  # to connect, and between two pieces of a body (a GPU server'
 _READ_BYTES = 8192  # at most, per read of a streamed body: what has arrived is handed on at once
 _ERROR_BYTES = 65536  # of an error body, at most
 _NO_CODES = 0  # codebooks of a remote voice here: its codes stay on the server
+request_keywords = with_request_keywords(REQUEST_FIELDS)  # as Synthesizer's: the fields, typed, in help()
 
 
 class RemoteError(MossTTSError):
@@ -88,6 +90,7 @@ class RemoteSynthesizer:
         """Nothing to prefill here: the server keeps its own cache; 0 rows."""
         return 0
 
+    @request_keywords
     def stream(
         self,
         request: SpeechRequest | str,
@@ -124,6 +127,7 @@ class RemoteSynthesizer:
             "whole text, or set model.backend to local"
         )
 
+    @request_keywords
     def synthesize(
         self,
         request: SpeechRequest | str,

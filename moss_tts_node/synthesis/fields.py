@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -68,7 +67,7 @@ class RequestField:
     ``batch`` under its name; ``http``: the speech API's body under its name (an extra of OpenAI's request)."""
 
     name: str
-    annotation: Any  # the type, resolved
+    annotation: Any  # the type as the class writes it (a string, under postponed annotations)
     default: Any  # dataclasses.MISSING: required
     kind: str
     help: str
@@ -116,12 +115,11 @@ def declared(
 
 def request_fields(cls: type) -> tuple[RequestField, ...]:
     """The declared fields of the dataclass ``cls``, in its order."""
-    hints = typing.get_type_hints(cls)
     out = []
     for field in dataclasses.fields(cls):
         declaration: _Declaration = field.metadata[_METADATA_KEY]
         said = {name.name: getattr(declaration, name.name) for name in dataclasses.fields(declaration)}
-        out.append(RequestField(field.name, hints[field.name], field.default, **said))
+        out.append(RequestField(field.name, field.type, field.default, **said))
     return tuple(out)
 
 
