@@ -35,7 +35,7 @@ from moss_tts_node.synthesis.request import REQUEST_FIELDS, SpeechRequest, check
 from moss_tts_node.synthesis.results import AudioChunk, AudioStream, StreamResult, Synthesis
 from moss_tts_node.synthesis.stages import Stages, open_stages
 from moss_tts_node.synthesis.text_stream import DEFAULT_INPUT_PAUSE_S, PACK_TOKENS, RUN_TOKENS, CutPieces
-from moss_tts_node.synthesis.voices import load_voice
+from moss_tts_node.synthesis.voices import VoiceLibrary, load_voice
 from moss_tts_node.text.cutter import TextCutter
 from moss_tts_node.text.normalize import normalize_text
 from moss_tts_node.text.pieces import Piece, PiecePlanner
@@ -77,8 +77,7 @@ class Synthesizer:
             self.n_ctx = self.stages.n_ctx  # what llama.cpp made of llama.n_ctx (it rounds up)
             self.planner = PiecePlanner(self.prompts, self.spec, self.n_ctx, config.audio.max_codec_seconds)
             self.pipeline = Pipeline(self.spec, self.stages)
-            self.preparation = RequestPreparation(config, self.spec, self.prompts, self.stages.encoder, self.n_ctx)
-            self.voices = self.preparation.library
+            self.preparation = self._preparation(config)
         except BaseException:
             self.stages.close()
             raise
@@ -97,11 +96,22 @@ class Synthesizer:
 
     def reconfigure(self, config: Config) -> None:
         """Run the requests made from now on with ``config``, which may differ from the current settings only in
-        the keys the schema marks per-request (``check_per_request_change``): the others made the model, its planner
-        and its voices, which stay as they were loaded. Nothing built here reads a per-request key: each request
-        reads them from the config it runs with."""
+        the keys the schema marks per-request (``check_per_request_change``): the others made the model and its
+        planner. The voices are read again when the limits they were read under changed (a voice the new ones
+        refuse is a ConfigError, and the settings stay as they were); a request reads the rest from its config."""
         check_per_request_change(self._config, config)
+        if config.limits != self._config.limits:
+            self.preparation = self._preparation(config)
         self._config = config
+
+    def _preparation(self, config: Config) -> RequestPreparation:
+        """What prepares requests, with the voices of ``config`` encoded."""
+        return RequestPreparation(config, self.spec, self.prompts, self.stages.encoder, self.n_ctx)
+
+    @property
+    def voices(self) -> VoiceLibrary:
+        """The owner's voices, encoded (``VoiceLibrary``); a request may give one as its voice."""
+        return self.preparation.library
 
     # What the node's diagnostics and the CLI read of any synthesizer, the remote backend's too (backends.py).
 
