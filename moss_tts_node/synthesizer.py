@@ -240,7 +240,7 @@ class Synthesizer:
         if not 0 <= pack_tokens <= RUN_TOKENS:
             raise RequestError(f"pack_tokens must be 0 to {RUN_TOKENS}, got {pack_tokens}")
         prepared = self.preparation.prepare(request, config if config is not None else self.config, text_follows=True)
-        fields_, references, continuation = prepared.fields, prepared.references, prepared.continuation
+        prompt_fields, references, continuation = prepared.fields, prepared.references, prepared.continuation
         if continuation is not None and continuation.transcript is None:
             raise RequestError(
                 "text that arrives in fragments is spoken in pieces, each continuing the prefix after its transcript: "
@@ -248,18 +248,18 @@ class Synthesizer:
             )
         # the voices and fields leave room
         empty = self.prompts.build(
-            replace(fields_, text=continuation.text("") if continuation else ""),
+            replace(prompt_fields, text=continuation.text("") if continuation else ""),
             references,
             None if continuation is None else continuation.codes,
         )
         self.planner.step_budget(empty, 1)
         flag = cancel_check(cancel)
-        normalize = prepared.config.generation.normalize_text
+        normalize, max_new_tokens = prepared.config.generation.normalize_text, prepared.max_new_tokens
         source = CutPieces(
             fragments if isinstance(fragments, TextFeed) else TextFeed.reading(fragments),
             TextCutter(normalize_text if normalize else str, RUN_TOKENS, self.planner.count_tokens, pack_tokens),
             lambda text: self.planner.plan(
-                replace(fields_, text=text), references, prepared.max_new_tokens, prepared.pause_markers, continuation
+                replace(prompt_fields, text=text), references, max_new_tokens, prepared.pause_markers, continuation
             ),
             flag,
             input_pause_s,

@@ -44,7 +44,7 @@ class SpeechRequest:
     """One utterance to synthesize. Only ``text`` is required. Each field is declared with what it is and which
     interfaces carry it (``synthesis/fields.py``); ``REQUEST_FIELDS`` reads that back."""
 
-    text: str = declared(kind=TEXT, help="what to say", ros=(RosField("text", unset=None),), http=False)
+    text: str = declared(kind=TEXT, help="what to say", ros=(RosField("text", unset=None),))
     language: str | None = declared(
         None,
         kind=TEXT,
