@@ -10,7 +10,8 @@ fields, the ROS mapping (``ros/messages.py``), the CLI's flags, batch's keys, th
 signature of ``Synthesizer.stream`` are made from them, and a test holds the ROS interface files to them.
 
 Adding a field is one ``declared`` entry on ``SpeechRequest`` plus its line in each interface file (and, for a field
-of the prompt, its place in ``PromptFields`` and in the templates' labels, which a test ties to the entry).
+of the prompt, its place in ``PromptFields``, which test/test_request_fields.py ties to the entry, and its label in
+the templates, ``model/template.py``).
 """
 
 from __future__ import annotations
@@ -42,19 +43,6 @@ class RosField:
     type: str = "string"
     default: str | None = None
     unset: str | int | None = ""
-
-
-@dataclass(frozen=True)
-class _Declaration:
-    kind: str
-    help: str
-    prompt: bool
-    config_default: str | None
-    ros: tuple[RosField, ...]
-    ros_by_name: bool
-    cli: bool
-    batch: bool
-    http: bool
 
 
 @dataclass(frozen=True)
@@ -109,18 +97,16 @@ def declared(
         raise ValueError(f"unknown kind {kind!r}: one of {', '.join(KINDS)}")
     if ros and not ros_by_name and len(ros) != 1:
         raise ValueError("a field given by value travels in one ROS field")
-    declaration = _Declaration(kind, help, prompt, config_default, ros, ros_by_name, cli, batch, http)
-    return dataclasses.field(default=default, metadata={_METADATA_KEY: declaration})
+    said = RequestField("", None, default, kind, help, prompt, config_default, ros, ros_by_name, cli, batch, http)
+    return dataclasses.field(default=default, metadata={_METADATA_KEY: said})  # request_fields adds name and type
 
 
 def request_fields(cls: type) -> tuple[RequestField, ...]:
     """The declared fields of the dataclass ``cls``, in its order."""
-    out = []
-    for field in dataclasses.fields(cls):
-        declaration: _Declaration = field.metadata[_METADATA_KEY]
-        said = {name.name: getattr(declaration, name.name) for name in dataclasses.fields(declaration)}
-        out.append(RequestField(field.name, field.type, field.default, **said))
-    return tuple(out)
+    return tuple(
+        dataclasses.replace(field.metadata[_METADATA_KEY], name=field.name, annotation=field.type)
+        for field in dataclasses.fields(cls)
+    )
 
 
 _Method = TypeVar("_Method", bound=Callable[..., Any])
