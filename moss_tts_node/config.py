@@ -404,6 +404,15 @@ def flatten(config: Config) -> Iterator[tuple[str, Any]]:
             yield f"{group_name}.{f.name}", getattr(group, f.name)
 
 
+def check_per_request_change(current: Config, new: Config) -> None:
+    """ConfigError unless ``new`` differs from ``current`` only in keys marked ``per_request``: the others made a
+    loaded synthesizer (its model, planner and voices), which a new one must be loaded to change."""
+    old = dict(flatten(current))
+    fixed = [key for key, value in flatten(new) if not OPTIONS[key].per_request and value != old[key]]
+    if fixed:
+        raise ConfigError(f"{', '.join(fixed)} cannot change while the model is loaded: load it with the new settings")
+
+
 def load_config(path: str | os.PathLike[str], overrides: Mapping[str, Any] | None = None) -> Config:
     """Read a ROS 2 params file, apply dotted overrides, and validate all of it."""
     path = Path(path)

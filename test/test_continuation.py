@@ -240,7 +240,7 @@ def test_bad_requests_are_refused_with_what_to_change(synth: Synthesizer) -> Non
     with pytest.raises(RequestError, match=r"the prefix codes lasts 3\.2 s, longer than the 2 s"):
         synth.stream(TEXT, prefix=PREFIX, prefix_text=TRANSCRIPT, config=_limits(synth.config, max_reference_seconds=2))
     config = _limits(synth.config, max_text_chars=len(TEXT) + 5)
-    with pytest.raises(RequestError, match=r"\(text, instruction, .* and scene together\)"):
+    with pytest.raises(RequestError, match=r"\(text, language, instruction, .* and scene together\)"):
         synth.stream(TEXT, prefix=PREFIX, prefix_text=TRANSCRIPT, config=config)
     with pytest.raises(RequestError, match="prefix_text but no prefix"):
         synth.stream(TEXT, prefix_text=TRANSCRIPT)

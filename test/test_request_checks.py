@@ -89,7 +89,7 @@ def test_the_length_limit_counts_every_text_field_and_names_its_key() -> None:
 
 def test_an_oversized_text_is_refused_before_it_is_cleaned(synth: Synthesizer, monkeypatch: pytest.MonkeyPatch) -> None:
     cleaned: list[str] = []
-    monkeypatch.setattr("moss_tts_node.synthesizer.normalize_text", lambda text: cleaned.append(text) or text)
+    monkeypatch.setattr("moss_tts_node.synthesis.preparation.normalize_text", lambda text: cleaned.append(text) or text)
     limit = synth.config.limits.max_text_chars
     with pytest.raises(RequestError, match=r"limits\.max_text_chars"):
         synth.stream("word " * 200_000)  # the megabyte of the issue: refused without looking at it

@@ -242,7 +242,7 @@ def test_paths_are_refused_unless_the_owner_allows_a_directory(
     [
         (
             {"text": "a" * 2001},
-            "the request has 2001 characters (text, instruction, quality, language, prefix_text, sound_event, "
+            "the request has 2001 characters (text, language, instruction, quality, prefix_text, sound_event, "
             "ambient_sound and scene together), more than the 2000 of 'limits.max_text_chars'",
         ),
         ({"text": "Hello.", "instruction": "calm " * 400}, "'limits.max_text_chars'"),

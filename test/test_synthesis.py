@@ -210,17 +210,36 @@ def test_a_stream_keeps_the_settings_it_was_made_with(synth: Synthesizer) -> Non
     )
     reference = [c.samples for c in synth.stream(TEXT, seed=3)]  # made and run under ``before``
     queued = synth.stream(TEXT, seed=3)
-    synth.config = after
+    synth.reconfigure(after)
     try:
         ran = [c.samples for c in queued]
         changed = synth.stream(TEXT, seed=3)
         changed_chunks = [c.samples for c in changed]
     finally:
-        synth.config = before
+        synth.reconfigure(before)
     assert [c.shape for c in ran] == [c.shape for c in reference]
     np.testing.assert_array_equal(np.concatenate(ran), np.concatenate(reference))
     assert changed.report is not None and changed.report.steps == 35  # the new settings do apply to new streams
     assert [c.shape for c in changed_chunks] != [c.shape for c in reference]
+
+
+def test_reconfigure_takes_per_request_keys_and_refuses_the_others(synth: Synthesizer) -> None:
+    """What the model and its planner were made of cannot change under them; the voices are read again under new
+    limits (they were checked against the old ones)."""
+    before, voices = synth.config, synth.voices
+    loaded = replace(before, audio=replace(before.audio, max_codec_seconds=before.audio.max_codec_seconds / 2))
+    with pytest.raises(ConfigError, match=r"audio\.max_codec_seconds cannot change while the model is loaded"):
+        synth.reconfigure(loaded)
+    assert synth.config is before
+    try:
+        synth.reconfigure(replace(before, sampling=replace(before.sampling, seed=5)))
+        assert synth.config.sampling.seed == 5 and synth.voices is voices  # the limits are the same
+        synth.reconfigure(replace(before, limits=replace(before.limits, max_text_chars=100)))
+        assert synth.voices is not voices and synth.voices.names == voices.names
+        with pytest.raises(RequestError, match="more than the 100"):
+            synth.stream("word " * 30)
+    finally:
+        synth.reconfigure(before)
 
 
 @pytest.mark.parametrize("text", ["", "   \n\t"])

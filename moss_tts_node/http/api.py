@@ -19,7 +19,7 @@ from typing import Any
 from moss_tts_node.config import LimitsConfig
 from moss_tts_node.model.family import MOSS_TTS
 from moss_tts_node.model.identity import ModelIdentity
-from moss_tts_node.synthesis.request import SpeechRequest
+from moss_tts_node.synthesis.request import REQUEST_FIELDS, SpeechRequest
 from moss_tts_node.synthesis.voices import VoiceLibrary, voices_by_name
 
 SPEECH_PATH = "/v1/audio/speech"
@@ -36,12 +36,12 @@ SAMPLE_RATE_HEADER = "X-Sample-Rate"
 DEFAULT_VOICE = "default"
 
 # The fields of OpenAI's request that this server takes, then the MOSS fields it takes as extras (the openai
-# client sends them in ``extra_body``): each the SpeechRequest field of the same name, but ``instructions``.
+# client sends them in ``extra_body``): the SpeechRequest fields its declaration says the API takes under their own
+# names (synthesis/fields.py), then the voices by name and whether to stream.
 OPENAI_FIELDS = ("model", "input", "voice", "response_format", "speed", "instructions", "stream_format")
-TEXT_EXTRAS = ("language", "quality", "prefix_text", "sound_event", "ambient_sound", "scene")
-COUNT_EXTRAS = ("seed", "tokens", "max_new_tokens")
+REQUEST_EXTRAS = tuple(field.name for field in REQUEST_FIELDS if field.http)
 OTHER_EXTRAS = ("stream", "voices", "prefix_voice")
-FIELDS = (*OPENAI_FIELDS, *TEXT_EXTRAS, *COUNT_EXTRAS, *OTHER_EXTRAS)
+FIELDS = (*OPENAI_FIELDS, *REQUEST_EXTRAS, *OTHER_EXTRAS)
 
 # Bytes of a body besides its text fields: the other fields' names and values, JSON's punctuation and spaces.
 _BODY_OVERHEAD = 16384
@@ -140,7 +140,7 @@ def speech_order(body: dict[str, Any], model_id: str, library: VoiceLibrary) -> 
             param="stream",
         )
     voice, prefix = _voices(body, library)
-    fields = {name: body[name] for name in (*TEXT_EXTRAS, *COUNT_EXTRAS) if name in body}
+    fields = {name: body[name] for name in REQUEST_EXTRAS if name in body}
     request = SpeechRequest(text, instruction=body.get("instructions"), voice=voice, prefix=prefix, **fields)
     return Order(request, response_format, stream)
 
@@ -153,9 +153,7 @@ def request_body(request: SpeechRequest, model: str, response_format: str, strea
         body |= {"stream": True, "stream_format": "audio"}
     if request.instruction is not None:
         body["instructions"] = request.instruction
-    body |= {
-        name: getattr(request, name) for name in (*TEXT_EXTRAS, *COUNT_EXTRAS) if getattr(request, name) is not None
-    }
+    body |= {name: getattr(request, name) for name in REQUEST_EXTRAS if getattr(request, name) is not None}
     voices = request.voice
     if isinstance(voices, list | tuple):
         body["voices"] = [_voice_name(voice, "voices") or "" for voice in voices]

@@ -19,21 +19,21 @@ from __future__ import annotations
 import http.client
 import json
 from collections.abc import Callable, Generator, Iterable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
 
-from moss_tts_node.config import Config
+from moss_tts_node.config import Config, check_per_request_change
 from moss_tts_node.errors import ConfigError, MossTTSError, RequestError
 from moss_tts_node.http.api import MODELS_PATH, SPEECH_PATH, VOICES_PATH, ApiError, request_body
 from moss_tts_node.model.rates import FRAMES_PER_SECOND, SAMPLE_RATE
 from moss_tts_node.pcm import pcm16_to_float
 from moss_tts_node.synthesis.cancel import CancelFlag, cancel_check
 from moss_tts_node.synthesis.feed import TextFeed
-from moss_tts_node.synthesis.request import SpeechRequest, check_request
+from moss_tts_node.synthesis.fields import with_request_keywords
+from moss_tts_node.synthesis.request import REQUEST_FIELDS, SpeechRequest, check_request, request_of
 from moss_tts_node.synthesis.results import AudioChunk, AudioStream, StreamResult, Synthesis
 from moss_tts_node.synthesis.voices import LibraryVoice, VoiceLibrary
 from moss_tts_node.timing import StageClock, StopReason, TimingReport
@@ -42,6 +42,7 @@ TIMEOUT_S = 120.0  # to connect, and between two pieces of a body (a GPU server'
 _READ_BYTES = 8192  # at most, per read of a streamed body: what has arrived is handed on at once
 _ERROR_BYTES = 65536  # of an error body, at most
 _NO_CODES = 0  # codebooks of a remote voice here: its codes stay on the server
+request_keywords = with_request_keywords(REQUEST_FIELDS)  # as Synthesizer's: the fields, typed, in help()
 
 
 class RemoteError(MossTTSError):
@@ -53,7 +54,7 @@ class RemoteSynthesizer:
     of the node's diagnostics (``name``, ``weight_layout``, ``sampling_rate``) as the local one has them."""
 
     def __init__(self, config: Config) -> None:
-        self.config = config
+        self._config = config
         model = config.model
         parts = urlsplit(model.remote_url)
         self._https = parts.scheme == "https"
@@ -69,6 +70,16 @@ class RemoteSynthesizer:
     def close(self) -> None:
         """Nothing held between requests: each has its own connection."""
 
+    @property
+    def config(self) -> Config:
+        """The settings a request runs with when it gives none; ``reconfigure`` changes them."""
+        return self._config
+
+    def reconfigure(self, config: Config) -> None:
+        """As ``Synthesizer.reconfigure``: later requests run with ``config``, which changes per-request keys only."""
+        check_per_request_change(self._config, config)
+        self._config = config
+
     def __enter__(self) -> RemoteSynthesizer:
         return self
 
@@ -79,6 +90,7 @@ class RemoteSynthesizer:
         """Nothing to prefill here: the server keeps its own cache; 0 rows."""
         return 0
 
+    @request_keywords
     def stream(
         self,
         request: SpeechRequest | str,
@@ -92,10 +104,7 @@ class RemoteSynthesizer:
     ) -> AudioStream:
         """Check the request, send it, and stream the server's PCM as chunks once its answer has begun (its refusal
         raises here). ``streaming`` False asks for the server's whole decode (``stream`` false)."""
-        if isinstance(request, str):
-            request = SpeechRequest(request, **fields)
-        elif fields:
-            request = replace(request, **fields)
+        request = request_of(request, fields)
         config = config if config is not None else self.config
         check_request(request, config.limits)
         if request.sampling is not None:
@@ -118,6 +127,7 @@ class RemoteSynthesizer:
             "whole text, or set model.backend to local"
         )
 
+    @request_keywords
     def synthesize(
         self,
         request: SpeechRequest | str,
@@ -129,13 +139,7 @@ class RemoteSynthesizer:
     ) -> Synthesis:
         """The whole utterance, as the server decoded it whole; its codes and prompt stay on the server (empty)."""
         stream = self.stream(request, cancel=cancel, streaming=False, config=config, max_audio_s=max_audio_s, **fields)
-        pieces = [chunk.samples for chunk in stream]
-        result = stream.result
-        assert result is not None
-        audio = np.concatenate(pieces) if pieces else np.empty(0, np.float32)
-        return Synthesis(
-            audio, self.sampling_rate, result.report, np.empty((0, 0), np.int64), result.generated, result.codes
-        )
+        return stream.whole(self.sampling_rate)
 
     # -- the server --------------------------------------------------------------------------------------------
 

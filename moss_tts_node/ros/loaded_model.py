@@ -74,7 +74,7 @@ class LoadedModel:
         (preparing waits for the request being spoken to end)."""
         with self.loan.borrow() as synth:
             if synth is not None:
-                synth.config = settings.config
+                synth.reconfigure(settings.config)
         if voice_changed:
             threading.Thread(target=self._prepare_voice, name="prepare-voice", daemon=True).start()
 

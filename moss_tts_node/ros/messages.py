@@ -17,7 +17,7 @@ from std_msgs.msg import Header
 
 from moss_tts_node.config import NODE_NAME
 from moss_tts_node.serving.queue import State
-from moss_tts_node.synthesis.request import SpeechRequest, Voices
+from moss_tts_node.synthesis.request import REQUEST_FIELDS, SpeechRequest, Voices
 from moss_tts_node.synthesis.voices import LibraryVoice
 from moss_tts_node.timing import TimingReport
 
@@ -29,25 +29,14 @@ def speech_request(
     it names (looked up by ros/voices.py: a message never gives the synthesizer a path): its references ``voice``
     and the voice it continues, ``prefix``.
 
-    Empty fields take the node's defaults (None): ``generation.language`` and ``generation.instruction``;
-    the prompt's other fields are left out (upstream prints them as None); a seed of -1 takes ``sampling.seed``,
-    ``tokens`` 0 says no duration. The text, the seed and ``tokens`` are kept as they came, for the synthesizer
-    to check (a seed below -1 or too many tokens is refused there).
+    The fields are those the declaration of ``SpeechRequest`` says the messages carry (``RequestField.ros``); an
+    empty one (its ``unset`` value) is None: the node's defaults (``generation.language``, ...) or none (upstream
+    prints the prompt's other fields as None), a seed of -1 ``sampling.seed``, ``tokens`` 0 no duration. The
+    text, the seed and ``tokens`` are kept as they came, for the synthesizer to check (a seed below -1 or too many
+    tokens is refused there).
     """
-    return SpeechRequest(
-        text=msg.text,
-        language=msg.language or None,
-        instruction=msg.instruction or None,
-        quality=msg.quality or None,
-        tokens=msg.tokens or None,
-        voice=voice,
-        seed=None if msg.seed == -1 else msg.seed,
-        prefix=prefix,
-        prefix_text=msg.prefix_text or None,
-        sound_event=msg.sound_event or None,
-        ambient_sound=msg.ambient_sound or None,
-        scene=msg.scene or None,
-    )
+    given = {field.name: field.from_ros(msg) for field in REQUEST_FIELDS if field.ros and not field.ros_by_name}
+    return SpeechRequest(**given, voice=voice, prefix=prefix)
 
 
 def timing_message(report: TimingReport | None, queue_wait_s: float | None) -> Timing:

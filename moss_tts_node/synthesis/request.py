@@ -8,16 +8,29 @@ first check every request gets, whichever adapter made it: cheap, and before any
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from moss_tts_node.config import OPTIONS, LimitsConfig, SamplingConfig, check_value
 from moss_tts_node.errors import ConfigError, RequestError
+from moss_tts_node.model.rates import FRAMES_PER_SECOND
+from moss_tts_node.synthesis.fields import (
+    COUNT,
+    SAMPLING,
+    SEED,
+    TEXT,
+    VOICE,
+    VOICES,
+    RosField,
+    declared,
+    request_fields,
+)
 from moss_tts_node.synthesis.voices import LibraryVoice, check_speaker_count
 from moss_tts_node.text.languages import language_tag
-from moss_tts_node.text.speakers import speaker_label
+from moss_tts_node.text.speakers import MAX_SPEAKERS, speaker_label
 
 # A voice: a WAV/FLAC clip or a .npy of codes (a path), (T, n_vq) codes, a voice of the library
 # (``synth.voices["butler"]``), "" for none, None for the configured one.
@@ -29,29 +42,129 @@ Voices = Voice | list[Voice] | tuple[Voice, ...]
 
 @dataclass(frozen=True, eq=False)  # eq=False: a voice may be an array, which has no truth value to compare by
 class SpeechRequest:
-    """One utterance to synthesize. Only ``text`` is required."""
+    """One utterance to synthesize. Only ``text`` is required. Each field is declared with what it is and which
+    interfaces carry it (``synthesis/fields.py``); ``REQUEST_FIELDS`` reads that back."""
 
-    text: str
-    language: str | None = None  # a language tag (en, zh, ...) for the prompt's language field
-    instruction: str | None = None  # a style instruction ("calm, slow")
-    quality: str | None = None  # the prompt's quality field
-    tokens: int | None = None  # how many frames the speech should take (the prompt's tokens field)
-    voice: Voices = None
-    seed: int | None = None  # None or -1: sampling.seed (-1 there draws a fresh one); the same seed, the same audio
-    max_new_tokens: int | None = None  # generation steps per piece, at most what the context leaves
-    sampling: SamplingConfig | None = None  # a sampling section: the keys it sets (not -1) override the config's
-    # A recording the speech continues (continuation cloning, docs/continuation.md); None or "": none.
-    prefix: Voice = None
-    # What the prefix says, put before the text; None: a library voice's own transcript, or else the text begins
-    # with it already.
-    prefix_text: str | None = None
-    sound_event: str | None = None  # the prompt's sound event field
-    ambient_sound: str | None = None  # the prompt's ambient sound field
-    scene: str | None = None  # the prompt's scene field (MOSS-TTSD's template)
+    text: str = declared(kind=TEXT, help="what to say", ros=(RosField("text", unset=None),))
+    language: str | None = declared(
+        None,
+        kind=TEXT,
+        help='the language: a code or English name of docs/usage.md "Languages", e.g. en, zh, French',
+        prompt=True,
+        config_default="generation.language",
+        ros=(RosField("language"),),
+        cli=True,
+        batch=True,
+        http=True,
+    )
+    instruction: str | None = declared(
+        None,
+        kind=TEXT,
+        help='a style instruction, e.g. "calm, slow"',
+        prompt=True,
+        config_default="generation.instruction",
+        ros=(RosField("instruction"),),
+        cli=True,
+        batch=True,
+    )
+    quality: str | None = declared(
+        None,
+        kind=TEXT,
+        help="the prompt's quality field",
+        prompt=True,
+        config_default="generation.quality",
+        ros=(RosField("quality"),),
+        cli=True,
+        batch=True,
+        http=True,
+    )
+    tokens: int | None = declared(
+        None,
+        kind=COUNT,
+        help=f"how long the speech (or the sound) should be, in frames ({FRAMES_PER_SECOND:g} per second): the "
+        "prompt's tokens field",
+        prompt=True,
+        ros=(RosField("tokens", "uint32", unset=0),),
+        cli=True,
+        batch=True,
+        http=True,
+    )
+    voice: Voices = declared(
+        None,
+        kind=VOICES,
+        help=f"the voice, or one per speaker ([S1] first, up to {MAX_SPEAKERS}; None or '' a speaker without one): "
+        "a clip, codes or a voice of the library; '' for none, None for the configured one",
+        ros=(RosField("reference_audio"), RosField("voice"), RosField("voices", "string[]")),
+        ros_by_name=True,
+    )
+    seed: int | None = declared(
+        None,
+        kind=SEED,
+        help="random seed; the same seed gives the same audio (None or -1: sampling.seed, where -1 draws one)",
+        ros=(RosField("seed", "int64", "-1", unset=-1),),
+        cli=True,
+        batch=True,
+        http=True,
+    )
+    max_new_tokens: int | None = declared(
+        None, kind=COUNT, help="generation steps per piece, at most what the context leaves", http=True
+    )
+    sampling: SamplingConfig | None = declared(
+        None, kind=SAMPLING, help="a sampling section: the keys it sets (not -1) override the config's"
+    )
+    prefix: Voice = declared(
+        None,
+        kind=VOICE,
+        help="a recording the speech continues (continuation cloning, docs/continuation.md); None or '': none",
+        ros=(RosField("prefix_voice"),),
+        ros_by_name=True,
+    )
+    prefix_text: str | None = declared(
+        None,
+        kind=TEXT,
+        help="what the prefix says, put before the text (default: a named voice's transcript, or the text begins "
+        "with it)",
+        ros=(RosField("prefix_text"),),
+        cli=True,
+        batch=True,
+        http=True,
+    )
+    sound_event: str | None = declared(
+        None,
+        kind=TEXT,
+        help='the prompt\'s sound event field, e.g. "door knock"',
+        prompt=True,
+        ros=(RosField("sound_event"),),
+        cli=True,
+        batch=True,
+        http=True,
+    )
+    ambient_sound: str | None = declared(
+        None,
+        kind=TEXT,
+        help='the prompt\'s ambient sound field, e.g. "rain on a window"',
+        prompt=True,
+        ros=(RosField("ambient_sound"),),
+        cli=True,
+        batch=True,
+        http=True,
+    )
+    scene: str | None = declared(
+        None,
+        kind=TEXT,
+        help="the prompt's scene field (MOSS-TTSD's; docs/family.md, \"Dialogues\")",
+        prompt=True,
+        ros=(RosField("scene"),),
+        cli=True,
+        batch=True,
+        http=True,
+    )
 
 
-_TEXT_FIELDS = ("text", "language", "instruction", "quality", "prefix_text", "sound_event", "ambient_sound", "scene")
-_COUNT_FIELDS = ("tokens", "max_new_tokens")
+REQUEST_FIELDS = request_fields(SpeechRequest)
+_TEXT_FIELDS = tuple(field.name for field in REQUEST_FIELDS if field.kind == TEXT)
+_COUNT_FIELDS = tuple(field.name for field in REQUEST_FIELDS if field.kind == COUNT)
+_TEXT_FIELD_LIST = f"{', '.join(_TEXT_FIELDS[:-1])} and {_TEXT_FIELDS[-1]}"
 
 
 def check_request(request: SpeechRequest, limits: LimitsConfig) -> None:
@@ -68,9 +181,8 @@ def check_request(request: SpeechRequest, limits: LimitsConfig) -> None:
     chars = sum(len(value) for value in texts.values() if value is not None)
     if chars > limits.max_text_chars:
         raise RequestError(
-            f"the request has {chars} characters (text, instruction, quality, language, prefix_text, sound_event, "
-            f"ambient_sound and scene together), more than the {limits.max_text_chars} of 'limits.max_text_chars': "
-            "split the text into several requests"
+            f"the request has {chars} characters ({_TEXT_FIELD_LIST} together), more than the "
+            f"{limits.max_text_chars} of 'limits.max_text_chars': split the text into several requests"
         )
     for name, value in texts.items():
         if value is not None and not value.isascii() and _has_lone_surrogate(value):
@@ -103,6 +215,13 @@ def request_language(value: str) -> str:
         return language_tag(value)
     except ValueError as error:
         raise RequestError(str(error)) from None
+
+
+def request_of(request: SpeechRequest | str, fields: dict[str, Any]) -> SpeechRequest:
+    """``request`` itself, or a SpeechRequest of that text and the keyword ``fields``."""
+    if isinstance(request, SpeechRequest):
+        return replace(request, **fields) if fields else request
+    return SpeechRequest(request, **fields)
 
 
 def _check_voices(voices: Voices) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from moss_tts_node.errors import Cancelled
 from moss_tts_node.timing import StageClock, StopReason, TimingReport
 
 
@@ -101,3 +102,13 @@ class AudioStream:
     @property
     def cancelled(self) -> bool:
         return self.report is not None and self.report.stop_reason is StopReason.CANCELLED
+
+    def whole(self, sample_rate: int) -> Synthesis:
+        """Read to its end: the whole utterance, with what produced it; Cancelled when it was cancelled."""
+        chunks = [chunk.samples for chunk in self]
+        result = self.result
+        if result is None or self.cancelled:  # None: never, the stream was read to its end
+            raise Cancelled("synthesis cancelled")
+        audio = np.concatenate(chunks) if chunks else np.empty(0, dtype=np.float32)
+        assert self.prompt is not None  # the result's, where the stream had none before it began
+        return Synthesis(audio, sample_rate, result.report, self.prompt, result.generated, result.codes)

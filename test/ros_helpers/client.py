@@ -139,9 +139,11 @@ class Client(Node):
         mine = [c for c in self.chunks if c["request_id"] == goal["id"]]
         return any(c["is_final"] for c in mine) or (not mine and goal["duration"] == 0)
 
-    def send_goal(self, action: ActionClient, request: dict[str, Any]) -> dict[str, Any]:
-        """Send one Speak goal and wait for its acceptance."""
-        goal = request_message(request, Speak.Goal())
+    def send_goal(
+        self, action: ActionClient, request: dict[str, Any], scenario_keys: tuple[str, ...] = ()
+    ) -> dict[str, Any]:
+        """Send one Speak goal (the fields of ``request`` but the ``scenario_keys``) and wait for its acceptance."""
+        goal = request_message(request, Speak.Goal(), scenario_keys)
         handle = self.result(action.send_goal_async(goal), 10, "goal acceptance")
         return {
             "handle": handle,
@@ -205,30 +207,17 @@ class Client(Node):
         return self.result(self._get_state.call_async(GetState.Request()), 10, "the state").current_state.label
 
 
-# The request fields of a Speak goal, a Synthesize request and a TextChunk that a scenario may give.
-REQUEST_FIELDS = (
-    "text",
-    "language",
-    "instruction",
-    "reference_audio",
-    "seed",
-    "voice",
-    "voices",
-    "prefix_voice",
-    "prefix_text",
-    "sound_event",
-    "ambient_sound",
-    "quality",
-    "tokens",
-    "scene",
-)
-
-
-def request_message(args: dict[str, Any], message: Any) -> Any:
-    """``message`` with the request fields ``args`` gives."""
-    for key in REQUEST_FIELDS:
-        if key in args and hasattr(message, key):
-            setattr(message, key, args[key])
+def request_message(args: dict[str, Any], message: Any, scenario_keys: tuple[str, ...] = ()) -> Any:
+    """``message`` with the fields ``args`` gives: every key of ``args`` but the ``scenario_keys`` (what the scenario
+    does around the message) must be a field of ``message``, so that a field misspelled, or one the interface lost,
+    fails the test instead of leaving the message at its default."""
+    fields = message.get_fields_and_field_types()
+    unknown = sorted(key for key in args if key not in fields and key not in scenario_keys)
+    if unknown:
+        raise KeyError(f"{type(message).__name__} has no field {', '.join(unknown)}; its fields: {', '.join(fields)}")
+    for key, value in args.items():
+        if key not in scenario_keys:
+            setattr(message, key, value)
     return message
 
 
@@ -413,7 +402,7 @@ def run_speak(client: Client, args: dict[str, Any]) -> dict[str, Any]:
             before = goals[-1]["id"]
             client.spin_until(lambda before=before: bool(client.feedback[before]), timeout, "the goal before in line")
         client.set_params_or_fail(request.get("params", {}))
-        goals.append(client.send_goal(action, request))
+        goals.append(client.send_goal(action, request, ("wait_chunks", "params")))
     then = args.get("then")
     if then is not None:
         client.wait_chunks(goals[then["goal"]]["id"], then["chunks"], timeout)

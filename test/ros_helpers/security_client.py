@@ -78,7 +78,7 @@ def run_requests(client: Client, args: dict[str, Any]) -> dict[str, Any]:
     answers = []
     for request in args["requests"]:
         if request["via"] == "synthesize":
-            call = service.call_async(request_message(request, Synthesize.Request()))
+            call = service.call_async(request_message(request, Synthesize.Request(), ("via",)))
             response = client.result(call, timeout, "a reply")
             answers.append(
                 {
@@ -91,7 +91,7 @@ def run_requests(client: Client, args: dict[str, Any]) -> dict[str, Any]:
                 }
             )
         else:
-            sent = action.send_goal_async(request_message(request, Speak.Goal()))
+            sent = action.send_goal_async(request_message(request, Speak.Goal(), ("via",)))
             handle = client.result(sent, 10, "goal acceptance")
             result = client.result(handle.get_result_async(), timeout, "a result")
             answers.append(

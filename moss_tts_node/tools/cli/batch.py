@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moss_tts_node.errors import EXIT_INTERRUPTED, MossTTSError, RequestError
+from moss_tts_node.synthesis.fields import COUNT, SEED, TEXT
+from moss_tts_node.synthesis.request import REQUEST_FIELDS
 from moss_tts_node.text.speakers import MAX_SPEAKERS
 from moss_tts_node.timing import StopReason
 from moss_tts_node.tools.overrides import add_set_option, parse_overrides
@@ -40,22 +42,12 @@ SEED_TTS, JSONL, PLAIN = "seed-tts", "jsonl", "plain"
 FORMATS = (SEED_TTS, JSONL, PLAIN)
 SEED_TTS_SUFFIXES = (".txt", ".lst")  # a Seed-TTS list when its first line has a '|'; plain text otherwise
 JSONL_SUFFIX = ".jsonl"
-JSONL_FIELDS = (
-    "id",
-    "text",
-    "reference",
-    "references",
-    "prefix",
-    "prefix_text",
-    "language",
-    "instruction",
-    "quality",
-    "tokens",
-    "sound_event",
-    "ambient_sound",
-    "scene",
-    "seed",
-)
+# A JSONL line's keys: its id, its text and its voices (files, found from the list's folder), then the request's
+# fields that batch takes under their own names, as their declaration says (synthesis/fields.py).
+_REQUEST_KEYS = tuple(field for field in REQUEST_FIELDS if field.batch)
+JSONL_FIELDS = ("id", "text", "reference", "references", "prefix", *(field.name for field in _REQUEST_KEYS))
+_JSONL_STRINGS = ("reference", "prefix", *(field.name for field in _REQUEST_KEYS if field.kind == TEXT))
+_JSONL_NUMBERS = {field.name: 1 if field.kind == COUNT else 0 for field in _REQUEST_KEYS if field.kind in (COUNT, SEED)}
 # What a JSONL key means where it is batch's own, or means more than synth's option for the same request field
 # (usage_reference writes docs/usage.md's table of keys from these and synth's help).
 JSONL_KEY_HELP = {
@@ -69,17 +61,6 @@ JSONL_KEY_HELP = {
     "list's folder",
     "prefix_text": "what the prefix says, put before text; left out when text itself begins with it",
 }
-_JSONL_STRINGS = (
-    "reference",
-    "prefix",
-    "prefix_text",
-    "language",
-    "instruction",
-    "quality",
-    "sound_event",
-    "ambient_sound",
-    "scene",
-)
 # utt_id|prompt_text|prompt_wav|target_text, and some lists add the ground-truth clip as a fifth field.
 SEED_TTS_FIELDS = (4, 5)
 SUMMARY_FILE = "summary.jsonl"
@@ -97,7 +78,8 @@ class Utterance:
     ``None`` for the configured default voice (``generation.reference_audio``); ``references`` instead: one
     per speaker, [S1] first, None for a speaker without one; ``prefix``: a recording the speech continues, with its
     ``prefix_text`` (docs/continuation.md). ``text`` is empty for a sound (``ambient_sound`` or ``sound_event``
-    and no text: docs/family.md, "Sound effects"). The other fields left ``None`` take the config's."""
+    and no text: docs/family.md, "Sound effects"). The other fields, one for each that the request's declaration
+    says batch takes (``_REQUEST_KEYS``), left ``None`` take the config's."""
 
     line: int  # 1-based, in the list file
     id: str
@@ -268,28 +250,19 @@ def _jsonl_line(number: int, line: str, folder: Path) -> Utterance:
         raise _LineError('no "text" string: every line needs one but a sound (ambient_sound or sound_event)', utt_id)
     utt_id = utt_id if utt_id is not None else derived_id(number, text.strip() or sound)
     _check(utt_id, text, bool(sound))
-    seed, tokens = item.get("seed"), item.get("tokens")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise _LineError(f"seed must be an integer >= 0 or null, got {json.dumps(seed)}", utt_id)
-    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
-        raise _LineError(f"tokens must be an integer >= 1 or null, got {json.dumps(tokens)}", utt_id)
+    for key, least in _JSONL_NUMBERS.items():
+        value = item.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            raise _LineError(f"{key} must be an integer >= {least} or null, got {json.dumps(value)}", utt_id)
     reference, prefix = item.get("reference"), item.get("prefix")
     return Utterance(
         number,
         utt_id,
         text.strip(),
         reference=_reference(folder, reference, utt_id) if reference else reference,
-        language=item.get("language"),
-        instruction=item.get("instruction"),
-        seed=seed,
         references=_references(folder, item, utt_id),
         prefix=_reference(folder, prefix, utt_id) if prefix else None,
-        prefix_text=item.get("prefix_text"),
-        quality=item.get("quality"),
-        tokens=tokens,
-        sound_event=item.get("sound_event"),
-        ambient_sound=item.get("ambient_sound"),
-        scene=item.get("scene"),
+        **{field.name: item.get(field.name) for field in _REQUEST_KEYS},
     )
 
 
@@ -427,20 +400,8 @@ class Batch:
         try:
             references = utterance.references
             voice = self._voice(utterance.reference) if references is None else [self._voice(v) for v in references]
-            result = self.synth.synthesize(
-                utterance.text,
-                voice=voice,
-                prefix=self._voice(utterance.prefix),
-                prefix_text=utterance.prefix_text,
-                language=utterance.language,
-                instruction=utterance.instruction,
-                quality=utterance.quality,
-                tokens=utterance.tokens,
-                sound_event=utterance.sound_event,
-                ambient_sound=utterance.ambient_sound,
-                scene=utterance.scene,
-                seed=utterance.seed,
-            )
+            fields = {field.name: getattr(utterance, field.name) for field in _REQUEST_KEYS}
+            result = self.synth.synthesize(utterance.text, voice=voice, prefix=self._voice(utterance.prefix), **fields)
         except MossTTSError as exc:
             self.totals.busy_s += time.perf_counter() - started
             return SummaryRow(utterance.id, utterance.line, "failed", error=str(exc))

@@ -22,6 +22,8 @@ from moss_tts_node.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, MossTTSError,
 from moss_tts_node.model.family import FAMILY, MOSS_TTS
 from moss_tts_node.model.rates import FRAMES_PER_SECOND
 from moss_tts_node.playback import DEFAULT_PREBUFFER_S
+from moss_tts_node.synthesis.fields import COUNT, SEED
+from moss_tts_node.synthesis.request import REQUEST_FIELDS
 from moss_tts_node.text.speakers import MAX_SPEAKERS
 from moss_tts_node.tools.overrides import add_set_option, parse_overrides
 from moss_tts_node.tools.progress import Progress
@@ -85,22 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="a recording the speech continues (continuation cloning, docs/continuation.md): a clip, .npy codes or "
         "a voice name of the config; only the new speech is written",
     )
-    synth.add_argument(
-        "--prefix-text",
-        help="what the prefix says, put before --text (default: a named voice's transcript, or --text begins with it)",
-    )
-    synth.add_argument(
-        "--language", help='a language code or English name of docs/usage.md "Languages", e.g. en, zh, French'
-    )
-    synth.add_argument("--instruction", help="style instruction")
-    synth.add_argument("--quality", help="the prompt's quality field")
-    synth.add_argument(
-        "--tokens", type=int, help="how long the speech (or the sound) should be, in frames (12.5 per second)"
-    )
-    synth.add_argument("--sound-event", help="the prompt's sound event field")
-    synth.add_argument("--ambient-sound", help="the prompt's ambient sound field")
-    synth.add_argument("--scene", help="the prompt's scene field (MOSS-TTSD's; docs/family.md, \"Dialogues\")")
-    synth.add_argument("--seed", type=int, help="random seed; the same seed gives the same audio")
+    for field in REQUEST_FIELDS:  # the request's own fields, each as its declaration says (synthesis/fields.py)
+        if field.cli:
+            synth.add_argument(field.cli_flag, type=int if field.kind in (COUNT, SEED) else str, help=field.help)
     synth.add_argument("--text-temperature", type=float, help="overrides sampling.text_temperature")
     synth.add_argument("--audio-temperature", type=float, help="overrides sampling.audio_temperature")
     synth.add_argument("--max-new-tokens", type=int, help="overrides generation.max_new_tokens")
@@ -169,27 +158,17 @@ def run_synth(args: argparse.Namespace) -> int:
         if getattr(args, flag) is not None:
             overrides[key] = getattr(args, flag)
     config = load_config(args.config, overrides)
-    fields = {
-        "language": args.language,
-        "instruction": args.instruction,
-        "quality": args.quality,
-        "tokens": args.tokens,
-        "sound_event": args.sound_event,
-        "ambient_sound": args.ambient_sound,
-        "scene": args.scene,
-        "voice": _references(args.reference),
-        "prefix": args.prefix,
-        "prefix_text": args.prefix_text,
-    }
+    fields = {field.name: getattr(args, field.name) for field in REQUEST_FIELDS if field.cli}
+    fields |= {"voice": _references(args.reference), "prefix": args.prefix}
     check_request(SpeechRequest("" if text == STDIN else text, **fields), config.limits)  # before loading
     with open_synthesizer(config) as synth, ExitStack() as playing:
         fields = {**fields, "voice": _named(fields["voice"], synth.voices), "prefix": _named(args.prefix, synth.voices)}
         # A file alone gets the codec's decode of the whole utterance (of each sentence, for standard input);
         # --play streams, and the file then holds what was played.
         if text == STDIN:
-            stream = synth.stream_text(standard_input(), seed=args.seed, streaming=args.play, **fields)
+            stream = synth.stream_text(standard_input(), streaming=args.play, **fields)
         else:
-            stream = synth.stream(text, seed=args.seed, streaming=args.play, **fields)
+            stream = synth.stream(text, streaming=args.play, **fields)
         speaker = playing.enter_context(Speaker(open_output, args.prebuffer)) if open_output else None
         chunks = []
         progress = Progress(sys.stderr)
