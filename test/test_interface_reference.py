@@ -3,11 +3,11 @@ every field of them says what it is."""
 
 from __future__ import annotations
 
-import difflib
 import importlib
 from pathlib import Path
 
 import pytest
+from generated_pages import assert_page_is_written
 
 from moss_tts_node.tools.dev.interface_reference import (
     COMMAND,
@@ -26,10 +26,7 @@ FOUND = interfaces()
 
 
 def test_the_checked_in_page_is_what_the_interface_files_write() -> None:
-    page = PAGE.read_text(encoding="utf-8")
-    written = render(page)
-    diff = "".join(list(difflib.unified_diff(page.splitlines(True), written.splitlines(True), "page", "written"))[:40])
-    assert written == page, f"docs/interfaces.md differs from the interface files: run `{COMMAND}`\n{diff}"
+    assert_page_is_written(PAGE, render, "the interface files", COMMAND)
 
 
 def test_every_interface_file_is_on_the_page_and_every_field_and_constant_has_a_meaning() -> None:

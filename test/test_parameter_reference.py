@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import difflib
-
 import pytest
+from generated_pages import assert_page_is_written
 from ros_helpers import require_ros
 
 require_ros()
@@ -15,10 +14,7 @@ from moss_tts_node.ros.parameters import NODE_OPTIONS  # noqa: E402
 
 
 def test_the_checked_in_page_is_what_the_declarations_write() -> None:
-    page = PAGE.read_text(encoding="utf-8")
-    written = render(page)
-    diff = "".join(list(difflib.unified_diff(page.splitlines(True), written.splitlines(True), "page", "written"))[:40])
-    assert written == page, f"docs/configuration.md differs from the declarations: run `{COMMAND}`\n{diff}"
+    assert_page_is_written(PAGE, render, "the declarations", COMMAND)
 
 
 def test_a_stale_row_is_written_anew_and_every_parameter_has_one() -> None:

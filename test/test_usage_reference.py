@@ -3,12 +3,12 @@ command the docs show is one the CLI takes."""
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from generated_pages import assert_page_is_written
 
 from moss_tts_node.tools.cli import batch
 from moss_tts_node.tools.cli.main import build_parser
@@ -30,10 +30,7 @@ COMMANDS = commands(PARSER)
 
 
 def test_the_checked_in_page_is_what_the_parsers_write() -> None:
-    page = PAGE.read_text(encoding="utf-8")
-    written = render(page)
-    diff = "".join(list(difflib.unified_diff(page.splitlines(True), written.splitlines(True), "page", "written"))[:40])
-    assert written == page, f"docs/usage.md differs from the CLI's parsers: run `{COMMAND}`\n{diff}"
+    assert_page_is_written(PAGE, render, "the CLI's parsers", COMMAND)
 
 
 def test_a_stale_row_is_written_anew_and_every_option_and_key_has_one() -> None:
