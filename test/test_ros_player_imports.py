@@ -16,8 +16,9 @@ require_ros()
 
 # Modules of this package the player may not load, by prefix; model/ and codec/ only for their file-name
 # facts (config.py names the weight and graph files in its key descriptions) and the family's table of
-# recommended sampling (config.py resolves the sampling keys left to the model), text/ only for its table of
-# languages (config.py checks generation.language against it).
+# recommended sampling (config.py resolves the sampling keys left to the model) and its audio rates (a module of
+# constants: config.py's default for audio.max_codec_seconds), text/ only for its table of languages (config.py
+# checks generation.language against it).
 FORBIDDEN_PACKAGE_PREFIXES = (
     "moss_tts_node.synthesizer",
     "moss_tts_node.synthesis.pipeline",
@@ -32,6 +33,7 @@ FORBIDDEN_PACKAGE_PREFIXES = (
 FACT_MODULES = {
     "moss_tts_node.model.layout",
     "moss_tts_node.model.family",
+    "moss_tts_node.model.rates",
     "moss_tts_node.codec.layout",
     "moss_tts_node.text",
     "moss_tts_node.text.languages",
