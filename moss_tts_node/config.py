@@ -294,7 +294,7 @@ class LimitsConfig:
 
     max_text_chars: int = _option(
         2000,
-        "Most characters of a request's text, instruction, quality, language, prefix_text, sound_event, ambient_sound "
+        "Most characters of a request's text, language, instruction, quality, prefix_text, sound_event, ambient_sound "
         "and scene together; a longer request is refused before its text is cleaned or tokenized.",
         min=1,
         max=10_000_000,

@@ -109,6 +109,13 @@ def test_check_request_checks_each_text_and_count_field(field: RequestField) -> 
             check_request(SpeechRequest(**{"text": "Hi.", field.name: "x" * 20}), LimitsConfig(max_text_chars=10))
 
 
+def test_the_character_limit_names_the_declared_text_fields() -> None:
+    """config.py sits below the declaration and cannot read it: its help, which becomes docs/configuration.md and
+    the ROS parameter's description, lists the fields limits.max_text_chars counts by hand, so it is held to it."""
+    named = [f.name for f in REQUEST_FIELDS if f.kind == TEXT]
+    assert f"{', '.join(named[:-1])} and {named[-1]} together" in OPTIONS["limits.max_text_chars"].doc
+
+
 def test_the_cli_has_a_flag_for_each_field_declared_for_it() -> None:
     (synth,) = (action.choices["synth"] for action in build_parser()._actions if getattr(action, "choices", None))
     flags = {flag: action for action in synth._actions for flag in action.option_strings}
