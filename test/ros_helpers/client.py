@@ -336,9 +336,9 @@ def run_text_stream(client: Client, args: dict[str, Any]) -> dict[str, Any]:
                 timeout,
                 "open streams",
             )
-    for publisher in (chunks, texts):  # in the node's hands before this client may go
+    for publisher in (chunks, texts, *others.values()):  # in their readers' hands before this client may go
         if not publisher.wait_for_all_acked(rclpy.duration.Duration(seconds=10)):
-            raise TimeoutError("the node did not acknowledge the messages published")
+            raise TimeoutError(f"the subscribers of {publisher.topic_name} did not acknowledge what was published")
     finals = set(args.get("finals", []))
     client.spin_until(
         lambda: (
