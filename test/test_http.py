@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import json
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 from ros_helpers import node_params_file
-from ros_helpers.netns import LoopbackNamespace, loopback_namespace, wait_for_line
+from ros_helpers.netns import LoopbackNamespace, loopback_namespace, stop_process, wait_for_line
 
 pytest.importorskip("starlette", reason="the [http] extra is not installed: pip install -r requirements-http.txt")
 pytest.importorskip("openai", reason="the openai client is not installed: pip install -r requirements-http.txt")
@@ -73,14 +72,10 @@ class Server:
 
     def stop(self) -> int:
         """Ctrl-C, and the exit code."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-        try:
-            return self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-            raise AssertionError(f"the server did not stop within 30 s:\n{self.output()[-3000:]}") from None
+        code = stop_process(self.process)
+        if code is None:
+            raise AssertionError(f"the server did not stop within 30 s:\n{self.output()[-3000:]}")
+        return code
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -22,7 +21,14 @@ from pathlib import Path
 
 import pytest
 from ros_helpers import node_params_file, require_ros
-from ros_helpers.netns import READY_LINE, UNCONFIGURED_LINE, LoopbackNamespace, retry_until, wait_for_line
+from ros_helpers.netns import (
+    READY_LINE,
+    UNCONFIGURED_LINE,
+    LoopbackNamespace,
+    retry_until,
+    stop_process,
+    wait_for_line,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 # Where README sends a user for the install route and the node.
@@ -186,14 +192,11 @@ class Launch:
 
     def stop(self) -> int:
         """SIGINT to the whole group (a background launch ignores a SIGINT to itself alone); kill if it hangs."""
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGINT)
-        try:
-            return self.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-            raise AssertionError(f"ros2 launch did not stop within 60 s:\n{self.output()}") from None
+        code = stop_process(self.process, timeout=60, to_group=True)
+        self._log_file.close()
+        if code is None:
+            raise AssertionError(f"ros2 launch did not stop within 60 s:\n{self.output()}")
+        return code
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -45,6 +45,27 @@ def wait_for_line(output: Callable[[], str], line: str, running: Callable[[], bo
         time.sleep(POLL_S)
 
 
+def stop_process(
+    process: subprocess.Popen[str], signum: int = signal.SIGINT, timeout: float = 30.0, *, to_group: bool = False
+) -> int | None:
+    """Send ``signum`` (to the process's whole group with ``to_group``) and return the exit code; None when it had
+    not ended within ``timeout``: it is killed then, with its group when it leads one (``start_new_session``)."""
+    if process.poll() is None:
+        if to_group:
+            os.killpg(process.pid, signum)
+        else:
+            process.send_signal(signum)
+    try:
+        return process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        if os.getpgid(process.pid) == process.pid:
+            os.killpg(process.pid, signal.SIGKILL)
+        else:
+            process.kill()
+        process.wait()
+        return None
+
+
 def retry_until(run: Callable[[], str], expected: str, what: str, timeout: float = 60.0) -> str:
     """Run ``run`` until what it prints holds ``expected`` (a ``ros2`` command: the ros2 daemon, started by the first
     command, may not have discovered a fresh node or topic yet); what it printed."""
@@ -240,14 +261,11 @@ class NodeProcess:
 
     def stop(self, signum: int = signal.SIGINT, timeout: float = 30.0) -> int:
         """Send ``signum`` and return the exit code; kills the process if it hangs."""
-        if self.process.poll() is None:
-            self.process.send_signal(signum)
-        try:
-            return self.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-            raise AssertionError(f"the node did not stop within {timeout} s:\n{self.output()}") from None
+        code = stop_process(self.process, signum, timeout)
+        self._log_file.close()
+        if code is None:
+            raise AssertionError(f"the node did not stop within {timeout} s:\n{self.output()}")
+        return code
 
 
 @contextmanager
@@ -279,5 +297,4 @@ def playing(
         wait_for_line(log.read_text, PLAYING_LINE, lambda: player.poll() is None, "the player", 60.0)
         yield player
     finally:
-        player.send_signal(signal.SIGINT)
-        assert player.wait(30) == 0, log.read_text()
+        assert stop_process(player) == 0, log.read_text()
