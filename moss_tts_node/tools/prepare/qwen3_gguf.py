@@ -12,13 +12,14 @@ tokenizes with the ``tokenizers`` library and feeds llama.cpp embeddings, never 
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+from moss_tts_node.tools.prepare.gguf_writing import PlannedTensor, write_planned_gguf
 
 _DTYPES = {"f32": np.float32, "f16": np.float16}
 
@@ -123,60 +124,33 @@ def write_qwen3_gguf(
 
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
-    path = Path(path)
-    expected = qwen3_tensor_shapes(shape)  # HF name -> shape, in file order
-    order = list(expected)
-    position = {n: i for i, n in enumerate(order)}
-    target = {n: np.dtype(_DTYPES[dtype] if len(dims) == 2 else np.float32) for n, dims in expected.items()}
+    plan = {
+        hf_name: PlannedTensor(
+            gguf_tensor_name(hf_name), dims, np.dtype(_DTYPES[dtype] if len(dims) == 2 else np.float32)
+        )
+        for hf_name, dims in qwen3_tensor_shapes(shape).items()
+    }
 
-    writer = gguf.GGUFWriter(None, "qwen3")
-    writer.add_name(name)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32 if dtype == "f32" else gguf.LlamaFileType.MOSTLY_F16)
-    writer.add_block_count(shape.layers)
-    writer.add_context_length(shape.context_length)
-    writer.add_embedding_length(shape.hidden)
-    writer.add_feed_forward_length(shape.ffn)
-    writer.add_head_count(shape.heads)
-    writer.add_head_count_kv(shape.kv_heads)
-    writer.add_key_length(shape.head_dim)
-    writer.add_value_length(shape.head_dim)
-    writer.add_layer_norm_rms_eps(shape.rms_eps)
-    writer.add_rope_freq_base(shape.rope_theta)
-    writer.add_vocab_size(shape.vocab)
-    writer.add_tokenizer_model("none")
-    for hf_name, dims in expected.items():
-        nbytes = int(np.prod(dims)) * target[hf_name].itemsize
-        writer.add_tensor_info(gguf_tensor_name(hf_name), dims, target[hf_name], nbytes)
+    def add_header(writer: Any) -> None:
+        writer.add_name(name)
+        writer.add_file_type(gguf.LlamaFileType.ALL_F32 if dtype == "f32" else gguf.LlamaFileType.MOSTLY_F16)
+        writer.add_block_count(shape.layers)
+        writer.add_context_length(shape.context_length)
+        writer.add_embedding_length(shape.hidden)
+        writer.add_feed_forward_length(shape.ffn)
+        writer.add_head_count(shape.heads)
+        writer.add_head_count_kv(shape.kv_heads)
+        writer.add_key_length(shape.head_dim)
+        writer.add_value_length(shape.head_dim)
+        writer.add_layer_norm_rms_eps(shape.rms_eps)
+        writer.add_rope_freq_base(shape.rope_theta)
+        writer.add_vocab_size(shape.vocab)
+        writer.add_tokenizer_model("none")
 
-    partial = path.with_name(f".{path.name}.partial")
-    try:
-        writer.write_header_to_file(partial)
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-        pending: dict[str, np.ndarray] = {}
-        next_index = 0
-        for hf_name, array in tensors:
-            gguf_tensor_name(hf_name)  # a name that is not Qwen3's at all gets its own error
-            if hf_name not in position:
-                raise ValueError(f"tensor {hf_name!r} does not belong to a {shape.layers}-layer backbone")
-            if hf_name in pending or position[hf_name] < next_index:
-                raise ValueError(f"tensor {hf_name!r} was given twice")
-            if tuple(array.shape) != expected[hf_name]:
-                raise ValueError(f"tensor {hf_name!r} has shape {tuple(array.shape)}, expected {expected[hf_name]}")
-            pending[hf_name] = np.ascontiguousarray(array, dtype=target[hf_name])
-            while next_index < len(order) and order[next_index] in pending:
-                writer.write_tensor_data(pending.pop(order[next_index]))
-                next_index += 1
-        if next_index < len(order):
-            missing = [n for n in order[next_index:] if n not in pending]
-            raise ValueError(f"missing tensors: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
-        writer.close()
-        os.replace(partial, path)
-    except BaseException:
-        writer.close()
-        with contextlib.suppress(FileNotFoundError):
-            partial.unlink()
-        raise
+    # A name that is not Qwen3's at all gets gguf_tensor_name's own error.
+    write_planned_gguf(
+        path, "qwen3", add_header, plan, tensors, f"a {shape.layers}-layer backbone", check_name=gguf_tensor_name
+    )
 
 
 def random_qwen3_tensors(shape: Qwen3Shape, seed: int) -> dict[str, np.ndarray]:
