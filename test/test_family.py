@@ -19,7 +19,7 @@ from moss_tts_node.codec.audio_io import write_wav
 from moss_tts_node.config import SamplingConfig, load_config, resolved_sampling
 from moss_tts_node.errors import ConfigError, RequestError, WeightsError
 from moss_tts_node.llama.gguf import GgufHeadsInfo
-from moss_tts_node.model.family import FAMILY, MOSS_TTS, MOSS_TTSD, SOUND_EFFECT, VOICE_GENERATOR
+from moss_tts_node.model.family import DELAY_FAMILY, FAMILY, MOSS_TTS, MOSS_TTSD, SOUND_EFFECT, VOICE_GENERATOR
 from moss_tts_node.model.identity import RECORD_KEY, UNRECORDED, ModelIdentity
 from moss_tts_node.model.layout import CONFIG_FILE, EMBEDDINGS_DIR, HEADS_DIR
 from moss_tts_node.model.rates import SAMPLES_PER_FRAME
@@ -176,10 +176,19 @@ def test_every_model_has_the_recommended_sampling_of_its_card() -> None:
     repetition penalty; text sampling is upstream's generate() defaults for all."""
     cards = {"moss-tts": (1.7, 0.8, 25, 1.0), "moss-ttsd": (1.1, 0.9, 50, 1.1)}
     cards |= {"voice-generator": (1.5, 0.6, 50, 1.1), "sound-effect": (1.5, 0.6, 50, 1.2)}
-    for key, model in FAMILY.items():
+    for key, model in DELAY_FAMILY.items():
         s = model.sampling
         assert (s.audio_temperature, s.audio_top_p, s.audio_top_k, s.audio_repetition_penalty) == cards[key], key
         assert (s.text_temperature, s.text_top_p, s.text_top_k) == (1.5, 1.0, 50), key
+
+
+def test_nano_samples_as_upstreams_runtimes_default() -> None:
+    """MOSS-TTS-Nano's numbers are its runtimes' defaults (ort_cpu_runtime.py, moss_tts_nano_runtime.py: docs/nano.md,
+    "Sampling"): text 1.0 / 1.0 / 50, audio 0.8 / 0.95 / 25 with a repetition penalty of 1.2."""
+    s = FAMILY["nano"].sampling
+    assert (s.text_temperature, s.text_top_p, s.text_top_k) == (1.0, 1.0, 50)
+    assert (s.audio_temperature, s.audio_top_p, s.audio_top_k, s.audio_repetition_penalty) == (0.8, 0.95, 25, 1.2)
+    assert set(FAMILY) - set(DELAY_FAMILY) == {"nano"}
 
 
 def test_sampling_keys_default_to_the_models_recommendation_and_explicit_values_win() -> None:

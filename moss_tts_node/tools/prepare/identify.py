@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from moss_tts_node.model.family import FAMILY, MOSS_TTS, MOSS_TTSD, VOICE_GENERATOR, FamilyModel
+from moss_tts_node.model.family import DELAY_FAMILY, MOSS_TTS, MOSS_TTSD, VOICE_GENERATOR, FamilyModel
 from moss_tts_node.model.identity import V1_0, V1_5, ModelIdentity
 from moss_tts_node.model.template import PromptTemplate
 from moss_tts_node.text.languages import ADDED_IN_V1_5, LANGUAGES
@@ -40,9 +40,12 @@ def identify(
     code's ``template``); ``model``: a key of FAMILY that ``convert --model`` gave, or None."""
     signs = _signs(shape, template)
     if model is not None:
-        if model not in FAMILY:
-            raise IdentityError(f"unknown model {model!r}: choose one of {', '.join(FAMILY)}")
-        chosen, evidence = FAMILY[model], f"convert --model {model}"
+        if model not in DELAY_FAMILY:
+            raise IdentityError(
+                f"--model {model} is not a model of the MossTTSDelay family, which this checkpoint is: "
+                f"choose one of {', '.join(DELAY_FAMILY)}"
+            )
+        chosen, evidence = DELAY_FAMILY[model], f"convert --model {model}"
         for other, sign in signs:
             if other is MOSS_TTSD and other is not chosen:  # processing code is the checkpoint's own word
                 raise IdentityError(f"--model {model} says {chosen.name}, but {sign}: check which checkpoint this is")
@@ -54,11 +57,11 @@ def identify(
     elif n_vq in MOSS_TTS.codebooks:
         chosen, evidence = MOSS_TTS, f"{n_vq} codebooks, and no sign of another model of the family"
     else:
-        candidates = [m for m in FAMILY.values() if n_vq in m.codebooks]
+        candidates = [m for m in DELAY_FAMILY.values() if n_vq in m.codebooks]
         raise IdentityError(
             f"config.json's n_vq is {n_vq}, and nothing in the checkpoint tells which model of the family it is "
             f"({_models_with(n_vq, candidates)}; their model cards are the family's common page): pass --model "
-            + " or --model ".join(m.key for m in candidates or FAMILY.values())
+            + " or --model ".join(m.key for m in candidates or DELAY_FAMILY.values())
         )
     if n_vq not in chosen.codebooks:
         raise IdentityError(
@@ -88,7 +91,7 @@ def _signs(shape: Qwen3Shape, template: PromptTemplate) -> list[tuple[FamilyMode
 
 def _models_with(n_vq: int, models: list[FamilyModel]) -> str:
     if not models:
-        counts = ", ".join(f"{m.name} {'/'.join(map(str, m.codebooks))}" for m in FAMILY.values())
+        counts = ", ".join(f"{m.name} {'/'.join(map(str, m.codebooks))}" for m in DELAY_FAMILY.values())
         return f"no model of the family has {n_vq} codebooks: {counts}"
     return f"{n_vq} codebooks: {', '.join(m.name for m in models)}"
 
