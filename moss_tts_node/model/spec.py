@@ -13,9 +13,11 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from moss_tts_node.errors import WeightsError
-from moss_tts_node.model.identity import ModelIdentity
+from moss_tts_node.model.family import MOSS_TTS_NANO
+from moss_tts_node.model.identity import RECORD_KEY, ModelIdentity
 from moss_tts_node.model.layout import CONFIG_FILE
 from moss_tts_node.model.rates import SAMPLE_RATE
 
@@ -75,9 +77,20 @@ class ModelSpec:
     def special_token_ids(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in _CONFIG_FIELDS if f.name.endswith("_token_id")}
 
+    @property
+    def audio_channels(self) -> int:
+        """Channels of the model's audio (samples are (n,) when 1, else (n, channels))."""
+        return 1
+
+    @property
+    def is_nano(self) -> bool:
+        """Whether the weights are MOSS-TTS-Nano's (``NanoSpec``): no delay pattern, a frame a step."""
+        return False
+
     @classmethod
     def load(cls, weights_dir: Path) -> ModelSpec:
-        """Read ``config.json`` when present; unknown keys are ignored (it is upstream's file)."""
+        """Read ``config.json`` when present; unknown keys are ignored (it is upstream's file). A Nano config
+        (``model_type`` ``moss_tts_nano``) gives a ``NanoSpec``."""
         path = Path(weights_dir) / CONFIG_FILE
         if not path.is_file():
             return cls()
@@ -87,12 +100,21 @@ class ModelSpec:
             raise WeightsError(f"{path}: not a readable JSON model config: {exc}") from exc
         if not isinstance(raw, dict):
             raise WeightsError(f"{path}: expected a JSON object")
+        if raw.get("model_type") == NANO_MODEL_TYPE:
+            return NanoSpec.from_config(raw, path)
+        return cls.from_config(raw, path)
+
+    @classmethod
+    def from_config(cls, raw: dict[str, Any], path: Path) -> ModelSpec:
+        """The spec of a parsed ``config.json`` (read from ``path``); each field under its config key
+        (``config_key``)."""
         values = {}
         for f in _CONFIG_FIELDS:
-            if f.name in raw:
-                value = raw[f.name]
+            key = cls.config_key(f.name)
+            if key in raw:
+                value = raw[key]
                 if type(value) is not int or value < 0:
-                    raise WeightsError(f"{path}: '{f.name}' must be a non-negative integer, got {value!r}")
+                    raise WeightsError(f"{path}: '{key}' must be a non-negative integer, got {value!r}")
                 values[f.name] = value
         spec = cls(**values, identity=ModelIdentity.from_config(raw, values.get("n_vq", cls.n_vq), path))
         if spec.audio_pad_code != spec.audio_vocab_size:
@@ -102,9 +124,81 @@ class ModelSpec:
             )
         return spec
 
+    @staticmethod
+    def config_key(name: str) -> str:
+        """The config.json key of the field ``name``: the same name, for the Delay models."""
+        return name
+
     def to_json(self) -> dict[str, int]:
         """The upstream keys, as config.json holds them."""
-        return {f.name: getattr(self, f.name) for f in _CONFIG_FIELDS}
+        return {self.config_key(f.name): getattr(self, f.name) for f in _CONFIG_FIELDS}
 
 
 _CONFIG_FIELDS = tuple(f for f in dataclasses.fields(ModelSpec) if f.name != "identity")
+
+# upstream's config.json of MOSS-TTS-Nano says what it is (MossTTSNanoConfig.model_type).
+NANO_MODEL_TYPE = "moss_tts_nano"
+
+# Nano's config.json names two of the fields otherwise (configuration_moss_tts_nano.py); the rest are the same.
+_NANO_KEYS = {
+    "audio_pad_code": "audio_pad_token_id",
+    "audio_assistant_gen_slot_token_id": "audio_assistant_slot_token_id",
+    "sampling_rate": "audio_tokenizer_sample_rate",
+}
+
+
+@dataclass(frozen=True)
+class NanoSpec(ModelSpec):
+    """MOSS-TTS-Nano's vocabulary facts (docs/nano.md, "Tokens"): its own special ids, 16 codebooks, 48 kHz stereo
+    audio, and no delay pattern: a generated row is a whole frame, so a clip takes one row a frame and a step
+    completes a frame. Nano has no delay slot: ``audio_assistant_delay_slot_token_id`` is never used."""
+
+    n_vq: int = 16
+    pad_token_id: int = 3
+    im_start_token_id: int = 4
+    im_end_token_id: int = 5
+    audio_start_token_id: int = 6
+    audio_end_token_id: int = 7
+    audio_user_slot_token_id: int = 8
+    audio_assistant_gen_slot_token_id: int = 9
+    audio_assistant_delay_slot_token_id: int = 9
+    sampling_rate: int = 48000
+
+    @property
+    def is_nano(self) -> bool:
+        return True
+
+    @property
+    def audio_channels(self) -> int:
+        return 2  # the codec's: interleaved stereo (codec/nano.py)
+
+    def delayed_rows(self, frames: int) -> int:
+        return frames
+
+    def frames_after(self, steps: int) -> int:
+        return max(steps, 0)
+
+    @staticmethod
+    def config_key(name: str) -> str:
+        return _NANO_KEYS.get(name, name)
+
+    @property
+    def special_token_ids(self) -> dict[str, int]:
+        ids = super().special_token_ids
+        return {name: i for name, i in ids.items() if name != "audio_assistant_delay_slot_token_id"}
+
+    def to_json(self) -> dict[str, int]:
+        return {key: value for key, value in super().to_json().items() if key != "audio_assistant_delay_slot_token_id"}
+
+    @classmethod
+    def from_config(cls, raw: dict[str, Any], path: Path) -> ModelSpec:
+        spec = super().from_config(raw, path)
+        model = spec.identity.model
+        if RECORD_KEY not in raw:  # upstream's own config.json: its model_type says what it is
+            return dataclasses.replace(spec, identity=ModelIdentity(MOSS_TTS_NANO, evidence="its model_type"))
+        if model is not MOSS_TTS_NANO:
+            raise WeightsError(
+                f"{path}: model_type {NANO_MODEL_TYPE!r} is MOSS-TTS-Nano's, but {RECORD_KEY!r} records "
+                f"{spec.identity.name}: convert the checkpoint again"
+            )
+        return spec
