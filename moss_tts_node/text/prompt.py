@@ -54,24 +54,41 @@ class Prompt:
     text_tokens: int
 
 
-class PromptBuilder:
-    def __init__(self, tokenizer_dir: Path, spec: ModelSpec) -> None:
-        path = Path(tokenizer_dir) / TOKENIZER_FILE
-        if not path.is_file():
-            raise WeightsError(f"tokenizer not found: {path} (it ships in the weights' {TOKENIZER_DIR}/ directory)")
-        try:
-            self.tokenizer = Tokenizer.from_file(str(path))
-        except Exception as exc:  # the Rust side raises plain Exception
-            raise WeightsError(f"{path}: not a readable tokenizer.json: {exc}") from exc
-        self.spec = spec
-        self.template = spec.identity.template
-        self._token_text = {name: self._token_string(path, name, i) for name, i in spec.special_token_ids.items()}
-
-    def _token_string(self, path: Path, name: str, token_id: int) -> str:
-        text = self.tokenizer.id_to_token(token_id)
+def load_tokenizer(tokenizer_dir: Path, spec: ModelSpec) -> tuple[Tokenizer, dict[str, str]]:
+    """The weights' tokenizer.json, and the text of each special token of ``spec`` (by its field name), looked up by
+    the id the model config gives: WeightsError where the file is missing or unreadable or lacks one of them."""
+    path = Path(tokenizer_dir) / TOKENIZER_FILE
+    if not path.is_file():
+        raise WeightsError(f"tokenizer not found: {path} (it ships in the weights' {TOKENIZER_DIR}/ directory)")
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as exc:  # the Rust side raises plain Exception
+        raise WeightsError(f"{path}: not a readable tokenizer.json: {exc}") from exc
+    token_text = {}
+    for name, token_id in spec.special_token_ids.items():
+        text = tokenizer.id_to_token(token_id)
         if text is None:
             raise WeightsError(f"{path}: has no token with id {token_id} ({name} in the model config)")
-        return text
+        token_text[name] = text
+    return tokenizer, token_text
+
+
+def refuse_control_tokens(fields: PromptFields, tokens: Sequence[str]) -> None:
+    """RequestError for a text field that holds one of ``tokens`` (special tokens, placeholders)."""
+    for name in _TEXT_FIELDS:
+        value = getattr(fields, name)
+        if not value:
+            continue
+        for token in tokens:
+            if token in value:
+                raise RequestError(f"the {name} contains the control token {token!r}; remove it")
+
+
+class PromptBuilder:
+    def __init__(self, tokenizer_dir: Path, spec: ModelSpec) -> None:
+        self.tokenizer, self._token_text = load_tokenizer(tokenizer_dir, spec)
+        self.spec = spec
+        self.template = spec.identity.template
 
     def user_content(self, fields: PromptFields, references: Sequence[np.ndarray | None]) -> str:
         """The user turn's content: the template filled in with the fields and a line per speaker."""
@@ -178,13 +195,7 @@ class PromptBuilder:
             rows[start + 1 : start + 1 + delayed.shape[0], 1:] = delayed
 
     def _refuse_control_tokens(self, fields: PromptFields) -> None:
-        for name in _TEXT_FIELDS:
-            value = getattr(fields, name)
-            if not value:
-                continue
-            for token in (*self._token_text.values(), self.template.audio_placeholder):
-                if token in value:
-                    raise RequestError(f"the {name} contains the control token {token!r}; remove it")
+        refuse_control_tokens(fields, (*self._token_text.values(), self.template.audio_placeholder))
 
 
 def _speakers(references: Sequence[np.ndarray | None]) -> list[bool]:
