@@ -128,6 +128,10 @@ class AudioCodec(ABC):
     samples_per_frame: ClassVar[int] = SAMPLES_PER_FRAME  # per channel
     # Audio channels: mono samples are (n,), those of a codec of more channels (n, channels), C-contiguous.
     channels: ClassVar[int] = 1
+    # How audio_io.load_reference_audio prepares a voice clip for this codec, as the model's upstream does: whether
+    # it scales the clip toward -20 dBFS, and whether a partial last frame is zero-padded (else dropped).
+    reference_loudness: ClassVar[bool] = True
+    reference_pads_last_frame: ClassVar[bool] = True
     # Codebooks coded: the model's n_vq, set by each backend when it opens (checked_quantizers), the first
     # n_quantizers of the codec's CODEC_QUANTIZERS levels. An instance's count: the class has none.
     n_quantizers: int

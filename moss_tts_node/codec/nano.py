@@ -145,6 +145,9 @@ class NanoOnnxCodec(AudioCodec):
     samples_per_frame: ClassVar[int] = 3840
     channels: ClassVar[int] = 2
     codec_quantizers: ClassVar[int] = 16  # the codebooks of every frame: the Nano model's n_vq too
+    # Upstream's runtime encodes a clip as it is (no loudness change), and its encoder counts whole frames only.
+    reference_loudness: ClassVar[bool] = False
+    reference_pads_last_frame: ClassVar[bool] = False
 
     def __init__(
         self,
