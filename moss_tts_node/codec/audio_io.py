@@ -1,9 +1,12 @@
 """Audio files in and out: reference clips for voice cloning, WAV output (S16LE, by ``pcm.py``).
 
-Reference clips are prepared the way upstream's processor prepares them (docs/model.md, "Upstream"): mono,
-24 kHz, -20 dBFS RMS with the gain clamped to +-3 dB, whole codec frames, so that a voice cloned
-here sounds like the same voice cloned upstream. The resampler is
-written in NumPy so the package needs neither SciPy nor torch on a robot.
+Reference clips are prepared the way upstream prepares them for the codec at hand, so that a voice cloned
+here sounds like the same voice cloned upstream. For MOSS-Audio-Tokenizer (docs/model.md, "Upstream"): mono
+(channels averaged), 24 kHz, -20 dBFS RMS with the gain clamped to +-3 dB, zero-padded to whole codec frames.
+For MOSS-Audio-Tokenizer-Nano (docs/nano.md, "The codec"): 48 kHz stereo (a mono clip in both channels, more
+than two channels refused), its level as it is, whole frames only (the partial last frame dropped, as
+upstream's encoder drops it). The resampler is written in NumPy so the package needs neither SciPy nor torch on
+a robot (upstream resamples with torchaudio's windowed sinc; both filter out what would alias).
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
+from moss_tts_node.codec.base import AudioCodec
 from moss_tts_node.errors import RequestError
-from moss_tts_node.model.rates import SAMPLE_RATE, SAMPLES_PER_FRAME
+from moss_tts_node.model.rates import SAMPLE_RATE
 from moss_tts_node.pcm import float_to_pcm16
 
 TARGET_DBFS = -20.0
@@ -33,21 +37,42 @@ _ROLLOFF = 0.94
 _CHUNK = 16384  # output samples per gather, bounds the working memory to a few MB
 
 
-def load_reference_audio(path: str | Path, max_seconds: float | None = None) -> np.ndarray:
-    """Read a voice reference clip and return it ready for ``AudioCodec.encode``.
+def load_reference_audio(
+    path: str | Path, max_seconds: float | None = None, codec: type[AudioCodec] = AudioCodec
+) -> np.ndarray:
+    """Read a voice reference clip and return it ready for ``codec``'s ``encode``.
 
-    WAV, FLAC and OGG (anything libsndfile reads) are accepted. The result is float32 mono
-    24 kHz, RMS-normalized toward -20 dBFS (gain limited to +-3 dB so a quiet room is not
-    pumped up into noise) and zero-padded at the end to a multiple of 1920 samples.
-    Raises RequestError for a missing, unreadable, empty or silent file, and for one that holds
-    more than ``max_seconds`` (at most that much is decoded, whatever its header says: check
-    ``clip_seconds`` first for a refusal that decodes nothing).
+    WAV, FLAC and OGG (anything libsndfile reads) are accepted. The result is float32 at the codec's rate and
+    in its channels ((n,) mono, (n, channels) else), prepared as the codec's ``reference_*`` attributes say (the
+    default, MOSS-Audio-Tokenizer's: mono 24 kHz, RMS-normalized toward -20 dBFS with the gain limited to +-3 dB
+    so a quiet room is not pumped up into noise, zero-padded at the end to a multiple of 1920 samples).
+    Raises RequestError for a missing, unreadable, empty or silent file, one of channels the codec's cannot be
+    made from, one shorter than a frame where partial frames are dropped, and one that holds more than
+    ``max_seconds`` (at most that much is decoded, whatever its header says: check ``clip_seconds`` first for a
+    refusal that decodes nothing).
     """
     path = Path(path)
     samples, rate = _read_audio(path, max_seconds)
-    mono = samples.mean(axis=1, dtype=np.float64).astype(np.float32)
-    mono = resample(mono, rate, SAMPLE_RATE)
-    return _pad_to_frames(_normalize_loudness(mono, path))
+    samples = _to_channels(samples, codec.channels, path)
+    samples = np.stack([resample(channel, rate, codec.sample_rate) for channel in samples.T], axis=1)
+    samples = _normalize_loudness(samples, path) if codec.reference_loudness else _check_not_silent(samples, path)
+    whole = _whole_frames(samples, codec.samples_per_frame, codec.reference_pads_last_frame, path)
+    return whole[:, 0].copy() if codec.channels == 1 else whole
+
+
+def _to_channels(samples: np.ndarray, channels: int, path: Path) -> np.ndarray:
+    """(n, c) samples as (n, ``channels``) float32: averaged to mono, a mono clip copied to every channel."""
+    have = samples.shape[1]
+    if have == channels:
+        return samples
+    if channels == 1:
+        return samples.mean(axis=1, dtype=np.float64, keepdims=True).astype(np.float32)
+    if have == 1:
+        return np.repeat(samples, channels, axis=1)
+    raise RequestError(
+        f"reference audio {path} has {have} channels; the codec takes {channels} (or mono): "
+        f"mix it down, e.g. ffmpeg -i {path} -ac {channels} voice.wav"
+    )
 
 
 def resample(samples: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:
@@ -149,8 +174,8 @@ def _readable(path: Path) -> Iterator[None]:
         ) from error
 
 
-def _normalize_loudness(samples: np.ndarray, path: Path) -> np.ndarray:
-    """Scale toward -20 dBFS RMS, the gain limited to +-3 dB; reject silent clips."""
+def _check_not_silent(samples: np.ndarray, path: Path) -> np.ndarray:
+    """``samples`` unchanged; RequestError when their RMS is below SILENCE_DBFS (no usable voice)."""
     rms = float(np.sqrt(np.mean(np.square(samples, dtype=np.float64))))
     level_db = 20.0 * np.log10(rms) if rms > 0 else -np.inf
     if level_db < SILENCE_DBFS:
@@ -158,11 +183,22 @@ def _normalize_loudness(samples: np.ndarray, path: Path) -> np.ndarray:
             f"reference audio {path} is silent (RMS {level_db:.1f} dBFS); record clear speech "
             "or raise the microphone gain"
         )
-    gain_db = float(np.clip(TARGET_DBFS - level_db, -MAX_GAIN_DB, MAX_GAIN_DB))
+    return samples
+
+
+def _normalize_loudness(samples: np.ndarray, path: Path) -> np.ndarray:
+    """Scale toward -20 dBFS RMS, the gain limited to +-3 dB; reject silent clips."""
+    rms = float(np.sqrt(np.mean(np.square(_check_not_silent(samples, path), dtype=np.float64))))
+    gain_db = float(np.clip(TARGET_DBFS - 20.0 * np.log10(rms), -MAX_GAIN_DB, MAX_GAIN_DB))
     return (samples * np.float32(10.0 ** (gain_db / 20.0))).astype(np.float32)
 
 
-def _pad_to_frames(samples: np.ndarray) -> np.ndarray:
-    """Zero-pad the end to a whole number of codec frames (the encoder needs that)."""
-    missing = -samples.size % SAMPLES_PER_FRAME
-    return np.concatenate([samples, np.zeros(missing, dtype=np.float32)])
+def _whole_frames(samples: np.ndarray, samples_per_frame: int, pad: bool, path: Path) -> np.ndarray:
+    """(n, c) samples cut to whole codec frames: the end zero-padded (``pad``) or the partial frame dropped."""
+    if pad:
+        missing = -samples.shape[0] % samples_per_frame
+        return np.concatenate([samples, np.zeros((missing, samples.shape[1]), dtype=np.float32)])
+    whole = samples.shape[0] - samples.shape[0] % samples_per_frame
+    if whole == 0:
+        raise RequestError(f"reference audio {path} is shorter than one codec frame; record 3 to 20 s of clear speech")
+    return np.ascontiguousarray(samples[:whole])

@@ -125,7 +125,13 @@ class AudioCodec(ABC):
     """
 
     sample_rate: ClassVar[int] = SAMPLE_RATE
-    samples_per_frame: ClassVar[int] = SAMPLES_PER_FRAME
+    samples_per_frame: ClassVar[int] = SAMPLES_PER_FRAME  # per channel
+    # Audio channels: mono samples are (n,), those of a codec of more channels (n, channels), C-contiguous.
+    channels: ClassVar[int] = 1
+    # How audio_io.load_reference_audio prepares a voice clip for this codec, as the model's upstream does: whether
+    # it scales the clip toward -20 dBFS, and whether a partial last frame is zero-padded (else dropped).
+    reference_loudness: ClassVar[bool] = True
+    reference_pads_last_frame: ClassVar[bool] = True
     # Codebooks coded: the model's n_vq, set by each backend when it opens (checked_quantizers), the first
     # n_quantizers of the codec's CODEC_QUANTIZERS levels. An instance's count: the class has none.
     n_quantizers: int
@@ -136,25 +142,30 @@ class AudioCodec(ABC):
     attention_span_frames: int = PUBLISHED_ATTENTION_SPAN_FRAMES
 
     def encode(self, waveform: np.ndarray) -> np.ndarray:
-        """Encode float mono 24 kHz samples (n,), n a positive multiple of 1920.
+        """Encode float samples at ``sample_rate``: mono (n,), or (n, channels) for a codec of more channels; n a
+        positive multiple of ``samples_per_frame``.
 
-        Returns codes (n / 1920, n_quantizers) int64 in [0, 1023]. Audio longer than the backend's
+        Returns codes (n / samples_per_frame, n_quantizers) int64 in [0, 1023]. Audio longer than the backend's
         limit is encoded in windows with left context.
         """
-        frames = self._checked_waveform(waveform).reshape(-1, self.samples_per_frame)
-        return self._windowed(frames, "encoder", lambda window: self._encode(window.reshape(-1)))
+        waveform = self._checked_waveform(waveform)
+        channel_shape = waveform.shape[1:]  # () for mono
+        frames = waveform.reshape(-1, self.samples_per_frame, *channel_shape)
+        return self._windowed(frames, "encoder", lambda window: self._encode(window.reshape(-1, *channel_shape)))
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
-        """Decode codes (T, n_quantizers), T >= 1, integers in [0, 1023], to float32 samples (T * 1920,).
+        """Decode codes (T, n_quantizers), T >= 1, integers in [0, 1023], to float32 samples: (T * samples_per_frame,)
+        mono, (T * samples_per_frame, channels) for a codec of more channels.
 
         Codes longer than the backend's limit are decoded in windows with left context.
         """
+        channel_shape = () if self.channels == 1 else (self.channels,)
 
         def decode_window(window: np.ndarray) -> np.ndarray:  # one row of samples per frame
-            return self._decode(window).reshape(-1, self.samples_per_frame)
+            return self._decode(window).reshape(-1, self.samples_per_frame, *channel_shape)
 
         codes = self._checked_codes(codes, self.n_quantizers)
-        return self._windowed(codes, "decoder", decode_window).reshape(-1)
+        return self._windowed(codes, "decoder", decode_window).reshape(-1, *channel_shape)
 
     def _windowed(self, frames: np.ndarray, graph: str, run: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
         """``run`` over ``frames`` in calls within ``graph``'s frame limit, overlapping by the chosen context."""
@@ -175,11 +186,13 @@ class AudioCodec(ABC):
 
     @abstractmethod
     def _encode(self, waveform: np.ndarray) -> np.ndarray:
-        """Encode a validated float32 (n,) waveform to (n / 1920, n_quantizers) int64 codes."""
+        """Encode a validated float32 waveform, (n,) or (n, channels), to (n / samples_per_frame, n_quantizers)
+        int64 codes."""
 
     @abstractmethod
     def _decode(self, codes: np.ndarray) -> np.ndarray:
-        """Decode validated (T, n_quantizers) int64 codes to (T * 1920,) float32 samples."""
+        """Decode validated (T, n_quantizers) int64 codes to float32 samples, (T * samples_per_frame,) or
+        (T * samples_per_frame, channels)."""
 
     def __enter__(self: _Codec) -> _Codec:
         return self
@@ -192,9 +205,16 @@ class AudioCodec(ABC):
     @classmethod
     def _checked_waveform(cls, waveform: np.ndarray) -> np.ndarray:
         """Return the waveform as contiguous float32, or raise CodecError saying what is wrong."""
-        if not isinstance(waveform, np.ndarray) or waveform.ndim != 1:
-            shape = getattr(waveform, "shape", type(waveform).__name__)
+        shape = getattr(waveform, "shape", type(waveform).__name__)
+        if cls.channels == 1 and (not isinstance(waveform, np.ndarray) or waveform.ndim != 1):
             raise CodecError(f"encode expects mono samples of shape (n,), got {shape}; mix to mono first")
+        if cls.channels > 1 and (
+            not isinstance(waveform, np.ndarray) or waveform.ndim != 2 or waveform.shape[1] != cls.channels
+        ):
+            raise CodecError(
+                f"encode expects {cls.channels}-channel samples of shape (n, {cls.channels}), got {shape}; "
+                "audio_io.load_reference_audio converts a clip to the codec's channels"
+            )
         if not np.issubdtype(waveform.dtype, np.floating):
             raise CodecError(
                 f"encode expects float samples in [-1, 1], got dtype {waveform.dtype}; "

@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from moss_tts_node.codec.base import AudioCodec, read_attention_span
-from moss_tts_node.codec.layout import DECODER_FILE, ENCODER_FILE
+from moss_tts_node.codec.base import ONNX_SOURCE, AudioCodec, read_attention_span
+from moss_tts_node.codec.layout import DECODER_FILE, ENCODER_FILE, NANO_META_FILE
+from moss_tts_node.codec.nano import NANO_ONNX_SOURCE, NanoOnnxCodec, is_nano_directory
 from moss_tts_node.codec.onnx import OnnxCodec
 from moss_tts_node.codec.quantizer import CODEC_QUANTIZERS
-from moss_tts_node.errors import CodecError
+from moss_tts_node.errors import CodecError, WeightsError
 
 
 @dataclass(frozen=True)
@@ -35,8 +36,14 @@ def open_codec(
     encoder (never downloaded or built) only fails when something is encoded, since most
     robots use voices pre-encoded with encode-voice; opened to encode only, it fails at once,
     unless ``encoder_optional`` (the encoder beside a stream decoder, which decodes instead).
+
+    The codec directory's layout says which codec it is: MOSS-Audio-Tokenizer-Nano's published ONNX directory
+    holds ``codec_browser_onnx_meta.json`` (``NanoOnnxCodec``), MOSS-Audio-Tokenizer's ``decoder.onnx`` and
+    ``encoder.onnx`` (``OnnxCodec``).
     """
     optional = encoder_optional or decoder
+    if params.codec_dir is not None and is_nano_directory(params.codec_dir):
+        return _open_nano(params, encoder=encoder, decoder=decoder)
     if params.backend == "tensorrt":
         from moss_tts_node.codec.tensorrt import TensorRTCodec  # needs TensorRT: import only when chosen
 
@@ -54,6 +61,13 @@ def open_codec(
         )
     if params.codec_dir is None:
         raise CodecError("the onnx codec backend needs the codec's directory (model.codec_dir)")
+    graphs = (params.codec_dir / name for name in (DECODER_FILE, ENCODER_FILE))
+    if (decoder or not encoder_optional) and not any(path.is_file() for path in graphs):
+        raise WeightsError(
+            f"codec directory {params.codec_dir} holds neither {DECODER_FILE} / {ENCODER_FILE} "
+            f"(MOSS-Audio-Tokenizer: {ONNX_SOURCE}) nor {NANO_META_FILE} (MOSS-Audio-Tokenizer-Nano: "
+            f"{NANO_ONNX_SOURCE}); download one with hf download <repo> --local-dir <dir>"
+        )
     encoder_path = params.codec_dir / ENCODER_FILE
     return OnnxCodec(
         params.codec_dir / DECODER_FILE if decoder else None,
@@ -62,4 +76,26 @@ def open_codec(
         threads=params.threads,
         max_frames=params.max_frames,
         n_quantizers=params.n_quantizers,
+    )
+
+
+def _open_nano(params: CodecParams, *, encoder: bool, decoder: bool) -> NanoOnnxCodec:
+    """MOSS-Audio-Tokenizer-Nano from its published ONNX directory, for a model of its 16 codebooks."""
+    if params.backend != "onnx":
+        raise CodecError(
+            f"{params.codec_dir} is a MOSS-Audio-Tokenizer-Nano codec, which runs on the onnx backend only "
+            f"(not {params.backend})"
+        )
+    if params.n_quantizers != NanoOnnxCodec.codec_quantizers:
+        raise CodecError(
+            f"{params.codec_dir} is a MOSS-Audio-Tokenizer-Nano codec of {NanoOnnxCodec.codec_quantizers} "
+            f"codebooks; the model has {params.n_quantizers}: use the codec its weights were made for"
+        )
+    return NanoOnnxCodec(
+        params.codec_dir,
+        provider=params.onnx_provider,
+        threads=params.threads,
+        max_frames=params.max_frames,
+        encoder=encoder,
+        decoder=decoder,
     )

@@ -76,7 +76,7 @@ class OnnxCodec(AudioCodec):
         n_quantizers: int = CODEC_QUANTIZERS,
     ) -> None:
         self.n_quantizers = checked_quantizers(n_quantizers)
-        self._providers = _resolve_providers(provider)
+        self._providers = resolve_providers(provider)
         self._require_cuda = provider == "cuda"
         self._threads = threads
         self.max_frames = max_frames
@@ -140,28 +140,35 @@ class OnnxCodec(AudioCodec):
 
     def _load(self, path: Path, inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...]) -> Any:
         """Create a session for ``path`` and check its I/O against the published graphs."""
-        import onnxruntime as ort  # imported here so TensorRT-only installs can use AudioCodec
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = self._threads
-        # Idle ORT workers would otherwise spin on the cores llama.cpp needs for the next step.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.log_severity_level = 3  # warnings about unused initializers etc. are noise here
-        try:
-            session = ort.InferenceSession(str(path), sess_options=options, providers=self._providers)
-        except Exception as error:  # onnxruntime raises several unrelated types for a bad file
-            raise CodecError(f"{path} is not a loadable ONNX model: {error}") from error
-        if self._require_cuda and "CUDAExecutionProvider" not in session.get_providers():
-            raise CodecError(
-                f"{path}: onnxruntime could not start CUDA (see its log for the missing CUDA/cuDNN "
-                "library); fix the CUDA install or set the codec provider to 'cpu' or 'auto'"
-            )
+        session = open_session(path, self._providers, self._threads, self._require_cuda)
         _check_io(path, "input", session.get_inputs(), inputs)
         _check_io(path, "output", session.get_outputs(), outputs)
         return session
 
 
-def _resolve_providers(provider: str) -> list[str]:
+def open_session(path: Path, providers: list[str], threads: int, require_cuda: bool) -> Any:
+    """An ONNX Runtime session for the codec graph ``path``; CodecError when it cannot be loaded or, with
+    ``require_cuda``, when CUDA did not start."""
+    import onnxruntime as ort  # imported here so TensorRT-only installs can use AudioCodec
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    # Idle ORT workers would otherwise spin on the cores llama.cpp needs for the next step.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.log_severity_level = 3  # warnings about unused initializers etc. are noise here
+    try:
+        session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
+    except Exception as error:  # onnxruntime raises several unrelated types for a bad file
+        raise CodecError(f"{path} is not a loadable ONNX model: {error}") from error
+    if require_cuda and "CUDAExecutionProvider" not in session.get_providers():
+        raise CodecError(
+            f"{path}: onnxruntime could not start CUDA (see its log for the missing CUDA/cuDNN "
+            "library); fix the CUDA install or set the codec provider to 'cpu' or 'auto'"
+        )
+    return session
+
+
+def resolve_providers(provider: str) -> list[str]:
     """Map the ``provider`` setting to an onnxruntime provider list (CPU always last as fallback)."""
     import onnxruntime as ort
 
