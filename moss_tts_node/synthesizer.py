@@ -37,6 +37,7 @@ from moss_tts_node.synthesis.stages import Stages, open_stages
 from moss_tts_node.synthesis.text_stream import DEFAULT_INPUT_PAUSE_S, PACK_TOKENS, RUN_TOKENS, CutPieces
 from moss_tts_node.synthesis.voices import VoiceLibrary, load_voice
 from moss_tts_node.text.cutter import TextCutter
+from moss_tts_node.text.nano_prompt import NanoPromptBuilder
 from moss_tts_node.text.normalize import normalize_text
 from moss_tts_node.text.pieces import Piece, PiecePlanner
 from moss_tts_node.text.prompt import PromptBuilder
@@ -71,7 +72,8 @@ class Synthesizer:
         self._config = config
         weights = Path(config.model.weights_dir)
         self.spec = ModelSpec.load(weights)
-        self.prompts = PromptBuilder(weights / TOKENIZER_DIR, self.spec)
+        prompts = NanoPromptBuilder if self.spec.is_nano else PromptBuilder
+        self.prompts = prompts(weights / TOKENIZER_DIR, self.spec)
         self.stages: Stages = open_stages(config, self.spec)
         try:
             self.n_ctx = self.stages.n_ctx  # what llama.cpp made of llama.n_ctx (it rounds up)

@@ -18,6 +18,7 @@ import pytest
 from conftest import prompt_text
 
 from moss_tts_node.codec.audio_io import write_wav
+from moss_tts_node.codec.base import AudioCodec
 from moss_tts_node.codec.onnx import OnnxCodec
 from moss_tts_node.config import Config
 from moss_tts_node.errors import ConfigError, RequestError
@@ -190,9 +191,9 @@ def test_the_same_clip_as_reference_and_prefix_is_read_once(
     reads: list[Path] = []
     original = voices_module.load_reference_audio
 
-    def counting(path: Path, max_seconds: float | None = None) -> np.ndarray:
+    def counting(path: Path, max_seconds: float | None = None, codec: type[AudioCodec] = AudioCodec) -> np.ndarray:
         reads.append(path)
-        return original(path, max_seconds)
+        return original(path, max_seconds, codec)
 
     monkeypatch.setattr(voices_module, "load_reference_audio", counting)
     stream = synth.stream(TEXT, voice=clip, prefix=clip, prefix_text=TRANSCRIPT)

@@ -38,6 +38,21 @@ def gguf_name(quantization: str) -> str:
 DEFAULT_GGUF = gguf_name(DEFAULT_QUANTIZATION)
 
 
+def nano_gguf_name(quantization: str) -> str:
+    """MOSS-TTS-Nano's global transformer: ``Q8_0`` -> ``MOSS_TTS_NANO_Q8_0.gguf`` (the config's backbone_gguf)."""
+    return f"MOSS_TTS_NANO_{quantization}.gguf"
+
+
+NANO_DEFAULT_QUANTIZATION = "Q8_0"
+NANO_DEFAULT_GGUF = nano_gguf_name(NANO_DEFAULT_QUANTIZATION)
+
+
+def nano_local_gguf_name(global_name: str) -> str:
+    """Nano's local transformer, beside its global one: ``MOSS_TTS_NANO_Q8_0.gguf`` ->
+    ``MOSS_TTS_NANO_Q8_0.local.gguf``."""
+    return f"{Path(global_name).stem}.local.gguf"
+
+
 def heads_gguf_name(source_name: str) -> str:
     """``MOSS_TTS_Q4_K_M.gguf`` -> ``MOSS_TTS_Q4_K_M_audio_heads.gguf``."""
     return f"{Path(source_name).stem}{_SUFFIX}"

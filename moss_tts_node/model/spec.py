@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from moss_tts_node.errors import WeightsError
 from moss_tts_node.model.family import MOSS_TTS_NANO
 from moss_tts_node.model.identity import RECORD_KEY, ModelIdentity
 from moss_tts_node.model.layout import CONFIG_FILE
-from moss_tts_node.model.rates import SAMPLE_RATE
+from moss_tts_node.model.rates import FRAMES_PER_SECOND, SAMPLE_RATE
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,16 @@ class ModelSpec:
     def audio_channels(self) -> int:
         """Channels of the model's audio (samples are (n,) when 1, else (n, channels))."""
         return 1
+
+    @property
+    def samples_per_frame(self) -> int:
+        """Samples (per channel) of one 80 ms frame at the model's rate."""
+        return round(self.sampling_rate / FRAMES_PER_SECOND)
+
+    def silence(self, samples: int) -> np.ndarray:
+        """``samples`` samples of silence in the model's channel layout."""
+        shape = (samples,) if self.audio_channels == 1 else (samples, self.audio_channels)
+        return np.zeros(shape, dtype=np.float32)
 
     @property
     def is_nano(self) -> bool:
@@ -163,6 +175,7 @@ class NanoSpec(ModelSpec):
     audio_assistant_gen_slot_token_id: int = 9
     audio_assistant_delay_slot_token_id: int = 9
     sampling_rate: int = 48000
+    text_vocab_size: int = 16384  # gpt2_config's vocab_size: the rows of the text embedding table
 
     @property
     def is_nano(self) -> bool:
@@ -193,6 +206,13 @@ class NanoSpec(ModelSpec):
     @classmethod
     def from_config(cls, raw: dict[str, Any], path: Path) -> ModelSpec:
         spec = super().from_config(raw, path)
+        gpt2 = raw.get("gpt2_config")
+        vocab = gpt2.get("vocab_size", cls.text_vocab_size) if isinstance(gpt2, dict) else cls.text_vocab_size
+        if type(vocab) is not int or vocab <= spec.audio_assistant_gen_slot_token_id:
+            raise WeightsError(
+                f"{path}: gpt2_config.vocab_size must be an integer above the special ids, got {vocab!r}"
+            )
+        spec = dataclasses.replace(spec, text_vocab_size=vocab)
         model = spec.identity.model
         if RECORD_KEY not in raw:  # upstream's own config.json: its model_type says what it is
             return dataclasses.replace(spec, identity=ModelIdentity(MOSS_TTS_NANO, evidence="its model_type"))

@@ -36,11 +36,11 @@ from moss_tts_node.codec.streaming import (
 from moss_tts_node.config import AudioConfig
 from moss_tts_node.model.delay import DelayState, FrameAssembler
 from moss_tts_node.model.generation import generate_rows
-from moss_tts_node.model.rates import SAMPLES_PER_FRAME
+from moss_tts_node.model.nano import NanoSampler, generate_nano_frames
 from moss_tts_node.model.sampling import Sampler, SamplingParams
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.synthesis.results import AudioChunk, StreamResult
-from moss_tts_node.synthesis.stages import GenerationStage, Stages
+from moss_tts_node.synthesis.stages import GenerationStage, NanoGenerationStage, Stages
 from moss_tts_node.text.pieces import Pause, Piece
 from moss_tts_node.timing import StageClock, StopReason, TimingReport
 
@@ -50,7 +50,6 @@ from moss_tts_node.timing import StageClock, StopReason, TimingReport
 Frames = Generator[np.ndarray | None, None, "Generated"]
 # How a request's pieces get their frames: a piece and its number in the request (its seed derives from it).
 FramesOf = Callable[["Piece", int], Frames]
-_NO_SAMPLES = np.empty(0, dtype=np.float32)
 _Item = TypeVar("_Item")
 _End = TypeVar("_End")
 
@@ -125,8 +124,9 @@ class _FrameBudget:
         """``pause``, cut to the frames left, which it takes."""
         if self.left is None:
             return pause
-        samples = min(pause.samples, self.left * SAMPLES_PER_FRAME)
-        self.left -= -(-samples // SAMPLES_PER_FRAME)
+        per_frame = self.spec.samples_per_frame
+        samples = min(pause.samples, self.left * per_frame)
+        self.left -= -(-samples // per_frame)
         self.cut = self.cut or samples < pause.samples
         return Pause(samples)
 
@@ -298,14 +298,15 @@ class Pipeline:
                     final_sent = source.more() is False
                     if final_sent or rest is not None:
                         ended = _ended(spoken, budget) if final_sent else None
-                        yield out.chunk(rest if rest is not None else _NO_SAMPLES, ended)
+                        yield out.chunk(rest if rest is not None else self.spec.silence(0), ended)
             if generated.stop is StopReason.CANCELLED:
                 break
         # A source also ends when the request is cancelled while it waits for text.
         stopped = any(result.stop is StopReason.CANCELLED for _, result in spoken.done)
         spoken.cancelled = stopped or (not final_sent and cancelled())
         if not spoken.cancelled and not final_sent:
-            yield out.chunk(_NO_SAMPLES, _ended(spoken, budget))  # the end became known after the last samples left
+            # the end became known after the last samples left
+            yield out.chunk(self.spec.silence(0), _ended(spoken, budget))
 
     def _result(
         self,
@@ -353,14 +354,14 @@ class Pipeline:
         """``pause`` as chunks of zeros, ``chunk_frames`` frames each and the rest last (the final chunk, when
         ``ended`` says why the request ends with it); returns what it "generated": no rows, and whether it was
         cancelled."""
-        step = chunk_frames * SAMPLES_PER_FRAME
+        step = chunk_frames * self.spec.samples_per_frame
         stop = StopReason.END
         for start in range(0, pause.samples, step):
             if cancelled():
                 stop = StopReason.CANCELLED
                 break
             end = min(start + step, pause.samples)
-            yield out.chunk(np.zeros(end - start, dtype=np.float32), ended if end == pause.samples else None)
+            yield out.chunk(self.spec.silence(end - start), ended if end == pause.samples else None)
         return Generated(np.empty((0, self.spec.channels), dtype=np.int64), stop, self._no_frames())
 
     def _no_frames(self) -> np.ndarray:
@@ -406,7 +407,7 @@ class Pipeline:
 
     def _frames(
         self,
-        stage: GenerationStage,
+        stage: GenerationStage | NanoGenerationStage,
         piece: Piece,
         budget: _FrameBudget,
         sampling: SamplingParams,
@@ -415,6 +416,8 @@ class Pipeline:
     ) -> Frames:
         """Generate ``piece`` within what ``budget`` leaves: each frame as it completes, None for a gap, the frames of
         a recording it continues first (not counted in the budget); returns what it generated."""
+        if isinstance(stage, NanoGenerationStage):
+            return (yield from self._nano_frames(stage, piece, budget, sampling, cancelled, clock))
         spec = self.spec
         steps = budget.steps(piece)
         state = DelayState(spec, piece.prompt)
@@ -459,6 +462,43 @@ class Pipeline:
             stop,
             np.stack(new) if new else self._no_frames(),
         )
+
+    def _nano_frames(
+        self,
+        stage: NanoGenerationStage,
+        piece: Piece,
+        budget: _FrameBudget,
+        sampling: SamplingParams,
+        cancelled: Callable[[], bool],
+        clock: StageClock,
+    ) -> Frames:
+        """``_frames`` for MOSS-TTS-Nano: no delay, so each generated row is a frame (never a gap), and a recording
+        the piece continues is the prompt's last ``prefix_frames`` rows as they stand."""
+        spec = self.spec
+        yield from piece.prompt[piece.prompt.shape[0] - piece.prefix_frames :, 1:]
+        rows: list[np.ndarray] = []
+        generation = generate_nano_frames(
+            stage.backbone,
+            stage.local,
+            stage.embeddings,
+            stage.heads,
+            piece.prompt,
+            NanoSampler(sampling, spec),
+            budget.steps(piece),
+            cancelled,
+            clock,
+        )
+        while True:
+            try:
+                frame = next(generation)
+            except StopIteration as end:
+                stop: StopReason = end.value
+                break
+            rows.append(np.concatenate([[spec.audio_assistant_gen_slot_token_id], frame]))
+            budget.spend()
+            yield frame
+        generated = np.stack(rows) if rows else np.empty((0, spec.channels), dtype=np.int64)
+        return Generated(generated, stop, generated[:, 1:])
 
     def _generated_first(
         self,

@@ -32,6 +32,7 @@ from moss_tts_node.synthesis.request import (
     request_language,
 )
 from moss_tts_node.synthesis.voices import LibraryVoice, VoiceLibrary, VoiceLimit, load_voice, voice_frames
+from moss_tts_node.text.nano_prompt import NanoPromptBuilder
 from moss_tts_node.text.normalize import has_something_to_say, normalize_text
 from moss_tts_node.text.pauses import resolve_pause_mode
 from moss_tts_node.text.pieces import Continuation
@@ -68,7 +69,7 @@ class RequestPreparation:
         self,
         config: Config,
         spec: ModelSpec,
-        prompts: PromptBuilder,
+        prompts: PromptBuilder | NanoPromptBuilder,
         encoder: Callable[[], AbstractContextManager[AudioCodec]],
         n_ctx: int,
     ) -> None:

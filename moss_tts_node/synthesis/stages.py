@@ -21,21 +21,23 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from moss_tts_node.codec.base import AudioCodec
 from moss_tts_node.codec.factory import CodecParams, open_codec
+from moss_tts_node.codec.nano import NanoOnnxCodec
 from moss_tts_node.codec.stream_decoder import StreamDecoder, StreamDecoderCodec
 from moss_tts_node.codec.streaming import StatefulStreamDecoding
 from moss_tts_node.config import Config, backbone_path, stream_decoder_path
-from moss_tts_node.errors import CodecError, ConfigError
+from moss_tts_node.errors import CodecError, ConfigError, WeightsError
 from moss_tts_node.llama.backbone import Backbone, BackboneParams
 from moss_tts_node.model.embeddings import EmbeddingTables
 from moss_tts_node.model.heads import AudioHeads, load_audio_heads
-from moss_tts_node.model.layout import EMBEDDINGS_DIR, HEADS_DIR
+from moss_tts_node.model.layout import EMBEDDINGS_DIR, HEADS_DIR, nano_local_gguf_name
+from moss_tts_node.model.nano import NanoHeads
 from moss_tts_node.model.rates import frames_for_seconds
 from moss_tts_node.model.spec import ModelSpec
 
@@ -93,6 +95,57 @@ class GenerationStage:
         self.backbone.close()
 
 
+@dataclass(frozen=True)
+class NanoGenerationStage:
+    """What MOSS-TTS-Nano's frame loop runs on (``model/nano.py``): the global transformer (the config's
+    backbone GGUF), the local one (its GGUF beside it, ``layout.nano_local_gguf_name``), the input embedding tables
+    and the heads tied to them."""
+
+    backbone: Backbone
+    local: Backbone
+    embeddings: EmbeddingTables
+    heads: NanoHeads
+
+    @classmethod
+    def load(cls, config: Config, spec: ModelSpec) -> NanoGenerationStage:
+        weights = Path(config.model.weights_dir)
+        params = backbone_params(config)
+        backbone = Backbone(params)
+        try:
+            local_path = params.gguf_path.with_name(nano_local_gguf_name(params.gguf_path.name))
+            if not local_path.is_file():
+                raise WeightsError(
+                    f"MOSS-TTS-Nano's local transformer not found: {local_path} (convert writes it beside "
+                    f"{params.gguf_path.name}; convert the checkpoint again)"
+                )
+            # The local transformer reads the n_vq + 1 positions of one frame; its cache is cleared every frame.
+            local = Backbone(replace(params, gguf_path=local_path, n_ctx=LOCAL_CONTEXT, n_batch=LOCAL_CONTEXT))
+        except BaseException:
+            backbone.close()
+            raise
+        try:
+            embeddings = EmbeddingTables(weights / EMBEDDINGS_DIR, spec, backbone.n_embd, spec.text_vocab_size)
+            heads = NanoHeads(embeddings, spec)
+        except BaseException:
+            local.close()
+            backbone.close()
+            raise
+        return cls(backbone, local, embeddings, heads)
+
+    def close(self) -> None:
+        self.local.close()
+        self.backbone.close()
+
+
+# llama.cpp's context for Nano's local transformer: one frame's 17 positions, rounded up as llama.cpp would.
+LOCAL_CONTEXT = 32
+
+
+def load_generation(config: Config, spec: ModelSpec) -> GenerationStage | NanoGenerationStage:
+    """The generation stage of the model ``spec`` says the weights are."""
+    return NanoGenerationStage.load(config, spec) if spec.is_nano else GenerationStage.load(config, spec)
+
+
 class Stages(ABC):
     """The stages a synthesizer runs requests on. ``n_ctx`` is what llama.cpp made of ``llama.n_ctx``."""
 
@@ -103,7 +156,7 @@ class Stages(ABC):
     stream_decoding: StatefulStreamDecoding | None = None
 
     @abstractmethod
-    def generation(self) -> Iterator[GenerationStage]:
+    def generation(self) -> Iterator[GenerationStage | NanoGenerationStage]:
         """A context manager: the generation stage, for one request's generation."""
 
     @abstractmethod
@@ -134,11 +187,13 @@ class ResidentStages(Stages):
     streams = True
 
     def __init__(self, config: Config, spec: ModelSpec) -> None:
-        self._generation = GenerationStage.load(config, spec)
+        self._generation = load_generation(config, spec)
         try:
             decoder = _open_stream_decoder(config, spec)
             if decoder is None:
                 self._codec = open_codec(codec_params(config, spec))
+                if isinstance(self._codec, NanoOnnxCodec):  # its published decode-step graph streams exactly
+                    self.stream_decoding = StatefulStreamDecoding(self._codec.stream_decoder())
             else:
                 encoder = open_codec(codec_params(config, spec), decoder=False, encoder_optional=True)
                 self._codec = StreamDecoderCodec(decoder, encoder)
@@ -153,7 +208,7 @@ class ResidentStages(Stages):
         self._preparing = False
 
     @contextmanager
-    def generation(self) -> Iterator[GenerationStage]:
+    def generation(self) -> Iterator[GenerationStage | NanoGenerationStage]:
         with self._use:
             self._use.wait_for(lambda: not self._preparing)
             self._generating += 1
@@ -208,8 +263,8 @@ class PerRequestStages(Stages):
         open_codec(codec_params(config, spec)).close()
 
     @contextmanager
-    def generation(self) -> Iterator[GenerationStage]:
-        stage = GenerationStage.load(self._config, self._spec)
+    def generation(self) -> Iterator[GenerationStage | NanoGenerationStage]:
+        stage = load_generation(self._config, self._spec)
         try:
             yield stage
         finally:

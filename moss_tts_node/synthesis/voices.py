@@ -102,9 +102,8 @@ def load_voice(
         return _load_codes(path, spec, limit, role)
     seconds = clip_seconds(path)
     limit.check(math.ceil(seconds * FRAMES_PER_SECOND), f"{role} audio {path}")
-    samples = load_reference_audio(path, max_seconds=seconds + 1.0)  # what the header said, give or take
-    with encoder() as codec:
-        return codec.encode(samples)
+    with encoder() as codec:  # the clip is read as this codec takes it (its rate and channels)
+        return codec.encode(load_reference_audio(path, max_seconds=seconds + 1.0, codec=type(codec)))
 
 
 def voice_frames(reference: str | Path | np.ndarray) -> int:

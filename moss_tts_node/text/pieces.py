@@ -34,6 +34,8 @@ from moss_tts_node.choices import PAUSE_MODEL, PAUSE_SILENCE, PAUSE_TEXT
 from moss_tts_node.errors import RequestError
 from moss_tts_node.model.rates import FRAMES_PER_SECOND, frames_for_seconds
 from moss_tts_node.model.spec import ModelSpec
+from moss_tts_node.text.nano_chunks import nano_chunks, pause_after
+from moss_tts_node.text.nano_prompt import NanoPromptBuilder
 from moss_tts_node.text.normalize import normalize_text
 from moss_tts_node.text.pauses import check_pause_lengths, find_markers, split_at_markers
 from moss_tts_node.text.prompt import Prompt, PromptBuilder, PromptFields
@@ -127,7 +129,9 @@ class PiecePlanner:
     text that must be split is measured again, sentence by sentence, where the splitter looks for its cuts.
     """
 
-    def __init__(self, prompts: PromptBuilder, spec: ModelSpec, n_ctx: int, max_codec_seconds: float) -> None:
+    def __init__(
+        self, prompts: PromptBuilder | NanoPromptBuilder, spec: ModelSpec, n_ctx: int, max_codec_seconds: float
+    ) -> None:
         self.prompts = prompts
         self.spec = spec
         self.n_ctx = n_ctx
@@ -217,6 +221,7 @@ class PiecePlanner:
         if continuation is not None:
             self._check_continuation_room(measured, limit, other_rows, per_token)
         dialogue = self.spec.identity.dialogue
+        nano_voice = self.spec.is_nano and any(codes is not None for codes in references)
         if dialogue:  # each piece is cut to be carried whole beside the next: a tag more, reopened
             limit = min(limit, self._carried_limit(measured, per_token)) - self.count_tokens(_WIDEST_TAG)
         measured_parts = iter(zip(measured.prompts, measured.tokens, strict=True))
@@ -230,12 +235,17 @@ class PiecePlanner:
                     pieces.append(Pause(samples))
                 continue
             part_prompt, part_tokens = next(measured_parts)
+            if nano_voice:  # cut as upstream cuts a voice clone's text, whether it fits or not
+                chunks = nano_chunks(part, self.count_tokens)
+                texts: list[tuple[str, int | None]] = (
+                    [(part, part_tokens)] if chunks == [part] else [(chunk, None) for chunk in chunks]
+                )
             # fits, or cannot fit even split (step_budget says why): one piece, in the prompt it was measured in
-            if part_tokens + pause_tokens(part) <= limit or limit < 1:
-                texts: list[tuple[str, int | None]] = [(part, part_tokens)]
+            elif part_tokens + pause_tokens(part) <= limit or limit < 1:
+                texts = [(part, part_tokens)]
             else:
                 texts = [(text, None) for text in split_text(part, limit, measure, turns=dialogue)]
-            for text, known_tokens in texts:
+            for number, (text, known_tokens) in enumerate(texts):
                 if dialogue:
                     text, speaker = reopened(text, speaker)
                     known_tokens = known_tokens if text == part else None
@@ -252,6 +262,8 @@ class PiecePlanner:
                 own = replace(fields, text=text, tokens=share or fields.tokens)
                 rows = prompt.rows
                 pieces.append(Piece(rows, self.step_budget(rows, max_new_tokens), prefix_frames, own, expected))
+                if nano_voice and number + 1 < len(texts):
+                    pieces.append(Pause(round(pause_after(text) * self.spec.sampling_rate)))
         return pieces
 
     def _carried_limit(self, measured: Measured, per_token: float) -> float:
