@@ -43,7 +43,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from moss_tts_node.errors import BridgeError, MossTTSError
-from moss_tts_node.model.family import FAMILY, MOSS_TTS
+from moss_tts_node.model.family import DELAY_FAMILY, MOSS_TTS
 from moss_tts_node.model.identity import RECORD_KEY, ModelIdentity
 from moss_tts_node.model.layout import (
     CONFIG_FILE,
@@ -501,7 +501,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--model",
-        choices=list(FAMILY),
+        choices=list(DELAY_FAMILY),
         help="which model of the family the checkpoint is, where it cannot tell (docs/family.md): needed for "
         "MOSS-TTSD without its processing code, and for MOSS-SoundEffect",
     )
