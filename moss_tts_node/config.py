@@ -44,7 +44,7 @@ from moss_tts_node.choices import (
     STREAM_DECODER_MODES,
     UNQUANTIZED_KV_CACHE_TYPES,
 )
-from moss_tts_node.codec.layout import DECODER_FILE, ENCODER_FILE, STREAM_DECODER_FILE
+from moss_tts_node.codec.layout import DECODER_FILE, ENCODER_FILE, NANO_META_FILE, STREAM_DECODER_FILE
 from moss_tts_node.errors import ConfigError
 from moss_tts_node.model.family import RecommendedSampling
 from moss_tts_node.model.layout import CONFIG_FILE, DEFAULT_GGUF, EMBEDDINGS_DIR, HEADS_DIR, TOKENIZER_DIR
@@ -588,10 +588,16 @@ def _check_files(config: Config, source: str) -> None:
             )
     else:
         if not model.codec_dir:
-            raise ConfigError(f"{source}: 'model.codec_dir' is not set (the MOSS-Audio-Tokenizer-ONNX directory)")
-        decoder = Path(model.codec_dir) / DECODER_FILE
-        if not decoder.is_file():
-            raise ConfigError(f"{source}: 'model.codec_dir' has no {DECODER_FILE}: {decoder}")
+            raise ConfigError(
+                f"{source}: 'model.codec_dir' is not set (the MOSS-Audio-Tokenizer-ONNX directory, or "
+                "MOSS-Audio-Tokenizer-Nano-ONNX for MOSS-TTS-Nano)"
+            )
+        codec = Path(model.codec_dir)
+        if not (codec / DECODER_FILE).is_file() and not (codec / NANO_META_FILE).is_file():
+            raise ConfigError(
+                f"{source}: 'model.codec_dir' {codec} has neither {DECODER_FILE} (MOSS-Audio-Tokenizer-ONNX) nor "
+                f"{NANO_META_FILE} (MOSS-Audio-Tokenizer-Nano-ONNX): point it at the codec's download"
+            )
     _check_stream_decoder(config, source)
     reference = config.generation.reference_audio
     if reference and not Path(reference).is_file():

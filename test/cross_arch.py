@@ -25,7 +25,7 @@ from qwen3_reference import qwen3_forward
 from test_weight_placement import REAL_WIDTH, run_worker
 
 from moss_tts_node.llama.bindings import Status, llama_system_info, load_bridge_library, status_error
-from moss_tts_node.tools.prepare.convert import GGUF_TYPES
+from moss_tts_node.tools.prepare.conversion import GGUF_TYPES
 from moss_tts_node.tools.prepare.qwen3_gguf import random_qwen3_tensors, write_qwen3_gguf
 
 TENSOR_SEED, ROWS_SEED, ROWS = 3, 4, 12  # test_weight_placement.py's real_width fixture

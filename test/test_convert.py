@@ -25,13 +25,12 @@ from moss_tts_node.model.layout import gguf_name
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.tools.cli.main import main
 from moss_tts_node.tools.dev.demo_weights import DemoCheckpoint, demo_checkpoint, write_checkpoint
-from moss_tts_node.tools.prepare import convert
+from moss_tts_node.tools.prepare import conversion
+from moss_tts_node.tools.prepare.conversion import ConversionError, quantize_gguf
 from moss_tts_node.tools.prepare.convert import (
-    ConversionError,
     checkpoint_tensor_name,
     convert_checkpoint,
     estimate_output_bytes,
-    quantize_gguf,
     read_checkpoint_config,
     table_files,
 )
@@ -349,7 +348,7 @@ def test_checkpoint_directory_is_never_the_output(tmp_path: Path, small: DemoChe
 
 def test_too_little_disk_is_refused(tmp_path: Path, small: DemoCheckpoint, monkeypatch: pytest.MonkeyPatch) -> None:
     usage = namedtuple("usage", "total used free")
-    monkeypatch.setattr(convert.shutil, "disk_usage", lambda path: usage(10**12, 10**12 - 10**6, 10**6))
+    monkeypatch.setattr(conversion.shutil, "disk_usage", lambda path: usage(10**12, 10**12 - 10**6, 10**6))
     _refused(_variant(tmp_path, small), tmp_path / "out", r"needs about [\d.]+ MB free in .*only 1\.0 MB is free")
 
 

@@ -35,7 +35,8 @@ from moss_tts_node.tools.dev.demo_weights import (
     write_checkpoint,
 )
 from moss_tts_node.tools.prepare.attach_heads import append_audio_heads_to_gguf
-from moss_tts_node.tools.prepare.convert import ConversionError, convert_checkpoint
+from moss_tts_node.tools.prepare.conversion import ConversionError
+from moss_tts_node.tools.prepare.convert import convert_checkpoint
 from moss_tts_node.tools.prepare.identify import IdentityError, identify
 from moss_tts_node.tools.prepare.qwen3_gguf import Qwen3Shape
 

@@ -15,7 +15,7 @@ from qwen3_reference import qwen3_forward
 from moss_tts_node.errors import BridgeError
 from moss_tts_node.llama.bindings import cpu_extra_buffer_types, llama_system_info, skip_cpu_extra_buffer_type
 from moss_tts_node.llama.placement import UNSAFE_BUFFER_TYPES, WeightPlacement, cpu_weight_placement
-from moss_tts_node.tools.prepare.convert import quantize_gguf
+from moss_tts_node.tools.prepare.conversion import quantize_gguf
 from moss_tts_node.tools.prepare.qwen3_gguf import Qwen3Shape, random_qwen3_tensors, write_qwen3_gguf
 
 # What llama.cpp's CPU backend offers on an Intel Xeon with AMX (a library built with GGML_NATIVE there) and on

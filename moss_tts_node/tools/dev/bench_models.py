@@ -50,7 +50,7 @@ from moss_tts_node.model.layout import (
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.tools.dev.demo_codec import write_demo_codec
 from moss_tts_node.tools.dev.demo_weights import SPECIAL_TOKENS, train_tokenizer
-from moss_tts_node.tools.prepare.convert import quantize_gguf
+from moss_tts_node.tools.prepare.conversion import quantize_gguf
 from moss_tts_node.tools.prepare.qwen3_gguf import Qwen3Shape, qwen3_tensor_shapes, write_qwen3_gguf
 
 TEXT_VOCAB = 155_648

@@ -20,7 +20,7 @@ from moss_tts_node.llama.gguf import GGUF_AUDIO_HEADS_KEY, GGUF_TEXT_VOCAB_KEY, 
 from moss_tts_node.model.heads import read_heads
 from moss_tts_node.model.layout import HEADS_DIR, heads_gguf_name
 from moss_tts_node.model.spec import ModelSpec
-from moss_tts_node.tools.prepare.convert import check_disk_space
+from moss_tts_node.tools.prepare.conversion import check_disk_space
 
 
 def attach_heads(

@@ -33,22 +33,21 @@ import argparse
 import json
 import shutil
 import sys
-import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
 
-from moss_tts_node.errors import BridgeError, MossTTSError
-from moss_tts_node.model.family import DELAY_FAMILY, MOSS_TTS
+from moss_tts_node.model.family import FAMILY, MOSS_TTS, MOSS_TTS_NANO
 from moss_tts_node.model.identity import RECORD_KEY, ModelIdentity
 from moss_tts_node.model.layout import (
     CONFIG_FILE,
+    DEFAULT_QUANTIZATION,
     EMBEDDINGS_DIR,
     HEADS_DIR,
+    NANO_DEFAULT_QUANTIZATION,
     TEXT_EMBEDDING_FILE,
     TEXT_HEAD_FILE,
     TOKENIZER_DIR,
@@ -56,15 +55,32 @@ from moss_tts_node.model.layout import (
     audio_head_file,
     gguf_name,
 )
-from moss_tts_node.model.spec import ModelSpec
+from moss_tts_node.model.spec import NANO_MODEL_TYPE, ModelSpec
 from moss_tts_node.tools.prepare.config_reader import ConfigReader, read_json_object
+from moss_tts_node.tools.prepare.conversion import (
+    GGUF_METADATA_BYTES,
+    GGUF_TYPES,
+    ConversionError,
+    ConversionProgress,
+    check_disk_space,
+    check_output_dir,
+    check_row_multiples,
+    check_tensor_shapes,
+    gb,
+    remove_leftovers,
+    write_gguf,
+)
 from moss_tts_node.tools.prepare.identify import IdentityError, identify
+from moss_tts_node.tools.prepare.nano_convert import convert_nano_checkpoint
 from moss_tts_node.tools.prepare.prompt_template import TemplateError, read_prompt_template
 from moss_tts_node.tools.prepare.qwen3_gguf import Qwen3Shape, qwen3_tensor_shapes, write_qwen3_gguf
 from moss_tts_node.tools.prepare.safetensors_io import SafetensorsCheckpoint
-from moss_tts_node.tools.progress import Progress
 
 MODEL_TYPE = "moss_tts_delay"
+_CHECKPOINT_HINT = (
+    "point at the original checkpoint directory (the one holding config.json, the *.safetensors files and the "
+    "tokenizer)"
+)
 TOKENIZER_FILES = (  # copied when present; tokenizer.json is what the runtime reads
     "tokenizer.json",
     "tokenizer_config.json",
@@ -74,34 +90,6 @@ TOKENIZER_FILES = (  # copied when present; tokenizer.json is what the runtime r
     "merges.txt",
     "chat_template.jinja",
 )
-_OUTPUT_MARKERS = (CONFIG_FILE, EMBEDDINGS_DIR, HEADS_DIR, TOKENIZER_DIR)  # besides *.gguf
-_DISK_MARGIN = 1.05  # the size estimates are within a few percent; leave room for file-system overhead
-_GGUF_METADATA_BYTES = 1 << 20
-
-
-@dataclass(frozen=True)
-class GgufType:
-    """A backbone output type: its ``enum llama_ftype`` (None: written directly, no quantization)."""
-
-    ftype: int | None
-    bits_per_weight: float  # of the 2-D tensors; for the disk estimate
-    row_multiple: int  # llama.cpp's block size: every row length must be a multiple of it
-
-
-# ftype values from llama.h (enum llama_ftype). Bits per weight of the 2-D tensors as measured on a model
-# of the real shape (K-quant mixes put some tensors in Q6_K); Q6_K and Q8_0 are exact.
-GGUF_TYPES: dict[str, GgufType] = {
-    "Q4_K_M": GgufType(15, 4.91, 256),
-    "Q5_K_M": GgufType(17, 5.71, 256),
-    "Q6_K": GgufType(18, 6.5625, 256),
-    "Q8_0": GgufType(7, 8.5, 32),
-    "F16": GgufType(None, 16.0, 1),
-    "F32": GgufType(None, 32.0, 1),
-}
-
-
-class ConversionError(MossTTSError):
-    """The checkpoint cannot be converted, or not into that directory; the message says what to do."""
 
 
 @dataclass(frozen=True)
@@ -119,13 +107,8 @@ def read_checkpoint_config(checkpoint_dir: Path) -> CheckpointConfig:
     The backbone sits under ``language_config`` (transformers 5), with rope theta under
     ``rope_parameters.rope_theta`` (older files: ``rope_theta``).
     """
-    path = Path(checkpoint_dir) / "config.json"
-    raw = read_json_object(
-        path,
-        ConversionError,
-        "point at the original MOSS-TTS-Delay checkpoint directory (the one holding config.json, the "
-        "*.safetensors files and tokenizer.json)",
-    )
+    path = Path(checkpoint_dir) / CONFIG_FILE
+    raw = read_json_object(path, ConversionError, _CHECKPOINT_HINT)
     if raw.get("model_type") != MODEL_TYPE:
         raise ConversionError(
             f"{path}: model_type is {raw.get('model_type')!r}, not {MODEL_TYPE!r}: this is not a MOSS-TTS-Delay "
@@ -201,33 +184,6 @@ def expected_tensor_shapes(config: CheckpointConfig) -> dict[str, tuple[int, ...
     return shapes
 
 
-def check_tensors(checkpoint: SafetensorsCheckpoint, config: CheckpointConfig) -> None:
-    """Refuse missing, unexpected and wrongly shaped tensors, naming a few of each."""
-    expected = expected_tensor_shapes(config)
-    present = checkpoint.tensors
-    problems = []
-    missing = [n for n in expected if n not in present]
-    if missing:
-        problems.append(f"{len(missing)} tensor(s) missing ({_some(missing)}): the download or the save is incomplete")
-    unexpected = [n for n in present if n not in expected]
-    if unexpected:
-        problems.append(
-            f"{len(unexpected)} unexpected tensor(s) ({_some(unexpected)}): not the MOSS-TTS-Delay layout "
-            "this converter knows"
-        )
-    wrong = [
-        f"{n} is {list(present[n].shape)}, expected {list(dims)}"
-        for n, dims in expected.items()
-        if n in present and present[n].shape != dims
-    ]
-    if wrong:
-        problems.append(
-            f"{len(wrong)} tensor(s) of the wrong shape ({_some(wrong)}): config.json and the weights disagree"
-        )
-    if problems:
-        raise ConversionError(f"{checkpoint.directory} cannot be converted: " + "; ".join(problems))
-
-
 def check_tokenizer(checkpoint_dir: Path, spec: ModelSpec, vocab: int) -> None:
     """The runtime looks special tokens up by id in tokenizer.json: each must exist and have an embedding."""
     from tokenizers import Tokenizer  # deferred: the CLI imports this module for --help
@@ -247,29 +203,12 @@ def check_tokenizer(checkpoint_dir: Path, spec: ModelSpec, vocab: int) -> None:
             )
 
 
-def check_quantization(shape: Qwen3Shape, gguf_type: str) -> None:
-    """llama.cpp quantizes rows in blocks; refuse a type whose block does not divide every row length."""
-    rows = {
-        "hidden_size": shape.hidden,
-        "heads x head_dim": shape.heads * shape.head_dim,
-        "intermediate_size": shape.ffn,
-    }
-    block = GGUF_TYPES[gguf_type].row_multiple
-    bad = [f"{name} {size}" for name, size in rows.items() if size % block]
-    if bad:
-        fitting = [t for t, g in GGUF_TYPES.items() if all(size % g.row_multiple == 0 for size in rows.values())]
-        raise ConversionError(
-            f"{gguf_type} needs every weight row to be a multiple of {block} values, but this model has "
-            f"{', '.join(bad)}: choose {' or '.join(fitting)}"
-        )
-
-
 def estimate_gguf_bytes(shape: Qwen3Shape, gguf_type: str) -> int:
     """Size of the backbone GGUF: matrices at the type's bits per weight, norm vectors in F32."""
     dims = qwen3_tensor_shapes(shape).values()
     matrices = sum(int(np.prod(d)) for d in dims if len(d) == 2)
     vectors = sum(int(np.prod(d)) for d in dims if len(d) == 1)
-    return int(matrices * GGUF_TYPES[gguf_type].bits_per_weight / 8) + 4 * vectors + _GGUF_METADATA_BYTES
+    return int(matrices * GGUF_TYPES[gguf_type].bits_per_weight / 8) + 4 * vectors + GGUF_METADATA_BYTES
 
 
 def estimate_output_bytes(config: CheckpointConfig, gguf_type: str, tokenizer_bytes: int) -> tuple[int, int]:
@@ -284,109 +223,52 @@ def estimate_output_bytes(config: CheckpointConfig, gguf_type: str, tokenizer_by
     return final, final + intermediate
 
 
-def check_output_dir(out_dir: Path, checkpoint_dir: Path, force: bool) -> None:
-    """Never convert into the checkpoint itself; never overwrite weights unless asked to."""
-    if out_dir.resolve() == Path(checkpoint_dir).resolve():
-        raise ConversionError(f"{out_dir} is the checkpoint directory itself: choose another output directory")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ConversionError(f"{out_dir} exists and is not a directory")
-    if force or not out_dir.is_dir():
-        return
-    found = sorted(p.name for p in out_dir.iterdir() if p.name in _OUTPUT_MARKERS or p.suffix == ".gguf")
-    if found:
-        raise ConversionError(
-            f"{out_dir} already holds MOSS-TTS weights ({', '.join(found)}): choose an empty directory, "
-            "or pass --force to overwrite them"
-        )
-
-
-def check_disk_space(out_dir: Path, needed: int, what: str) -> None:
-    """Compare the estimated peak ``needed`` bytes (of ``what``, for the message) with the free space of the
-    file system the output goes to."""
-    existing = out_dir
-    while not existing.exists():
-        existing = existing.parent
-    free = shutil.disk_usage(existing).free
-    if needed * _DISK_MARGIN > free:
-        raise ConversionError(
-            f"{what} needs about {_gb(needed * _DISK_MARGIN)} free in {existing}, but only {_gb(free)} is free: "
-            "free some space or choose an output directory on another disk"
-        )
-
-
-def quantize_gguf(source: Path, target: Path, gguf_type: str, n_threads: int = 0) -> None:
-    """Quantize an F32/F16 GGUF with llama.cpp's own ``llama_model_quantize`` (as ``llama-quantize`` does)."""
-    # deferred: compiles the bridge on first use
-    from moss_tts_node.llama.bindings import Status, load_bridge_library, status_error
-
-    ftype = GGUF_TYPES[gguf_type].ftype
-    if ftype is None:
-        raise ValueError(f"{gguf_type} is not a quantized type")
-    lib = load_bridge_library()
-    status = lib.moss_bridge_quantize(str(source).encode(), str(target).encode(), ftype, n_threads)
-    if status != Status.OK:
-        raise BridgeError(status_error(lib, status, None))
-
-
-class ConversionProgress(Progress):
-    """A conversion's progress: bytes read from the checkpoint (``advance``), and the growth of a file that
-    llama.cpp writes while quantizing (``watching``), which is the only sign of life a C call gives. Off a
-    terminal (logs) a line per tenth."""
-
-    def __init__(self, total_bytes: int, stream: TextIO | None) -> None:
-        super().__init__(stream, log_tenths=True)
-        self.total, self.read = total_bytes, 0
-
-    def advance(self, nbytes: int, label: str) -> None:
-        self.read += nbytes
-        self._bytes(self.read, self.total, label)
-
-    @contextmanager
-    def watching(self, path: Path, expected_bytes: int, label: str) -> Iterator[None]:
-        """Report ``path``'s size against ``expected_bytes`` every second while the body runs."""
-        stop = threading.Event()
-
-        def watch() -> None:
-            while not stop.wait(1.0):
-                size = path.stat().st_size if path.exists() else 0
-                self._bytes(min(size, int(expected_bytes * 0.999)), expected_bytes, label)  # an estimate: never 100 %
-
-        thread = threading.Thread(target=watch, name="convert-progress", daemon=True)
-        thread.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            thread.join()
-
-    def _bytes(self, done: int, total: int, label: str) -> None:
-        percent = 100.0 * done / max(total, 1)
-        self.fraction(done, total, f"  {percent:5.1f} %  {_gb(done)} / {_gb(total)}  {self.elapsed():6.1f} s  {label}")
-
-
 def convert_checkpoint(
     checkpoint_dir: Path | str,
     out_dir: Path | str,
-    gguf_type: str = "Q4_K_M",
+    gguf_type: str | None = None,
     *,
     force: bool = False,
     n_threads: int = 0,
     progress_stream: TextIO | None = None,
     model: str | None = None,
 ) -> Path:
-    """Convert the checkpoint into ``out_dir``; returns the GGUF's path. ``model``: which model of the family it
-    is (a key of ``model.family.FAMILY``), where the checkpoint cannot tell. See the module docstring."""
+    """Convert the checkpoint into ``out_dir``; returns the GGUF's path. ``gguf_type``: None for the model's
+    default (``DEFAULT_QUANTIZATION``, as published; Nano's ``NANO_DEFAULT_QUANTIZATION``). ``model``: which model
+    of the family it is (a key of ``model.family.FAMILY``), where the checkpoint cannot tell. A MOSS-TTS-Nano
+    checkpoint goes to ``nano_convert``. See the module docstring."""
     checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
+    model_type = read_json_object(checkpoint_dir / CONFIG_FILE, ConversionError, _CHECKPOINT_HINT).get("model_type")
+    is_nano = model_type == NANO_MODEL_TYPE
+    if model is not None and (model == MOSS_TTS_NANO.key) != is_nano:
+        raise ConversionError(
+            f"--model {model} does not match {checkpoint_dir / CONFIG_FILE}, whose model_type is {model_type!r}: "
+            "leave --model out (model_type tells MOSS-TTS-Nano from the Delay models)"
+        )
+    if is_nano:
+        return convert_nano_checkpoint(
+            checkpoint_dir,
+            out_dir,
+            gguf_type or NANO_DEFAULT_QUANTIZATION,
+            force=force,
+            n_threads=n_threads,
+            progress_stream=progress_stream,
+        )
+    gguf_type = gguf_type or DEFAULT_QUANTIZATION
     if gguf_type not in GGUF_TYPES:
         raise ConversionError(f"unknown output type {gguf_type!r}: choose one of {', '.join(GGUF_TYPES)}")
     config = read_checkpoint_config(checkpoint_dir)
     checkpoint = SafetensorsCheckpoint(checkpoint_dir)
-    check_tensors(checkpoint, config)
+    check_tensor_shapes(checkpoint.directory, checkpoint.shapes, expected_tensor_shapes(config), "MOSS-TTS-Delay")
     check_tokenizer(checkpoint_dir, config.spec, config.shape.vocab)
-    check_quantization(config.shape, gguf_type)
+    shape = config.shape
+    check_row_multiples(
+        {"hidden_size": shape.hidden, "heads x head_dim": shape.heads * shape.head_dim, "intermediate_size": shape.ffn},
+        gguf_type,
+    )
     identity = checkpoint_identity(checkpoint_dir, config, model)
     check_output_dir(out_dir, checkpoint_dir, force)
-    _remove_leftovers(out_dir)
+    remove_leftovers(out_dir)
     tokenizer_files = [checkpoint_dir / n for n in TOKENIZER_FILES if (checkpoint_dir / n).is_file()]
     final_bytes, peak_bytes = estimate_output_bytes(config, gguf_type, sum(p.stat().st_size for p in tokenizer_files))
     check_disk_space(out_dir, peak_bytes, "the conversion (the output plus, when quantizing, an F16 intermediate)")
@@ -399,40 +281,30 @@ def convert_checkpoint(
         backbone_bytes + sum(checkpoint.tensors[n].nbytes for n in tables.values()), progress_stream
     )
     progress.message(
-        f"converting {checkpoint_dir} ({len(checkpoint.tensors)} tensors, {_gb(checkpoint.nbytes)}) into {out_dir} "
-        f"as {gguf_type} (about {_gb(final_bytes)})"
+        f"converting {checkpoint_dir} ({len(checkpoint.tensors)} tensors, {gb(checkpoint.nbytes)}) into {out_dir} "
+        f"as {gguf_type} (about {gb(final_bytes)})"
     )
     progress.message(_identity_note(identity, config.spec.n_vq))
     for sub in (EMBEDDINGS_DIR, HEADS_DIR, TOKENIZER_DIR):
         (out_dir / sub).mkdir(parents=True, exist_ok=True)
     gguf_path = out_dir / gguf_name(gguf_type)
-    quantized = GGUF_TYPES[gguf_type].ftype is not None
-    direct_path = out_dir / f".{gguf_name('F16')}.for-{gguf_type}.tmp" if quantized else gguf_path
-    try:
-        _write_backbone(checkpoint, config.shape, direct_path, "f16" if quantized else gguf_type.lower(), progress)
-        for relative, name in tables.items():
-            np.save(out_dir / relative, checkpoint.read(name, np.float16))
-            progress.advance(checkpoint.tensors[name].nbytes, relative)
-        if quantized:
-            partial = gguf_path.with_name(f".{gguf_path.name}.partial")
-            progress.message(
-                f"quantizing to {gguf_type} with llama.cpp (the longest step; --verbose shows each tensor)"
-            )
-            try:
-                with progress.watching(partial, estimate_gguf_bytes(config.shape, gguf_type), gguf_path.name):
-                    quantize_gguf(direct_path, partial, gguf_type, n_threads)
-                partial.replace(gguf_path)
-            finally:
-                partial.unlink(missing_ok=True)
-    finally:
-        if quantized:
-            direct_path.unlink(missing_ok=True)
+    write_gguf(
+        gguf_path,
+        gguf_type,
+        lambda path, dtype: _write_backbone(checkpoint, config.shape, path, dtype, progress),
+        estimate_gguf_bytes(config.shape, gguf_type),
+        progress,
+        n_threads,
+    )
+    for relative, name in tables.items():
+        np.save(out_dir / relative, checkpoint.read(name, np.float16))
+        progress.advance(checkpoint.tensors[name].nbytes, relative)
     for path in tokenizer_files:
         shutil.copyfile(path, out_dir / TOKENIZER_DIR / path.name)
     # the ModelSpec keys explicit, defaults included; the identity beside them
     merged = {**config.raw, **config.spec.to_json(), RECORD_KEY: identity.to_record(config.spec.n_vq)}
     (out_dir / CONFIG_FILE).write_text(json.dumps(merged, indent=2) + "\n", encoding="utf-8")
-    progress.message(f"done in {progress.elapsed():.1f} s: {gguf_path} ({_gb(gguf_path.stat().st_size)})")
+    progress.message(f"done in {progress.elapsed():.1f} s: {gguf_path} ({gb(gguf_path.stat().st_size)})")
     return gguf_path
 
 
@@ -468,21 +340,6 @@ def _identity_note(identity: ModelIdentity, n_vq: int) -> str:
     return note
 
 
-def _remove_leftovers(out_dir: Path) -> None:
-    """Hidden temporary files of a conversion that was killed (an F16 intermediate can be 16 GB)."""
-    if out_dir.is_dir():
-        for path in out_dir.glob(".*MOSS_TTS_*.gguf*"):
-            path.unlink()
-
-
-def _some(items: list[str], limit: int = 4) -> str:
-    return ", ".join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")
-
-
-def _gb(nbytes: float) -> str:
-    return f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e8 else f"{nbytes / 1e6:.1f} MB"
-
-
 # ---- command line -----------------------------------------------------------------------------------
 
 
@@ -490,18 +347,22 @@ def register(commands: argparse._SubParsersAction) -> None:
     """Add the ``convert`` subcommand (see cli.main.EXTRA_COMMAND_MODULES)."""
     parser = commands.add_parser(
         "convert",
-        help="turn an original MOSS-TTS-Delay checkpoint into a weights directory (GGUF + .npy)",
-        description="Convert a Hugging Face MOSS-TTS-Delay checkpoint (config.json, *.safetensors, "
-        "tokenizer.json) into the MOSS-TTS-GGUF layout, optionally quantized. Torch-free.",
+        help="turn an original MOSS-TTS-Delay or MOSS-TTS-Nano checkpoint into a weights directory (GGUF + .npy)",
+        description="Convert a Hugging Face checkpoint (config.json, *.safetensors, the tokenizer) into a weights "
+        "directory: a MOSS-TTS-Delay model into the MOSS-TTS-GGUF layout, MOSS-TTS-Nano into two GGUFs (its global "
+        "and local transformers) and its tables (docs/nano.md). Optionally quantized. Torch-free.",
     )
     parser.add_argument("checkpoint", type=Path, metavar="CHECKPOINT_DIR", help="the original checkpoint directory")
     parser.add_argument("output", type=Path, metavar="OUT_DIR", help="the weights directory to write")
     parser.add_argument(
-        "--quantize", choices=list(GGUF_TYPES), default="Q4_K_M", help="backbone type (default: Q4_K_M, as published)"
+        "--quantize",
+        choices=list(GGUF_TYPES),
+        help=f"GGUF type of the transformers (default: {DEFAULT_QUANTIZATION} for the Delay models, as published; "
+        f"{NANO_DEFAULT_QUANTIZATION} for MOSS-TTS-Nano)",
     )
     parser.add_argument(
         "--model",
-        choices=list(DELAY_FAMILY),
+        choices=list(FAMILY),
         help="which model of the family the checkpoint is, where it cannot tell (docs/family.md): needed for "
         "MOSS-TTSD without its processing code, and for MOSS-SoundEffect",
     )

@@ -97,6 +97,11 @@ class SafetensorsCheckpoint:
                 raise SafetensorsError(f"{index_path} says {name} is in {shard}, but that shard does not hold it")
 
     @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """Each tensor's shape, by name."""
+        return {name: tuple(info.shape) for name, info in self.tensors.items()}
+
+    @property
     def nbytes(self) -> int:
         """Total size of the tensor data."""
         return sum(info.nbytes for info in self.tensors.values())
