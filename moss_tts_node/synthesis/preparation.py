@@ -19,9 +19,10 @@ import numpy as np
 
 from moss_tts_node.codec.base import AudioCodec
 from moss_tts_node.config import Config, GenerationConfig, resolved_sampling
-from moss_tts_node.errors import RequestError
+from moss_tts_node.errors import ConfigError, RequestError
 from moss_tts_node.model.sampling import SamplingParams
 from moss_tts_node.model.spec import ModelSpec
+from moss_tts_node.synthesis.fields import RequestField
 from moss_tts_node.synthesis.request import (
     REQUEST_FIELDS,
     SpeechRequest,
@@ -77,7 +78,31 @@ class RequestPreparation:
         self.prompts = prompts
         self.encoder = encoder
         self.n_ctx = n_ctx
+        self._check_defaults(config)
         self.library = VoiceLibrary.build(config, spec, encoder, self.voice_limit(config))
+
+    def _check_defaults(self, config: Config) -> None:
+        """ConfigError, at load rather than on every request, for a default (``generation.*``) that fills a prompt
+        field this model's template has no place for."""
+        for field in _PROMPT_FIELDS:
+            value = self._config_default(config, field)
+            if value is None:
+                continue
+            try:
+                self.prompts.check_fields(PromptFields(text=None, **{field.name: value}))
+            except RequestError as error:
+                raise ConfigError(
+                    f"'{field.config_default}' is {value!r}, which these weights cannot take ({error}): "
+                    f"leave {field.config_default} empty for them"
+                ) from None
+
+    @staticmethod
+    def _config_default(config: Config, field: RequestField) -> Any:
+        """The value of the config key a request's ``field`` defaults to (None: no key, or left empty)."""
+        if field.config_default is None:
+            return None
+        group, key = field.config_default.split(".")
+        return getattr(getattr(config, group), key) or None
 
     def voice_limit(self, config: Config) -> VoiceLimit:
         return VoiceLimit(config.limits.max_reference_seconds, self.n_ctx, self.spec)
@@ -103,10 +128,7 @@ class RequestPreparation:
         values: dict[str, Any] = {}
         for field in _PROMPT_FIELDS:
             value = getattr(request, field.name)
-            if value is None and field.config_default is not None:
-                group, key = field.config_default.split(".")
-                value = getattr(getattr(config, group), key) or None
-            values[field.name] = value
+            values[field.name] = self._config_default(config, field) if value is None else value
         if values["language"]:
             values["language"] = request_language(values["language"])
         fields = PromptFields(text=text, **values)

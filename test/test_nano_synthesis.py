@@ -1,0 +1,93 @@
+"""MOSS-TTS-Nano through the Synthesizer: the whole request line on upstream's tiny model and tiny codec.
+
+The weights are test/data/nano-tiny converted by ``convert``; the codec is test/data/nano-codec-tiny (upstream's
+exported graphs). Greedy synthesis must give upstream's frames for the same text (its PyTorch reference), and audio
+that is the codec's decode of exactly those frames, at 48 kHz in two channels; a stream must equal the whole; a
+voice must be cloned from a clip; what Nano's prompt has no place for must be refused, on requests and at load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from moss_tts_node.codec.audio_io import write_wav
+from moss_tts_node.codec.nano import NanoOnnxCodec
+from moss_tts_node.errors import ConfigError, RequestError
+from moss_tts_node.synthesizer import Synthesizer
+from moss_tts_node.tools.prepare.convert import convert_checkpoint
+
+DATA = Path(__file__).parent / "data"
+CODEC = DATA / "nano-codec-tiny"
+REFERENCE = dict(np.load(DATA / "nano-tiny" / "reference.npz"))
+
+
+def _config(directory: Path, weights: Path, gguf: str, **generation: object) -> Path:
+    params = {
+        "model": {"weights_dir": str(weights), "backbone_gguf": gguf, "codec_dir": str(CODEC)},
+        "llama": {"kv_cache_type_k": "f32", "kv_cache_type_v": "f32"},
+        "sampling": {"text_temperature": 0.0, "audio_temperature": 0.0},
+        "generation": generation,
+    }
+    path = directory / "config.yaml"
+    path.write_text(yaml.safe_dump({"moss_tts_node": {"ros__parameters": params}}), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return convert_checkpoint(DATA / "nano-tiny", tmp_path_factory.mktemp("nano-f32"), "F32")
+
+
+@pytest.fixture(scope="module")
+def synth(weights: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Synthesizer]:
+    synthesizer = Synthesizer.from_config_file(_config(tmp_path_factory.mktemp("cfg"), weights.parent, weights.name))
+    yield synthesizer
+    synthesizer.close()
+
+
+def test_greedy_speech_is_upstreams_frames_decoded(synth: Synthesizer) -> None:
+    result = synth.synthesize(str(REFERENCE["cont_plain_text"]))
+    np.testing.assert_array_equal(result.codes, REFERENCE["cont_plain_frames"])
+    codec = NanoOnnxCodec(CODEC, provider="cpu", threads=1, encoder=False)
+    expected = codec.decode(REFERENCE["cont_plain_frames"])
+    assert result.sample_rate == 48000 and result.audio.shape == expected.shape
+    assert result.audio.shape == (len(REFERENCE["cont_plain_frames"]) * 3840, 2)
+    np.testing.assert_allclose(result.audio, expected, atol=1e-5)
+
+
+def test_a_stream_is_the_whole_utterance(synth: Synthesizer) -> None:
+    text = str(REFERENCE["clone_en_text"])
+    whole = synth.synthesize(text).audio
+    chunks = list(synth.stream(text))
+    assert len(chunks) > 1 and chunks[-1].is_final
+    np.testing.assert_allclose(np.concatenate([chunk.samples for chunk in chunks]), whole, atol=1e-6)
+
+
+def test_a_voice_is_cloned_from_a_clip(synth: Synthesizer, tmp_path: Path) -> None:
+    clip = tmp_path / "voice.wav"
+    seconds = 0.5
+    t = np.arange(int(48000 * seconds)) / 48000
+    write_wav(clip, 0.3 * np.sin(2 * np.pi * 220 * t), 48000)
+    codes = synth.encode_reference(clip)
+    assert codes.shape == (round(seconds * 12.5), 16)
+    result = synth.synthesize("Hello there.", voice=str(clip))
+    slots = result.prompt[:, 0] == synth.spec.audio_user_slot_token_id
+    np.testing.assert_array_equal(result.prompt[slots, 1:], codes)  # the clip's frames, one user-slot row each
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("language", "en"), ("instruction", "calm"), ("quality", "studio"), ("tokens", 50)]
+)
+def test_fields_nano_has_no_place_for_are_refused(synth: Synthesizer, field: str, value: object) -> None:
+    with pytest.raises(RequestError, match=f"MOSS-TTS-Nano's prompt has no {field} field"):
+        synth.stream("Hello.", **{field: value})
+
+
+def test_a_config_default_nano_refuses_fails_at_load(weights: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"'generation\.language' is 'en'.*leave generation\.language empty"):
+        Synthesizer.from_config_file(_config(tmp_path, weights.parent, weights.name, language="en"))
