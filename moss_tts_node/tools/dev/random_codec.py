@@ -33,7 +33,7 @@ WEIGHT_STD = 0.02
 
 
 @dataclass(frozen=True)
-class _RandomTensor:
+class RandomTensor:
     """A tensor made only when written, so a 3.5 GB checkpoint never sits in memory whole.
 
     ``kind``: "normal" (std WEIGHT_STD), "fill" (every element ``value``), "conv_v" (a weight-normed
@@ -70,6 +70,42 @@ def _conv_direction(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndar
     """torch's nn.Conv1d weight init (kaiming uniform with a = sqrt(5)): uniform within 1/sqrt(fan in)."""
     bound = 1 / np.sqrt(np.prod(shape[1:]))
     return rng.uniform(-bound, bound, shape).astype(np.float32)
+
+
+class RandomTensors:
+    """A random checkpoint being put together, tensor by tensor, in the library's initialization; each tensor's
+    values come from its name and ``seed`` alone (seed 0: the values the codec benches have always used)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.tensors: dict[str, RandomTensor] = {}
+        self._seed = seed
+
+    def _seed_of(self, name: str) -> int:
+        return zlib.crc32(name.encode()) + (self._seed << 32)
+
+    def add(self, name: str, shape: tuple[int, ...], kind: str = "normal", value: float = 0.0) -> None:
+        self.tensors[name] = RandomTensor(shape, kind, self._seed_of(name), value)
+
+    def add_weight_normed(self, prefix: str, out_dim: int, in_dim: int) -> None:
+        """A weight-normed 1x1 convolution: torch's own init of the direction, its norm, a zero bias."""
+        direction = f"{prefix}.parametrizations.weight.original1"
+        self.add(f"{prefix}.bias", (out_dim,), "fill", 0.0)
+        self.add(direction, (out_dim, in_dim, 1), "conv_v")
+        self.tensors[f"{prefix}.parametrizations.weight.original0"] = RandomTensor(
+            (out_dim, 1, 1), "conv_g", self.tensors[direction].seed, v_shape=(out_dim, in_dim, 1)
+        )
+
+    def add_layer_norms(self, prefix: str, width: int) -> None:
+        for norm in ("norm1", "norm2"):
+            self.add(f"{prefix}.{norm}.weight", (width,), "fill", 1.0)
+            self.add(f"{prefix}.{norm}.bias", (width,), "fill", 0.0)
+
+    def add_layer_scales(self, prefix: str, width: int, value: float) -> None:
+        for scale in ("layer_scale_1", "layer_scale_2"):
+            self.add(f"{prefix}.{scale}.scale", (width,), "fill", value)
+
+    def write(self, path: Path) -> None:
+        write_safetensors(path, self.tensors, "F32")  # array-likes, made as they are written
 
 
 def tiny_codec_config() -> dict[str, Any]:
@@ -131,43 +167,27 @@ def write_random_codec(config: Path | Mapping[str, Any], out_dir: Path) -> Path:
     text = json.dumps(config, indent=2) + "\n" if isinstance(config, Mapping) else config.read_text(encoding="utf-8")
     config_path.write_text(text, encoding="utf-8")
     spec = read_codec_config(config_path)
-    tensors: dict[str, _RandomTensor] = {}
-
-    def add(name: str, shape: tuple[int, ...], kind: str = "normal", value: float = 0.0) -> None:
-        tensors[name] = _RandomTensor(shape, kind, zlib.crc32(name.encode()), value)
-
-    def add_weight_normed(prefix: str, out_dim: int, in_dim: int) -> None:
-        direction = f"{prefix}.parametrizations.weight.original1"
-        add(f"{prefix}.bias", (out_dim,), "fill", 0.0)
-        add(direction, (out_dim, in_dim, 1), "conv_v")
-        seed = tensors[direction].seed
-        tensors[f"{prefix}.parametrizations.weight.original0"] = _RandomTensor(
-            (out_dim, 1, 1), "conv_g", seed, v_shape=(out_dim, in_dim, 1)
-        )
-
+    tensors = RandomTensors()
     for i in range(CODEC_QUANTIZERS):  # read_codec_config refuses any other count
-        add(f"quantizer.quantizers.{i}.codebook.weight", (CODEBOOK_SIZE, spec.codebook_dim))
-        add_weight_normed(f"quantizer.quantizers.{i}.out_proj", spec.rvq_dim, spec.codebook_dim)
-    add_weight_normed("quantizer.output_proj", spec.quantizer_output_dim, spec.rvq_dim)
+        tensors.add(f"quantizer.quantizers.{i}.codebook.weight", (CODEBOOK_SIZE, spec.codebook_dim))
+        tensors.add_weight_normed(f"quantizer.quantizers.{i}.out_proj", spec.rvq_dim, spec.codebook_dim)
+    tensors.add_weight_normed("quantizer.output_proj", spec.quantizer_output_dim, spec.rvq_dim)
     for stage in spec.decoder:
         if isinstance(stage, Patch):
             continue
         width = stage.d_model
         if stage.input_dim != width:
-            add(f"{stage.prefix}.input_proj.weight", (width, stage.input_dim))
+            tensors.add(f"{stage.prefix}.input_proj.weight", (width, stage.input_dim))
         if stage.output_dim != width:
-            add(f"{stage.prefix}.output_proj.weight", (stage.output_dim, width))
+            tensors.add(f"{stage.prefix}.output_proj.weight", (stage.output_dim, width))
         for layer in range(stage.layers):
             prefix = f"{stage.prefix}.transformer.layers.{layer}"
-            add(f"{prefix}.self_attn.in_projs.0.weight", (3 * width, width))
-            add(f"{prefix}.self_attn.out_projs.0.weight", (width, width))
-            add(f"{prefix}.linear1.weight", (stage.ffn, width))
-            add(f"{prefix}.linear2.weight", (width, stage.ffn))
-            for norm in ("norm1", "norm2"):
-                add(f"{prefix}.{norm}.weight", (width,), "fill", 1.0)
-                add(f"{prefix}.{norm}.bias", (width,), "fill", 0.0)
+            tensors.add(f"{prefix}.self_attn.in_projs.0.weight", (3 * width, width))
+            tensors.add(f"{prefix}.self_attn.out_projs.0.weight", (width, width))
+            tensors.add(f"{prefix}.linear1.weight", (stage.ffn, width))
+            tensors.add(f"{prefix}.linear2.weight", (width, stage.ffn))
+            tensors.add_layer_norms(prefix, width)
             if stage.layer_scale is not None:
-                add(f"{prefix}.layer_scale_1.scale", (width,), "fill", stage.layer_scale)
-                add(f"{prefix}.layer_scale_2.scale", (width,), "fill", stage.layer_scale)
-    write_safetensors(out_dir / "model.safetensors", tensors, "F32")  # array-likes, made as they are written
+                tensors.add_layer_scales(prefix, width, stage.layer_scale)
+    tensors.write(out_dir / "model.safetensors")
     return out_dir
