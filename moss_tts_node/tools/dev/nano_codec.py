@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from moss_tts_node.errors import WeightsError
+from moss_tts_node.tools.dev.random_codec import RandomTensors
 from moss_tts_node.tools.prepare.config_reader import ConfigReader, read_json_object
 from moss_tts_node.tools.prepare.safetensors_io import SafetensorsCheckpoint
 from moss_tts_node.tools.prepare.stream_decoder_checkpoint import CodecWeights, Patch
@@ -708,3 +710,140 @@ def write_nano_codec(checkpoint_dir: Path | str, out_dir: Path | str) -> Path:
     }
     (out_dir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return out_dir
+
+
+# --- random checkpoints of the real architecture ------------------------------------------------------------
+
+
+def nano_config(size: str) -> dict[str, Any]:
+    """An upstream config.json for the Nano architecture, ``real`` (its published sizes) or ``tiny``.
+
+    Real, from published facts (docs/nano-codec-writer.md, "The real codec's sizes", says where each is from):
+    48 kHz, 2 channels interleaved, 3840 samples a channel per frame, 16 RLFQ quantizers of 1024 codes, codebook
+    dim 8, rvq 512, output 768, the decoder's patches 4, 2, 2, 2, 240 between Transformers 192->768, 384->768,
+    384->768, 384->240 (upstream's Nano config checker); every decoder Transformer 4 heads of 64 (d_model 256)
+    of 4, 2, 2 and 4 layers attending 500, 800, 1200 and 1600 positions back, that is 10, 8, 6 and 4 s (the
+    published decode_step's attention caches). Chosen from the evidence: a feed-forward of 1024 (4 x d_model:
+    the published graphs' 42 MiB encoder and 86 MiB codec hold about 21 M float32 parameters with it) and an
+    encoder mirroring the decoder; layer scale 0.01, RoPE period 10000 as the codec family's configs have.
+    Tiny: the same layout with Transformers of 1 layer, width 32 (2 heads of 16), spans of 1 s.
+    """
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {SIZES}, got {size!r}")
+    real = size == "real"
+    widths = (
+        {"d_model": 256, "num_heads": 4, "dim_feedforward": 1024}
+        if real
+        else {"d_model": 32, "num_heads": 2, "dim_feedforward": 64}
+    )
+    code_dim = 768 if real else 64
+    first = 192 if real else 16  # the decoder's first Transformer's input: the code vector split in 4
+    inner = 384 if real else 32  # what every other patch merge or split carries
+
+    def transformer(input_dimension: int, output_dimension: int, layers: int, seconds: float) -> dict[str, Any]:
+        entry: dict[str, Any] = {
+            "module_type": "Transformer",
+            "input_dimension": input_dimension,
+            "output_dimension": output_dimension,
+            **widths,
+            "num_layers": layers if real else 1,
+            "causal": True,
+            "norm": "layer_norm",
+            "positional_embedding": "rope",
+            "max_period": 10000,
+            "gating": "none",
+            "layer_scale": 0.01,
+            "conv_layout": True,
+        }
+        if real:
+            entry["context_duration"] = seconds
+        return entry
+
+    def patch(size: int) -> dict[str, Any]:
+        return {"module_type": "PatchedPretransform", "patch_size": size}
+
+    # (layers, seconds) of the decoder's Transformers in order; the encoder's are the same from the other end.
+    stages = ((4, 10.0), (2, 8.0), (2, 6.0), (4, 4.0))
+    decoder = [patch(4), transformer(first, 2 * inner, *stages[0])]
+    decoder += [
+        patch(2),
+        transformer(inner, 2 * inner, *stages[1]),
+        patch(2),
+        transformer(inner, 2 * inner, *stages[2]),
+    ]
+    decoder += [patch(2), transformer(inner, 240, *stages[3]), patch(240)]
+    encoder = [patch(240), transformer(240, inner, *stages[3]), patch(2), transformer(2 * inner, inner, *stages[2])]
+    encoder += [
+        patch(2),
+        transformer(2 * inner, inner, *stages[1]),
+        patch(2),
+        transformer(2 * inner, first, *stages[0]),
+    ]
+    encoder.append(patch(4))
+    return {
+        "architectures": ["MossAudioTokenizerModel"],
+        "model_type": "moss-audio-tokenizer",
+        "sampling_rate": 48000,
+        "downsample_rate": 3840,
+        "number_channels": 2,
+        "enable_channel_interleave": True,
+        "attention_implementation": "sdpa",
+        "compute_dtype": "fp32",
+        "causal_transformer_context_duration": 10.0 if real else 1.0,
+        "code_dim": code_dim,
+        "encoder_kwargs": encoder,
+        "decoder_kwargs": decoder,
+        "quantizer_type": "rlfq",
+        "quantizer_kwargs": {
+            "quantizer_type": "rlfq",
+            "input_dim": code_dim,
+            "rvq_dim": 512 if real else 32,
+            "output_dim": code_dim,
+            "num_quantizers": 16,
+            "codebook_size": 1024,
+            "codebook_dim": 8,
+        },
+    }
+
+
+def write_random_nano_checkpoint(config: Mapping[str, Any], out_dir: Path | str, seed: int = 0) -> Path:
+    """``config`` as config.json and every tensor of upstream's state dict for it in model.safetensors, random
+    and initialized as upstream initializes a new model (random_codec's scheme: linear and embedding weights
+    N(0, 0.02), norms 1 and 0, layer scales at their configured value, weight-normed convolutions as torch
+    makes them with zero biases); return ``out_dir``."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    spec = read_nano_config(out_dir / "config.json")
+    tensors = RandomTensors(seed)
+    for stage in (*spec.stages("encoder"), *spec.stages("decoder")):
+        tensors.add(f"{stage.prefix}.input_proj.weight", (stage.d_model, stage.input_dim))
+        tensors.add(f"{stage.prefix}.output_proj.weight", (stage.output_dim, stage.d_model))
+        for layer in range(stage.layers):
+            prefix = f"{stage.prefix}.transformer.layers.{layer}"
+            tensors.add(f"{prefix}.self_attn.in_proj.weight", (3 * stage.d_model, stage.d_model))
+            tensors.add(f"{prefix}.self_attn.out_proj.weight", (stage.d_model, stage.d_model))
+            tensors.add(f"{prefix}.ffn.0.weight", (stage.ffn, stage.d_model))
+            tensors.add(f"{prefix}.ffn.2.weight", (stage.d_model, stage.ffn))
+            tensors.add_layer_norms(prefix, stage.d_model)
+            if stage.layer_scale is not None:
+                tensors.add_layer_scales(prefix, stage.d_model, stage.layer_scale)
+    if spec.quantizer_input_dim != spec.rvq_dim:
+        tensors.add_weight_normed("quantizer.input_proj", spec.rvq_dim, spec.quantizer_input_dim)
+    if spec.rvq_dim != spec.quantizer_output_dim:
+        tensors.add_weight_normed("quantizer.output_proj", spec.quantizer_output_dim, spec.rvq_dim)
+    for i in range(spec.quantizers):
+        prefix = f"quantizer.quantizers.{i}"
+        tensors.add(f"{prefix}.codebook.weight", (spec.codebook_size, spec.codebook_dim))
+        if spec.rvq_dim != spec.codebook_dim:
+            tensors.add_weight_normed(f"{prefix}.in_proj", spec.codebook_dim, spec.rvq_dim)
+            tensors.add_weight_normed(f"{prefix}.out_proj", spec.rvq_dim, spec.codebook_dim)
+    tensors.write(out_dir / "model.safetensors")
+    return out_dir
+
+
+def write_random_nano_codec(out_dir: Path | str, size: str = "tiny", seed: int = 0) -> Path:
+    """A random Nano codec (``nano_config(size)``, seeded) written in upstream's published ONNX layout to
+    ``out_dir``; its checkpoint is made in a temporary directory and dropped. Return ``out_dir``."""
+    with tempfile.TemporaryDirectory(prefix="nano-codec-") as scratch:
+        return write_nano_codec(write_random_nano_checkpoint(nano_config(size), scratch, seed), out_dir)
