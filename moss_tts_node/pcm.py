@@ -13,15 +13,16 @@ PCM16_FULL_SCALE = 32767.0
 
 
 def float_to_pcm16(samples: np.ndarray) -> bytes:
-    """Convert mono float samples to signed 16-bit little-endian PCM bytes (S16LE).
+    """Convert float samples, mono ``(n,)`` or ``(n, channels)`` frames, to signed 16-bit little-endian PCM bytes
+    (S16LE), channels interleaved as WAV and raw PCM carry them.
 
     Values are clipped to [-1, 1] and scaled by 32767, so full scale never wraps around.
     """
     samples = np.asarray(samples)
-    if samples.ndim != 1:
-        raise ValueError(f"expected mono samples of shape (n,), got {samples.shape}")
+    if samples.ndim not in (1, 2):
+        raise ValueError(f"expected samples of shape (n,) or (n, channels), got {samples.shape}")
     scaled = np.round(np.clip(samples.astype(np.float64), -1.0, 1.0) * PCM16_FULL_SCALE)
-    return scaled.astype("<i2").tobytes()
+    return scaled.astype("<i2").tobytes()  # C order: frame by frame, the channels of each in turn
 
 
 def pcm16_to_float(data: bytes) -> np.ndarray:

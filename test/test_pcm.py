@@ -27,8 +27,13 @@ def test_a_round_trip_is_within_half_a_step() -> None:
     assert np.max(np.abs(back - samples)) <= 0.5 / 32767 + 1e-7
 
 
+def test_frames_of_channels_are_interleaved() -> None:
+    stereo = np.array([[0.5, -0.5], [1.0, 0.0]], np.float32)
+    np.testing.assert_array_equal(np.frombuffer(float_to_pcm16(stereo), "<i2"), [16384, -16384, 32767, 0])
+
+
 def test_malformed_input_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"expected mono samples of shape \(n,\), got \(4, 2\)"):
-        float_to_pcm16(np.zeros((4, 2), np.float32))
+    with pytest.raises(ValueError, match=r"expected samples of shape \(n,\) or \(n, channels\), got \(4, 2, 1\)"):
+        float_to_pcm16(np.zeros((4, 2, 1), np.float32))
     with pytest.raises(ValueError, match="2 bytes per sample, got 3 bytes"):
         pcm16_to_float(b"\x00\x01\x02")

@@ -124,8 +124,8 @@ def _sinc_phases(up: int, down: int) -> tuple[np.ndarray, int]:
 
 
 def write_wav(path: str | Path, samples: np.ndarray, sample_rate: int) -> None:
-    """Write mono float samples as a 16-bit PCM WAV, clipping to [-1, 1] first."""
-    pcm = np.frombuffer(float_to_pcm16(samples), dtype="<i2")
+    """Write float samples, mono ``(n,)`` or ``(n, channels)``, as a 16-bit PCM WAV, clipping to [-1, 1] first."""
+    pcm = np.frombuffer(float_to_pcm16(samples), dtype="<i2").reshape(np.shape(samples))
     sf.write(str(path), pcm, sample_rate, subtype="PCM_16", format="WAV")
 
 

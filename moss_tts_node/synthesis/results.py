@@ -17,7 +17,8 @@ from moss_tts_node.timing import StageClock, StopReason, TimingReport
 
 @dataclass(frozen=True)
 class AudioChunk:
-    """A piece of the utterance: float32 mono samples in [-1, 1]."""
+    """A piece of the utterance: float32 samples in [-1, 1], ``(n,)`` for a mono model, ``(n, channels)`` for a
+    stereo one (MOSS-TTS-Nano)."""
 
     samples: np.ndarray
     sample_rate: int
