@@ -136,8 +136,8 @@ def test_convert_defaults_to_q8_0_for_nano(tmp_path: Path) -> None:
 def test_convert_refuses_what_it_cannot_convert(tmp_path: Path) -> None:
     broken = tmp_path / "checkpoint"
     shutil.copytree(FIXTURE, broken)
-    with pytest.raises(ConversionError, match="--model moss_tts does not match"):
-        convert_checkpoint(broken, tmp_path / "a", model="moss_tts")
+    with pytest.raises(ConversionError, match="--model moss-tts does not match"):
+        convert_checkpoint(broken, tmp_path / "a", model="moss-tts")
     (broken / "tokenizer.model").unlink()
     with pytest.raises(ConversionError, match=r"no tokenizer\.model"):
         convert_checkpoint(broken, tmp_path / "b")

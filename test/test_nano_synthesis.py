@@ -13,7 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import soundfile as sf
 import yaml
+from conftest import run_cli
 
 from moss_tts_node.codec.audio_io import write_wav
 from moss_tts_node.codec.nano import NanoOnnxCodec
@@ -91,3 +93,16 @@ def test_fields_nano_has_no_place_for_are_refused(synth: Synthesizer, field: str
 def test_a_config_default_nano_refuses_fails_at_load(weights: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"'generation\.language' is 'en'.*leave generation\.language empty"):
         Synthesizer.from_config_file(_config(tmp_path, weights.parent, weights.name, language="en"))
+
+
+def test_demo_weights_for_nano_speak_through_the_cli(tmp_path: Path) -> None:
+    """``demo-weights --model nano`` (upstream's release layout, converted) then ``synth``: a 48 kHz stereo WAV."""
+    made = run_cli("demo-weights", tmp_path / "demo", "--model", "nano")
+    assert made.returncode == 0, made.stderr
+    out = tmp_path / "hello.wav"
+    said = run_cli(
+        "synth", "--config", tmp_path / "demo" / "config.yaml", "--text", "Hello there, robot.", "--out", out
+    )
+    assert said.returncode == 0, said.stderr
+    audio, rate = sf.read(out)
+    assert rate == 48000 and audio.ndim == 2 and audio.shape[1] == 2 and audio.shape[0] % 3840 == 0

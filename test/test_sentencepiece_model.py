@@ -17,6 +17,7 @@ import sentencepiece as spm
 from tokenizers import Tokenizer
 
 from moss_tts_node.errors import WeightsError
+from moss_tts_node.tools.dev.nano_demo import demo_sentencepiece_model
 from moss_tts_node.tools.prepare.sentencepiece_model import (
     BYTE,
     CONTROL,
@@ -24,6 +25,7 @@ from moss_tts_node.tools.prepare.sentencepiece_model import (
     convert_sentencepiece,
     read_sentencepiece_model,
     tokenizer_from_sentencepiece,
+    write_sentencepiece_model,
 )
 
 NANO_TOKENIZER = Path(__file__).parent / "data" / "nano-tiny" / "tokenizer.model"
@@ -139,3 +141,12 @@ def test_unusable_files_are_refused_with_the_reason(tmp_path: Path) -> None:
         tokenizer_from_sentencepiece(garbage)
     with pytest.raises(WeightsError, match="model type is word"):
         tokenizer_from_sentencepiece(_train(tmp_path, "word", model_type="word"))
+
+
+def test_written_models_are_sentencepiece_models(tmp_path: Path) -> None:
+    """The writer (demo weights in upstream's layout) gives files SentencePiece loads, reads back what it wrote."""
+    for model in (read_sentencepiece_model(NANO_TOKENIZER), demo_sentencepiece_model()):
+        path = tmp_path / "written.model"
+        write_sentencepiece_model(path, model)
+        assert read_sentencepiece_model(path) == model
+        assert _mismatches(path) == []

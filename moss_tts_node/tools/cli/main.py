@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from moss_tts_node.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, MossTTSError, RequestError
-from moss_tts_node.model.family import DELAY_FAMILY, MOSS_TTS
+from moss_tts_node.model.family import FAMILY, MOSS_TTS
 from moss_tts_node.model.rates import FRAMES_PER_SECOND
 from moss_tts_node.playback import DEFAULT_PREBUFFER_S
 from moss_tts_node.synthesis.fields import COUNT, SEED
@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo-weights", help="write a tiny random model (noise, not speech) for tests")
     demo.add_argument("directory", type=Path, help="where to write the weights and their config.yaml")
     demo.add_argument("--seed", type=int, default=0, help="random seed of the weights")
-    demo.add_argument("--model", choices=list(DELAY_FAMILY), default=MOSS_TTS.key, help="which model of the family")
+    demo.add_argument("--model", choices=list(FAMILY), default=MOSS_TTS.key, help="which model of the family")
     demo.set_defaults(run=run_demo_weights)
 
     for name in EXTRA_COMMAND_MODULES:

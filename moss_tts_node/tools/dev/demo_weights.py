@@ -44,11 +44,13 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from moss_tts_node.config import write_params_file
-from moss_tts_node.model.family import FAMILY, MOSS_TTS, MOSS_TTSD
+from moss_tts_node.model.family import FAMILY, MOSS_TTS, MOSS_TTS_NANO, MOSS_TTSD
 from moss_tts_node.model.layout import gguf_name
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.model.template import MOSS_TTS_TEMPLATE, SCENE, SPEAKER_NUMBER, PromptTemplate
 from moss_tts_node.tools.dev.demo_codec import write_demo_codec
+from moss_tts_node.tools.dev.nano_codec import write_random_nano_codec
+from moss_tts_node.tools.dev.nano_demo import write_nano_release
 from moss_tts_node.tools.dev.random_codec import tiny_codec_config, write_random_codec
 from moss_tts_node.tools.prepare.convert import MODEL_TYPE, checkpoint_tensor_name, convert_checkpoint
 from moss_tts_node.tools.prepare.qwen3_gguf import Qwen3Shape, random_qwen3_tensors
@@ -224,6 +226,8 @@ def write_demo_weights(
     one); returns the path of its config.yaml."""
     out_dir = Path(out_dir)
     family_model = FAMILY[model]
+    if family_model is MOSS_TTS_NANO:
+        return _write_nano_demo(out_dir, seed)
     checkpoint = demo_checkpoint(seed, hidden, layers, n_vq=family_model.codebooks[0])
     source = write_checkpoint(out_dir / CHECKPOINT_DIR, checkpoint)
     if family_model is not MOSS_TTS:
@@ -238,4 +242,20 @@ def write_demo_weights(
         f"Made by `python -m moss_tts_node demo-weights --model {model}`."
     )
     write_params_file(config_path, _DEMO_PARAMS, header)
+    return config_path
+
+
+def _write_nano_demo(out_dir: Path, seed: int) -> Path:
+    """MOSS-TTS-Nano's demo: its release layout (``nano_demo``) converted as a user converts the release, and a
+    random Nano codec in its published ONNX layout (``nano_codec``), tiny."""
+    release = write_nano_release(out_dir / CHECKPOINT_DIR, "tiny", seed)
+    gguf = convert_checkpoint(release, out_dir, GGUF_TYPE, force=True)
+    write_random_nano_codec(out_dir / "codec", "tiny", seed)
+    config_path = out_dir / "config.yaml"
+    params = {**_DEMO_PARAMS, "model.backbone_gguf": gguf.name}
+    header = (
+        f"Demo {MOSS_TTS_NANO.name} model: random weights, noise not speech.\n"
+        f"Made by `python -m moss_tts_node demo-weights --model {MOSS_TTS_NANO.key}`."
+    )
+    write_params_file(config_path, params, header)
     return config_path

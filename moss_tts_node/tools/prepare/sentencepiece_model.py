@@ -248,6 +248,61 @@ def tokenizer_from_sentencepiece(path: Path) -> Tokenizer:
     return tokenizer
 
 
+def _key(number: int, wire_type: int) -> bytes:
+    return _varint_bytes(number << 3 | wire_type)
+
+
+def _varint_bytes(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _message(fields: list[tuple[int, int | float | bytes | str]]) -> bytes:
+    """A message of varint (int, bool), 32-bit float and length-delimited (bytes, str) fields."""
+    out = bytearray()
+    for number, value in fields:
+        if isinstance(value, float):
+            out += _key(number, 5) + struct.pack("<f", value)
+        elif isinstance(value, int):
+            out += _key(number, 0) + _varint_bytes(int(value))
+        else:
+            data = value.encode("utf-8") if isinstance(value, str) else value
+            out += _key(number, 2) + _varint_bytes(len(data)) + data
+    return bytes(out)
+
+
+def write_sentencepiece_model(path: Path, model: SentencePieceModel) -> None:
+    """Write ``model`` as a SentencePiece model file (the fields ``read_sentencepiece_model`` reads), for demo
+    weights in upstream's layout; SentencePiece itself loads it (test/test_sentencepiece_model.py)."""
+    model_types = {name: number for number, name in MODEL_TYPES.items()}
+    trainer = _message(
+        [
+            (_TRAINER_MODEL_TYPE, model_types[model.model_type]),
+            (_TRAINER_WHITESPACE_SUFFIX, model.whitespace_as_suffix),
+            (_TRAINER_BYTE_FALLBACK, model.byte_fallback),
+            (_TRAINER_UNK_ID, model.unk_id),
+        ]
+    )
+    normalizer = _message(
+        [
+            (_NORMALIZER_NAME, model.normalizer_name),
+            *([(_NORMALIZER_CHARSMAP, model.charsmap)] if model.charsmap else []),
+            (_NORMALIZER_DUMMY_PREFIX, model.add_dummy_prefix),
+            (_NORMALIZER_EXTRA_WHITESPACES, model.remove_extra_whitespaces),
+            (_NORMALIZER_ESCAPE_WHITESPACES, model.escape_whitespaces),
+        ]
+    )
+    pieces = [
+        (_MODEL_PIECES, _message([(_PIECE_TEXT, p.text), (_PIECE_SCORE, float(p.score)), (_PIECE_TYPE, p.kind)]))
+        for p in model.pieces
+    ]
+    Path(path).write_bytes(_message([*pieces, (_MODEL_TRAINER, trainer), (_MODEL_NORMALIZER, normalizer)]))
+
+
 def convert_sentencepiece(source: Path, destination: Path) -> None:
     """Write ``source`` (a SentencePiece model file) as the tokenizer.json ``destination``."""
     tokenizer_from_sentencepiece(source).save(str(destination))
