@@ -113,7 +113,7 @@ def test_clone_runs_alternate_and_the_summary_compares_them(
     jobs: list[dict[str, Any]] = []
     figures = {"reference": (1000.0, 10.0, 300), "continuation": (1500.0, 9.0, 250)}
 
-    def worker(job: dict[str, Any]) -> dict[str, Any]:  # what a worker returns: its figures, not the job's keys
+    def worker(job: dict[str, Any], *_: object) -> dict[str, Any]:  # a worker's figures, not the job's keys
         jobs.append(job)
         ttfa, steps, rows = figures[job["clone"]]
         figures[job["clone"]] = ttfa + 200, steps + 2, rows
@@ -154,3 +154,18 @@ def test_the_dialogue_piece_prefills_what_it_carries_after_what_it_shares(
     assert carried > figures["dialogue_carried_frames"] > 0
     assert figures["dialogue_carried_ms"] == pytest.approx(1.0) and figures["dialogue_alone_ms"] == pytest.approx(4.0)
     assert next(ticks, None) is None  # every run was timed, and nothing else
+
+
+def test_the_nano_bench_runs_a_nano_model_to_its_budget(tmp_path: Path) -> None:
+    """``bench --model nano`` on the tiny Nano demo: every run speaks its whole budget (the choice to go on is
+    greedy), and the figures it reports are there (their values are the machine's: run by hand)."""
+    from moss_tts_node.tools.dev.demo_weights import write_demo_weights
+    from moss_tts_node.tools.dev.nano_bench import bench_nano, format_nano_runs
+
+    config = write_demo_weights(tmp_path / "nano", model="nano")
+    runs = bench_nano(config, steps=6, threads=2, rounds=2, seed=1, text="Hello, robot.")
+    assert [run["frames"] for run in runs] == [6, 6]
+    for run in runs:
+        assert run["rtf_whole"] > 0 and run["first_audio_ms"] > 0 and run["roofline_ms_per_frame"] > 0
+        assert set(run["ms_per_frame"]) >= {"backbone", "heads", "sampling", "codec"}
+    assert "roofline:" in format_nano_runs(runs)

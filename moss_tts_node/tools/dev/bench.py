@@ -41,22 +41,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moss_tts_node.choices import HEADS_BACKENDS
-from moss_tts_node.errors import MossTTSError
 from moss_tts_node.model.layout import EMBEDDINGS_DIR, HEADS_DIR, audio_head_file
 from moss_tts_node.model.rates import FRAMES_PER_SECOND
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.timing import StageClock, TimingReport
+from moss_tts_node.tools.dev.bench_worker import machine_info, run_worker
+from moss_tts_node.tools.dev.nano_bench import NANO_BENCH, bench_nano, ensure_nano_bench_model, format_nano_runs
 from moss_tts_node.tools.dev.resources import peak_rss_mib
 
 if TYPE_CHECKING:
@@ -86,7 +84,8 @@ def register(commands: Any) -> None:
         "--model",
         action="append",
         help="bench model (repeatable; default: 1.7b and 8b; voice-generator-1.7b: 1.7B with 16 codebooks; "
-        "bench_models.BENCH_MODELS lists them); built and cached on first use",
+        f"{NANO_BENCH}: MOSS-TTS-Nano with its codec, both at the real size; bench_models.BENCH_MODELS lists the "
+        "Delay ones); built and cached on first use",
     )
     bench.add_argument("--config", type=Path, help="your own params file instead of a bench model")
     bench.add_argument(
@@ -128,6 +127,14 @@ def run_bench(args: argparse.Namespace) -> int:
     from moss_tts_node.tools.dev.bench_models import bench_model_dir, ensure_bench_model, ensure_heads_gguf
     from moss_tts_node.tools.overrides import parse_overrides
 
+    models = args.model or ["1.7b", "8b"]
+    if NANO_BENCH in models:
+        config = args.config or ensure_nano_bench_model(log=log)
+        log(f"running MOSS-TTS-Nano ({config}), {args.steps} frames x {args.rounds}, {args.threads} threads ...")
+        print(format_nano_runs(bench_nano(config, args.steps, args.threads, args.rounds, args.seed, args.text)))
+        models = [model for model in models if model != NANO_BENCH]
+        if not models:
+            return 0
     heads = [h.strip() for h in args.heads.split(",") if h.strip()]
     for h in heads:
         if h not in HEADS_BACKENDS:
@@ -137,7 +144,7 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.config:
         targets.append((args.config.parent.name or str(args.config), args.config))
     else:
-        for name in args.model or ["1.7b", "8b"]:
+        for name in models:
             log(f"bench model {name}: {bench_model_dir(name)}")
             targets.append((name, ensure_bench_model(name, threads=args.threads, log=log)))
     if args.clone and not args.voice_seconds:
@@ -169,7 +176,9 @@ def run_bench(args: argparse.Namespace) -> int:
                         "demo_codec": not args.config and not CODEC_KEYS & set(overrides),
                         "prefill_compare": not args.no_prefill_compare,
                         "dialogue_piece": args.dialogue_piece,
-                    }
+                    },
+                    WORKER_COMMAND,
+                    _compare_prefill,
                 )
                 results.append({**result, "clone": mode})
                 print(format_result_line(result), flush=True)
@@ -190,51 +199,12 @@ def log(message: str) -> None:
 
 # ---- one run, in its own process (clean peak RSS, nothing left over from the last model) -------------
 
-
-def run_worker(job: dict[str, Any], command: list[str] | None = None) -> dict[str, Any]:
-    """Run ``worker(job)`` in a fresh process (``command``: another entry that takes the job as JSON)."""
-    load_before = os.getloadavg()
-    busy_before, ours_before, wall_before = _cpu_busy_s(), _own_cpu_s(), time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="moss_bench_") as tmp:
-        job["workdir"] = tmp
-        proc = subprocess.run(
-            [*(command or [sys.executable, "-m", "moss_tts_node.tools.dev.bench", "worker"]), json.dumps(job)],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if proc.returncode != 0:
-            raise MossTTSError(f"bench worker failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-        result = json.loads(proc.stdout.strip().splitlines()[-1])
-        if job["prefill_compare"]:
-            result.update(prefill_compare(job, Path(tmp) / "prompt.npy", result))
-    result["load_before"] = [round(x, 2) for x in load_before]
-    result["load_after"] = [round(x, 2) for x in os.getloadavg()]
-    wall = time.monotonic() - wall_before
-    if busy_before is not None:
-        busy = (_cpu_busy_s() or 0.0) - busy_before
-        result["foreign_cpu"] = max(0.0, busy - (_own_cpu_s() - ours_before)) / (wall * (os.cpu_count() or 1))
-    return result
+WORKER_COMMAND = [sys.executable, "-m", "moss_tts_node.tools.dev.bench", "worker"]
 
 
-def _cpu_busy_s() -> float | None:
-    """CPU seconds the whole machine has been busy (all processes, /proc/stat), or None off Linux."""
-    try:
-        with open("/proc/stat", encoding="ascii") as stat:
-            fields = [int(x) for x in stat.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + fields[4]  # idle + iowait
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def _own_cpu_s() -> float:
-    """CPU seconds of this process and its finished children (the workers)."""
-    import resource
-
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+def _compare_prefill(job: dict[str, Any], result: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    """The every-position prefill of the worker's prompt, where the job asked for it."""
+    return prefill_compare(job, workdir / "prompt.npy", result) if job["prefill_compare"] else {}
 
 
 def worker(job: dict[str, Any]) -> dict[str, Any]:
@@ -544,27 +514,6 @@ def prefill_compare(job: dict[str, Any], prompt: Path, result: dict[str, Any]) -
 
 
 # ---- output ---------------------------------------------------------------------------------------------
-
-
-def machine_info() -> dict[str, Any]:
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            cpu = next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    try:
-        with open("/proc/meminfo", encoding="ascii") as info:
-            mem = int(next(line.split()[1] for line in info if line.startswith("MemTotal"))) * 1024
-    except (OSError, StopIteration):
-        mem = 0
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "memory_gb": round(mem / 2**30, 1),
-        "python": platform.python_version(),
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-    }
 
 
 def format_result_line(r: dict[str, Any]) -> str:
