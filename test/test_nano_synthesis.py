@@ -8,6 +8,7 @@ voice must be cloned from a clip; what Nano's prompt has no place for must be re
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,16 +22,19 @@ from moss_tts_node.codec.audio_io import write_wav
 from moss_tts_node.codec.nano import NanoOnnxCodec
 from moss_tts_node.errors import ConfigError, RequestError
 from moss_tts_node.synthesizer import Synthesizer
+from moss_tts_node.tools.prepare.conversion import ConversionError
 from moss_tts_node.tools.prepare.convert import convert_checkpoint
+from moss_tts_node.tools.prepare.nano_convert import VOICES_DIR
 
 DATA = Path(__file__).parent / "data"
 CODEC = DATA / "nano-codec-tiny"
 REFERENCE = dict(np.load(DATA / "nano-tiny" / "reference.npz"))
 
 
-def _config(directory: Path, weights: Path, gguf: str, **generation: object) -> Path:
+def _config(directory: Path, weights: Path, gguf: str, voices: Path | None = None, **generation: object) -> Path:
     params = {
         "model": {"weights_dir": str(weights), "backbone_gguf": gguf, "codec_dir": str(CODEC)},
+        "voices": {"directories": [str(voices)] if voices else []},
         "llama": {"kv_cache_type_k": "f32", "kv_cache_type_v": "f32"},
         "sampling": {"text_temperature": 0.0, "audio_temperature": 0.0},
         "generation": generation,
@@ -106,3 +110,36 @@ def test_demo_weights_for_nano_speak_through_the_cli(tmp_path: Path) -> None:
     assert said.returncode == 0, said.stderr
     audio, rate = sf.read(out)
     assert rate == 48000 and audio.ndim == 2 and audio.shape[1] == 2 and audio.shape[0] % 3840 == 0
+
+
+def test_builtin_voices_convert_and_speak_by_name(tmp_path: Path) -> None:
+    """Upstream's built-in voices (the ONNX release's manifest) become voices of the library, usable by name."""
+    codes = REFERENCE["clone_en_prompt_codes"]
+    manifest = tmp_path / "browser_poc_manifest.json"
+    voices = [
+        {"voice": "Junhao", "prompt_audio_codes": codes.tolist()},
+        {"voice": "Ava", "prompt_audio_codes": [[7] * 16]},
+    ]
+    manifest.write_text(json.dumps({"builtin_voices": voices}), encoding="utf-8")
+    gguf = convert_checkpoint(DATA / "nano-tiny", tmp_path / "weights", "F32", builtin_voices=tmp_path)
+    config = _config(tmp_path, gguf.parent, gguf.name, voices=gguf.parent / VOICES_DIR)
+    with Synthesizer.from_config_file(config) as synth:
+        assert synth.voices.names == ["Ava", "Junhao"]
+        result = synth.synthesize("Hello there.", voice=synth.voices["Junhao"])  # what a name resolves to
+    slots = result.prompt[:, 0] == synth.spec.audio_user_slot_token_id  # one row per frame of the voice
+    np.testing.assert_array_equal(result.prompt[slots, 1:], codes)
+
+
+@pytest.mark.parametrize(
+    ("entry", "problem"),
+    [
+        ({"voice": "../evil", "prompt_audio_codes": [[0] * 16]}, "not a name this converter writes"),
+        ({"voice": "short", "prompt_audio_codes": [[0] * 15]}, "frames of 16 codes"),
+        ({"voice": "big", "prompt_audio_codes": [[1024] * 16]}, "not below 1024"),
+    ],
+)
+def test_builtin_voices_are_checked_before_anything_is_written(tmp_path: Path, entry: dict, problem: str) -> None:
+    (tmp_path / "browser_poc_manifest.json").write_text(json.dumps({"builtin_voices": [entry]}), encoding="utf-8")
+    with pytest.raises(ConversionError, match=problem):
+        convert_checkpoint(DATA / "nano-tiny", tmp_path / "weights", "F32", builtin_voices=tmp_path)
+    assert not (tmp_path / "weights").exists()

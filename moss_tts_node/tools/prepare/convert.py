@@ -71,7 +71,7 @@ from moss_tts_node.tools.prepare.conversion import (
     write_gguf,
 )
 from moss_tts_node.tools.prepare.identify import IdentityError, identify
-from moss_tts_node.tools.prepare.nano_convert import convert_nano_checkpoint
+from moss_tts_node.tools.prepare.nano_convert import VOICES_DIR, convert_nano_checkpoint
 from moss_tts_node.tools.prepare.prompt_template import TemplateError, read_prompt_template
 from moss_tts_node.tools.prepare.qwen3_gguf import Qwen3Shape, qwen3_tensor_shapes, write_qwen3_gguf
 from moss_tts_node.tools.prepare.safetensors_io import SafetensorsCheckpoint
@@ -232,11 +232,12 @@ def convert_checkpoint(
     n_threads: int = 0,
     progress_stream: TextIO | None = None,
     model: str | None = None,
+    builtin_voices: Path | None = None,
 ) -> Path:
     """Convert the checkpoint into ``out_dir``; returns the GGUF's path. ``gguf_type``: None for the model's
     default (``DEFAULT_QUANTIZATION``, as published; Nano's ``NANO_DEFAULT_QUANTIZATION``). ``model``: which model
     of the family it is (a key of ``model.family.FAMILY``), where the checkpoint cannot tell. A MOSS-TTS-Nano
-    checkpoint goes to ``nano_convert``. See the module docstring."""
+    checkpoint goes to ``nano_convert`` (``builtin_voices``: Nano's only). See the module docstring."""
     checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
     model_type = read_json_object(checkpoint_dir / CONFIG_FILE, ConversionError, _CHECKPOINT_HINT).get("model_type")
     is_nano = model_type == NANO_MODEL_TYPE
@@ -253,6 +254,12 @@ def convert_checkpoint(
             force=force,
             n_threads=n_threads,
             progress_stream=progress_stream,
+            builtin_voices=builtin_voices,
+        )
+    if builtin_voices is not None:
+        raise ConversionError(
+            f"--voices takes MOSS-TTS-Nano's built-in voices, but {checkpoint_dir} is a Delay model "
+            f"(model_type {model_type!r}): leave --voices out"
         )
     gguf_type = gguf_type or DEFAULT_QUANTIZATION
     if gguf_type not in GGUF_TYPES:
@@ -366,6 +373,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="which model of the family the checkpoint is, where it cannot tell (docs/family.md): needed for "
         "MOSS-TTSD without its processing code, and for MOSS-SoundEffect",
     )
+    parser.add_argument(
+        "--voices",
+        type=Path,
+        metavar="MANIFEST",
+        help="MOSS-TTS-Nano: write upstream's built-in voices from the ONNX release's browser_poc_manifest.json "
+        "(the file or its directory) to OUT_DIR/voices, for voices.directories",
+    )
     parser.add_argument("--force", action="store_true", help="overwrite weights already in OUT_DIR")
     parser.add_argument("--threads", type=int, default=0, help="quantization threads (default: all cores)")
     parser.add_argument("--verbose", action="store_true", help="show llama.cpp's log, one line per quantized tensor")
@@ -385,9 +399,11 @@ def run(args: argparse.Namespace) -> int:
         n_threads=args.threads,
         progress_stream=sys.stderr,
         model=args.model,
+        builtin_voices=args.voices,
     )
+    voices = f" and voices.directories: [{(args.output / VOICES_DIR).resolve()}]" if args.voices else ""
     print(
-        f"wrote {args.output}; in your params file set model.weights_dir: {args.output.resolve()} "
-        f"and model.backbone_gguf: {gguf_path.name}"
+        f"wrote {args.output}; in your params file set model.weights_dir: {args.output.resolve()}, "
+        f"model.backbone_gguf: {gguf_path.name}{voices}"
     )
     return 0

@@ -12,7 +12,10 @@ The checkpoint (``config.json`` with ``model_type`` ``moss_tts_nano``, ``model.s
   (upstream leaves the pad out of the sum, which a zero row does);
 - ``tokenizer/``: ``tokenizer.json`` converted from ``tokenizer.model`` (``sentencepiece_model.py``), and the
   model file itself;
-- ``config.json``: upstream's, with the spec's keys and the identity record (``model/identity.py``).
+- ``config.json``: upstream's, with the spec's keys and the identity record (``model/identity.py``);
+- ``voices/``, where asked (``builtin_voices``): upstream's built-in voices, as the ONNX release's
+  ``browser_poc_manifest.json`` lists them (a name and a clip's codes each), one ``<name>.npy`` of (T, 16) codes
+  each, for ``voices.directories``.
 
 Everything is checked before the first byte is written, as for the Delay models (``convert.py``).
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +75,9 @@ SENTENCEPIECE_FILE = "tokenizer.model"
 # Tensors upstream's loader skips (MossTTSNanoForCausalLM._keys_to_ignore_on_load_unexpected), and the tied
 # heads that a save without tying writes: each must equal the table it is tied to.
 IGNORED = ("local_transformer.wte.weight",)
+VOICES_DIR = "voices"
+MANIFEST_FILE = "browser_poc_manifest.json"  # the ONNX release's, which lists the built-in voices
+_VOICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 TEXT_HEAD = "text_lm_head.weight"
 
 
@@ -166,9 +173,11 @@ def convert_nano_checkpoint(
     force: bool = False,
     n_threads: int = 0,
     progress_stream: TextIO | None = None,
+    builtin_voices: Path | None = None,
 ) -> Path:
     """Convert Nano's checkpoint into ``out_dir``; returns the global transformer's GGUF (the config's
-    ``backbone_gguf``). See the module docstring."""
+    ``backbone_gguf``). ``builtin_voices``: the ONNX release's manifest (or its directory), whose voices are
+    written to ``voices/``. See the module docstring."""
     checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
     if gguf_type not in GGUF_TYPES:
         raise ConversionError(f"unknown output type {gguf_type!r}: choose one of {', '.join(GGUF_TYPES)}")
@@ -192,6 +201,7 @@ def convert_nano_checkpoint(
                 f"{field} {token_id} (config.json) is not a token of {sentencepiece} with an embedding row "
                 f"(vocab {spec.text_vocab_size}): the config and the tokenizer belong to different models"
             )
+    voices = read_builtin_voices(builtin_voices, spec) if builtin_voices is not None else {}
     check_output_dir(out_dir, checkpoint_dir, force)
     remove_leftovers(out_dir)
     transformers = {GLOBAL_PREFIX: shape, LOCAL_PREFIX: config.local_shape}
@@ -226,11 +236,45 @@ def convert_nano_checkpoint(
         np.save(out_dir / EMBEDDINGS_DIR / audio_embedding_file(k), table)
     tokenizer.save(str(out_dir / TOKENIZER_DIR / TOKENIZER_FILE))
     shutil.copyfile(sentencepiece, out_dir / TOKENIZER_DIR / SENTENCEPIECE_FILE)
+    if voices:
+        (out_dir / VOICES_DIR).mkdir(exist_ok=True)
+        for name, codes in voices.items():
+            np.save(out_dir / VOICES_DIR / f"{name}.npy", codes)
+        progress.message(f"wrote {len(voices)} built-in voices to {out_dir / VOICES_DIR}: {', '.join(voices)}")
     identity = ModelIdentity(MOSS_TTS_NANO, evidence="its model_type")
     merged = {**config.raw, **spec.to_json(), RECORD_KEY: identity.to_record(spec.n_vq)}
     (out_dir / CONFIG_FILE).write_text(json.dumps(merged, indent=2) + "\n", encoding="utf-8")
     progress.message(f"done in {progress.elapsed():.1f} s: {gguf_path} ({gb(gguf_path.stat().st_size)})")
     return gguf_path
+
+
+def read_builtin_voices(source: Path, spec: ModelSpec) -> dict[str, np.ndarray]:
+    """The built-in voices of the ONNX release's manifest (``source``: the file or its directory), by name, as
+    (T, n_vq) int64 codes; ConversionError naming what is wrong with one."""
+    path = Path(source) / MANIFEST_FILE if Path(source).is_dir() else Path(source)
+    manifest = read_json_object(path, ConversionError, f"give the ONNX release's {MANIFEST_FILE} or its directory")
+    entries = manifest.get("builtin_voices")
+    if not isinstance(entries, list) or not entries:
+        raise ConversionError(f"{path}: has no builtin_voices list: not MOSS-TTS-Nano-100M-ONNX's manifest")
+    voices: dict[str, np.ndarray] = {}
+    for number, entry in enumerate(entries):
+        name = entry.get("voice") if isinstance(entry, dict) else None
+        where = f"{path}: builtin_voices[{number}]"
+        if not isinstance(name, str) or not _VOICE_NAME.fullmatch(name) or name in voices:
+            raise ConversionError(
+                f"{where}: voice {name!r} is not a name this converter writes as a file (letters, digits, '_', '-' "
+                "and '.', 64 at most, no two alike)"
+            )
+        try:
+            codes = np.asarray(entry.get("prompt_audio_codes"), dtype=np.int64)
+        except (TypeError, ValueError):
+            codes = np.empty(0)
+        if codes.ndim != 2 or codes.shape[1] != spec.n_vq or not codes.size or codes.min() < 0:
+            raise ConversionError(f"{where} ({name}): prompt_audio_codes must be frames of {spec.n_vq} codes")
+        if codes.max() >= spec.audio_vocab_size:
+            raise ConversionError(f"{where} ({name}): a code is not below {spec.audio_vocab_size}")
+        voices[name] = codes
+    return voices
 
 
 def _gguf_bytes(shape: NanoTransformerShape, gguf_type: str) -> int:
