@@ -132,6 +132,7 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
     step_bytes = sum(p.stat().st_size for p in codec.glob("*decode_step*")) + sum(
         p.stat().st_size for p in codec.glob("*shared*")
     )
+    peak_rss = peak_rss_mib()  # before the bandwidth measurement's own array
     synth.close()
     hidden = np.load(weights / EMBEDDINGS_DIR / TEXT_EMBEDDING_FILE, mmap_mode="r").shape[1]
     heads_bytes = spec.n_vq * spec.audio_vocab_size * hidden * 4  # float32, read whole for every frame
@@ -144,7 +145,7 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
         "codec": step_bytes * min(run["codec_calls_per_frame"] for run in runs),
     }
     for run in runs:
-        run["peak_rss_mib"] = peak_rss_mib()
+        run["peak_rss_mib"] = peak_rss
         run["bytes_per_frame"] = per_frame
         run["bandwidth_gbs"] = bandwidth
         run["roofline_ms_per_frame"] = 1000 * sum(per_frame.values()) / (bandwidth * 1e9)

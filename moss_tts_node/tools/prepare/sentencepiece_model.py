@@ -1,4 +1,4 @@
-"""A SentencePiece ``tokenizer.model`` as a Hugging Face ``tokenizer.json`` (docs/nano.md, "Tokenizer").
+"""A SentencePiece ``tokenizer.model`` as a Hugging Face ``tokenizer.json`` (docs/nano.md, "Converting").
 
 MOSS-TTS-Nano ships SentencePiece's model file; the runtime tokenizes with ``tokenizers`` for every model, so
 ``convert`` rewrites the file once. The model file is a protocol buffer (``sentencepiece_model.proto``); the few
@@ -43,7 +43,13 @@ _PIECE_TEXT, _PIECE_SCORE, _PIECE_TYPE = 1, 2, 3
 _TRAINER_MODEL_TYPE, _TRAINER_WHITESPACE_SUFFIX, _TRAINER_BYTE_FALLBACK, _TRAINER_UNK_ID = 3, 24, 35, 40
 _NORMALIZER_NAME, _NORMALIZER_CHARSMAP, _NORMALIZER_DUMMY_PREFIX = 1, 2, 3
 _NORMALIZER_EXTRA_WHITESPACES, _NORMALIZER_ESCAPE_WHITESPACES = 4, 5
-NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+# ModelProto.SentencePiece.Type
+NORMAL = 1
+UNKNOWN = 2
+CONTROL = 3
+USER_DEFINED = 4
+UNUSED = 5
+BYTE = 6
 MODEL_TYPES = {1: "unigram", 2: "bpe", 3: "word", 4: "char"}
 
 
