@@ -100,7 +100,8 @@ def test_a_config_default_nano_refuses_fails_at_load(weights: Path, tmp_path: Pa
 
 
 def test_demo_weights_for_nano_speak_through_the_cli(tmp_path: Path) -> None:
-    """``demo-weights --model nano`` (upstream's release layout, converted) then ``synth``: a 48 kHz stereo WAV."""
+    """``demo-weights --model nano`` (upstream's release layout, converted) then ``synth``: a 48 kHz stereo WAV;
+    ``encode-voice`` and ``synth --reference`` clone a voice."""
     made = run_cli("demo-weights", tmp_path / "demo", "--model", "nano")
     assert made.returncode == 0, made.stderr
     out = tmp_path / "hello.wav"
@@ -110,6 +111,15 @@ def test_demo_weights_for_nano_speak_through_the_cli(tmp_path: Path) -> None:
     assert said.returncode == 0, said.stderr
     audio, rate = sf.read(out)
     assert rate == 48000 and audio.ndim == 2 and audio.shape[1] == 2 and audio.shape[0] % 3840 == 0
+    # A voice from a 24 kHz mono clip (converted to the codec's 48 kHz stereo), encoded once, then cloned.
+    clip, codes = tmp_path / "voice.wav", tmp_path / "voice.npy"
+    write_wav(clip, 0.3 * np.sin(2 * np.pi * 200 * np.arange(24000) / 24000), 24000)
+    encoded = run_cli("encode-voice", "--config", tmp_path / "demo" / "config.yaml", clip, codes)
+    assert encoded.returncode == 0, encoded.stderr
+    assert np.load(codes).shape == (12, 16)  # 1 s at 12.5 frames a second, the partial frame dropped
+    config = tmp_path / "demo" / "config.yaml"
+    cloned = run_cli("synth", "--config", config, "--text", "Hi.", "--reference", codes, "--out", tmp_path / "v.wav")
+    assert cloned.returncode == 0, cloned.stderr
 
 
 def test_builtin_voices_convert_and_speak_by_name(tmp_path: Path) -> None:

@@ -243,7 +243,7 @@ def run_encode_voice(args: argparse.Namespace) -> int:
     config = load_config(args.config, parse_overrides(args.set))
     spec = ModelSpec.load(Path(config.model.weights_dir))  # a voice has the model's codebooks
     with open_codec(codec_params(config, spec), decoder=False) as codec:
-        codes = codec.encode(load_reference_audio(args.audio))
+        codes = codec.encode(load_reference_audio(args.audio, codec=type(codec)))  # at the codec's rate and channels
     np.save(args.output, codes)
     print(f"wrote {args.output}: {codes.shape[0]} frames ({codes.shape[0] / FRAMES_PER_SECOND:.2f} s) of voice codes")
     return 0
