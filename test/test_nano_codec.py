@@ -31,7 +31,7 @@ def codec() -> NanoOnnxCodec:
 
 
 def params(directory: Path, backend: str = "onnx", n_quantizers: int = 16) -> CodecParams:
-    return CodecParams(backend, directory, None, "cpu", 1, 750, n_quantizers)
+    return CodecParams(backend, directory, None, "cpu", 1, 750, n_quantizers, NanoOnnxCodec.sample_rate)
 
 
 def test_encode_gives_pytorchs_codes(codec: NanoOnnxCodec) -> None:

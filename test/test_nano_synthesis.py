@@ -20,7 +20,7 @@ from conftest import run_cli
 
 from moss_tts_node.codec.audio_io import write_wav
 from moss_tts_node.codec.nano import NanoOnnxCodec
-from moss_tts_node.errors import ConfigError, RequestError
+from moss_tts_node.errors import CodecError, ConfigError, RequestError
 from moss_tts_node.synthesizer import Synthesizer
 from moss_tts_node.tools.prepare.conversion import ConversionError
 from moss_tts_node.tools.prepare.convert import convert_checkpoint
@@ -153,3 +153,13 @@ def test_builtin_voices_are_checked_before_anything_is_written(tmp_path: Path, e
     with pytest.raises(ConversionError, match=problem):
         convert_checkpoint(DATA / "nano-tiny", tmp_path / "weights", "F32", builtin_voices=tmp_path)
     assert not (tmp_path / "weights").exists()
+
+
+def test_weights_and_a_codec_of_another_rate_are_refused_at_load(
+    weights: Path, tmp_path: Path, demo_codec: tuple[Path, Path]
+) -> None:
+    """Nano's weights with MOSS-Audio-Tokenizer (24 kHz mono, which would decode 16 codebooks) are refused at load,
+    not spoken wrong."""
+    config = _config(tmp_path, weights.parent, weights.name)
+    with pytest.raises(CodecError, match="is a 24000 Hz codec, but these weights speak at 48000 Hz"):
+        Synthesizer.from_config_file(config, {"model.codec_dir": str(demo_codec[1].parent)})

@@ -25,6 +25,7 @@ class CodecParams:
     threads: int  # ONNX Runtime intra-op threads; 0 lets it choose
     max_frames: int  # the most frames one codec call takes (audio.max_codec_seconds); longer audio is windowed
     n_quantizers: int = CODEC_QUANTIZERS  # the model's codebooks (its n_vq), which the codec decodes and encodes
+    sample_rate: int = AudioCodec.sample_rate  # the model's rate: its codec's (24 kHz, MOSS-TTS-Nano's 48 kHz)
 
 
 def open_codec(
@@ -42,7 +43,19 @@ def open_codec(
     ``encoder.onnx`` (``OnnxCodec``).
     """
     optional = encoder_optional or decoder
-    if params.codec_dir is not None and is_nano_directory(params.codec_dir):
+    nano = params.codec_dir is not None and is_nano_directory(params.codec_dir)
+    delay = params.backend == "tensorrt" or (  # TensorRT runs MOSS-Audio-Tokenizer, at OnnxCodec's rate
+        params.codec_dir is not None
+        and any((params.codec_dir / name).is_file() for name in (DECODER_FILE, ENCODER_FILE))
+    )
+    found = NanoOnnxCodec if nano else OnnxCodec
+    if (nano or delay) and found.sample_rate != params.sample_rate:
+        raise CodecError(
+            f"model.codec_dir {params.codec_dir} is a {found.sample_rate} Hz codec, but these weights speak at "
+            f"{params.sample_rate} Hz: use the codec they were made for (MOSS-TTS-Nano: {NANO_ONNX_SOURCE}; the "
+            f"Delay models: {ONNX_SOURCE})"
+        )
+    if nano:
         return _open_nano(params, encoder=encoder, decoder=decoder)
     if params.backend == "tensorrt":
         from moss_tts_node.codec.tensorrt import TensorRTCodec  # needs TensorRT: import only when chosen

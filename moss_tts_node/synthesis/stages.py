@@ -57,6 +57,7 @@ def codec_params(config: Config, spec: ModelSpec) -> CodecParams:
         threads=audio.codec_threads,
         max_frames=frames_for_seconds(audio.max_codec_seconds),
         n_quantizers=spec.n_vq,
+        sample_rate=spec.sampling_rate,
     )
 
 
