@@ -538,7 +538,7 @@ def test_the_node_refuses_what_a_faulty_remote_server_answers_and_serves_on(
     assert "Traceback" not in log
 
 
-# -- every format, the clients people run, SSE, lists -------------------------------------------------------
+# -- every format, the clients people run, SSE, lists, uploaded voices ------------------------------------------
 
 MEDIUM_TEXT = "The robot speaks in every format. " * 4
 
@@ -624,3 +624,147 @@ def test_open_webuis_requests_get_its_lists_and_an_mp3(
     answer = call(http_netns, "raw", body=body, headers=headers, out=str(tmp_path / "owui.mp3"))
     assert answer["status"] == 200 and answer["headers"]["content-type"] == "audio/mpeg", answer
     assert decoded_audio(tmp_path / "owui.mp3")[0] > 0
+
+
+@pytest.fixture(scope="module")
+def upload_server(
+    http_netns: LoopbackNamespace,
+    demo_config: Path,
+    codec_tiny_streaming_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[Server, Path]]:
+    """A server with a key that takes uploads into a voice directory of its own, and lists without the key."""
+    folder = tmp_path_factory.mktemp("uploads")
+    uploads = folder / "uploaded"
+    uploads.mkdir()
+    values = {
+        "llama.n_threads": 1,
+        "model.codec_dir": str(codec_tiny_streaming_dir),
+        "voices.directories": [str(uploads)],
+    }
+    config = node_params_file(demo_config, folder / "server.yaml", **values)
+    key = folder / "key"
+    key.write_text("s3cret\n")
+    args = ("--port", "8003", "--api-key-file", str(key), "--voice-upload-dir", str(uploads), "--public-lists")
+    running = Server(http_netns, config, *args, name="uploads")
+    try:
+        running.wait_ready()
+        yield running, uploads
+    finally:
+        assert running.stop() == 0, running.output()[-3000:]
+
+
+UPLOAD_URL = "http://127.0.0.1:8003/v1"
+
+
+def test_an_uploaded_voice_is_listed_usable_at_once_and_deleted(
+    upload_server: tuple[Server, Path], http_netns: LoopbackNamespace, tmp_path: Path
+) -> None:
+    server, uploads = upload_server
+    clip = tmp_path / "visitor.wav"
+    sf.write(clip, 0.3 * np.sin(np.arange(SAMPLE_RATE * 2) / 10.0), SAMPLE_RATE)
+    fields = {"name": "visitor", "consent": "recorded", "ref_text": "Hello, I am a visitor."}
+    args: dict[str, Any] = {"base_url": UPLOAD_URL, "clip": str(clip), "fields": fields}
+    refused = call(http_netns, "upload", **args)
+    assert refused["status"] == 401
+    added = call(http_netns, "upload", api_key="s3cret", model=MODEL, out=str(tmp_path / "o"), **args)
+    assert added["status"] == 201, added
+    assert added["json"]["voice"]["id"] == "visitor" and added["json"]["voice"]["has_transcript"]
+    assert sorted(p.name for p in uploads.iterdir()) == ["visitor.txt", "visitor.wav"]
+    listed = call(http_netns, "raw", port=8003, method="GET", path="/v1/audio/voices")  # without the key: public
+    assert [voice["id"] for voice in listed["json"]["voices"]] == ["visitor"]
+    spoken = call(
+        http_netns,
+        "openai",
+        base_url=UPLOAD_URL,
+        api_key="s3cret",
+        model=MODEL,
+        input=TEXT,
+        voice="visitor",
+        out=str(tmp_path / "v.mp3"),
+    )
+    assert spoken["status"] == 200, spoken
+    again = call(http_netns, "upload", api_key="s3cret", **args)
+    assert again["status"] == 400 and "exists already" in again["json"]["error"]["message"]
+    deleted = call(http_netns, "upload", base_url=UPLOAD_URL, api_key="s3cret", delete="visitor")
+    assert deleted["status"] == 200 and list(uploads.iterdir()) == []
+    gone = call(
+        http_netns,
+        "openai",
+        base_url=UPLOAD_URL,
+        api_key="s3cret",
+        model=MODEL,
+        input=TEXT,
+        voice="visitor",
+        out=str(tmp_path / "g.mp3"),
+    )
+    assert gone["status"] == 400
+    assert "Traceback" not in server.output()
+
+
+HOSTILE_UPLOADS = [
+    ({"clip_text": "x", "repeat": 11 * 1024 * 1024, "fields": {"name": "huge"}}, 413, "longer than the"),
+    ({"clip_text": "not audio at all", "fields": {"name": "text"}}, 400, "not audio this server reads"),
+    ({"seconds": 31, "fields": {"name": "long"}}, 400, "longer than the 30 s of limits.max_reference_seconds"),
+    ({"fields": {"name": "../escape"}}, 400, "cannot be a voice's name"),
+    ({"fields": {"name": "a/b"}}, 400, "cannot be a voice's name"),
+    ({"fields": {"name": ".hidden"}}, 400, "cannot be a voice's name"),
+    ({"fields": {"name": "x" * 65}}, 400, "cannot be a voice's name"),
+    ({"fields": {"name": "ok", "path": "/etc/passwd"}}, 400, "unknown field 'path'"),
+    ({"fields": {}}, 400, "give the clip in 'audio_sample'"),
+    ({"delete": "..%2F..%2Fetc%2Fpasswd"}, 404, "Not Found"),  # a "/" decoded is no voice's path
+    ({"delete": "..%2Eescape"}, 400, "is not an uploaded voice"),
+    ({"delete": "nobody"}, 400, "is not an uploaded voice"),
+]
+
+
+@pytest.mark.parametrize(("upload_args", "status", "reason"), HOSTILE_UPLOADS)
+def test_a_hostile_upload_is_refused_and_writes_nothing(
+    upload_server: tuple[Server, Path],
+    http_netns: LoopbackNamespace,
+    tmp_path: Path,
+    upload_args: dict[str, Any],
+    status: int,
+    reason: str,
+) -> None:
+    _, uploads = upload_server
+    request = dict(upload_args)
+    clip = tmp_path / "clip.wav"
+    sf.write(clip, 0.3 * np.sin(np.arange(SAMPLE_RATE * request.pop("seconds", 1)) / 10.0), SAMPLE_RATE)
+    source = {} if "clip_text" in request else {"clip": str(clip)}
+    answer = call(http_netns, "upload", base_url=UPLOAD_URL, api_key="s3cret", **source, **request)
+    assert answer["status"] == status, answer
+    assert reason in answer["json"]["error"]["message"]
+    assert list(uploads.iterdir()) == []
+
+
+def test_an_upload_while_speech_streams_leaves_both_whole(
+    upload_server: tuple[Server, Path], http_netns: LoopbackNamespace, tmp_path: Path
+) -> None:
+    _, uploads = upload_server
+    clip = tmp_path / "busy.wav"
+    sf.write(clip, 0.3 * np.sin(np.arange(SAMPLE_RATE * 2) / 7.0), SAMPLE_RATE)
+    answer = call(
+        http_netns,
+        "upload",
+        base_url=UPLOAD_URL,
+        api_key="s3cret",
+        clip=str(clip),
+        fields={"name": "busy"},
+        model=MODEL,
+        during=MEDIUM_TEXT,
+        response_format="pcm",
+        out=str(tmp_path / "during.pcm"),
+    )
+    assert answer["status"] == 201, answer
+    assert answer["during"]["status"] == 200 and (tmp_path / "during.pcm").stat().st_size > 0
+    deleted = call(http_netns, "upload", base_url=UPLOAD_URL, api_key="s3cret", delete="busy")
+    assert deleted["status"] == 200 and list(uploads.iterdir()) == []
+
+
+def test_uploads_need_the_owners_leave(server: Server, http_netns: LoopbackNamespace, tmp_path: Path) -> None:
+    """The module's server names no upload directory and has no key: an upload is refused, nothing written."""
+    clip = tmp_path / "clip.wav"
+    sf.write(clip, np.zeros(SAMPLE_RATE), SAMPLE_RATE)
+    answer = call(http_netns, "upload", base_url=BASE_URL, clip=str(clip), fields={"name": "intruder"})
+    assert answer["status"] == 403 and "--voice-upload-dir and an API key" in answer["json"]["error"]["message"]

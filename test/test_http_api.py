@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from moss_tts_node.config import LimitsConfig
+from moss_tts_node.errors import RequestError
 from moss_tts_node.http.api import (
     ApiError,
     audio_models_list,
@@ -177,3 +178,25 @@ def test_a_remote_backend_needs_a_url_and_no_voices_of_its_own(tmp_path: Path) -
         from_flat({**remote, "voices.directories": (str(tmp_path),)}, tmp_path, "test")
     with pytest.raises(ConfigError, match=r"'model\.remote_api_key_file' file not found"):
         from_flat({**remote, "model.remote_api_key_file": str(tmp_path / "key")}, tmp_path, "test")
+
+
+def test_a_voice_added_to_the_library_is_found_at_once_and_removed_the_same_way() -> None:
+    """VoiceLibrary.add and remove (the server's uploaded voices): a name, never replaced; the default stays."""
+    library = VoiceLibrary({"guide": voice("guide")}, "guide")
+    added = voice("visitor", "Hello there.")
+    library.add(added)
+    assert library.named("visitor", "voice", "the list") is added
+    assert library.find("/v/visitor.npy", "voice", "") is added
+    assert library.names == ["guide", "visitor"]
+    with pytest.raises(RequestError, match="'visitor' exists already"):
+        library.add(voice("visitor"))
+    with pytest.raises(RequestError, match="'guide' exists already"):
+        library.add(voice("guide"))
+    assert library.remove("visitor") is added
+    assert "visitor" not in library and library.get("visitor") is None
+    with pytest.raises(RequestError, match=r"'/v/visitor\.npy' is not a voice"):
+        library.find("/v/visitor.npy", "voice", "")
+    with pytest.raises(KeyError):
+        library.remove("visitor")
+    with pytest.raises(ValueError, match="default voice"):
+        library.remove("guide")

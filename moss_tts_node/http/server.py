@@ -5,8 +5,9 @@
 A thin ASGI layer over ``SpeechService``: it checks the API key, reads a body no longer than ``max_body_bytes``,
 checks its fields (``http/api.py``), awaits the intake's verdict, then sends the audio in its format as each chunk
 is decoded and encoded (``http/formats.py``; OpenAI's Server-Sent Events where asked), or whole (``stream`` false).
-It lists the model and the voices in the shapes OpenAI's API, Open WebUI and Kokoro-FastAPI read. Every refusal is
-OpenAI's error body with its status. It listens on loopback unless told otherwise, and elsewhere only with an API key.
+It lists the model and the voices in the shapes OpenAI's API, Open WebUI and Kokoro-FastAPI read, and takes the
+voices clients upload where the owner allows it (``http/uploads.py``). Every refusal is OpenAI's error body with
+its status. It listens on loopback unless told otherwise, and elsewhere only with an API key.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from typing import Any
 import numpy as np
 import uvicorn
 from starlette.applications import Starlette
+from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -52,15 +55,18 @@ from moss_tts_node.http.api import (
     parsed_body,
     speech_order,
     voices_list,
+    voices_list_entry,
 )
 from moss_tts_node.http.formats import Encoder, channels_of, whole_body
 from moss_tts_node.http.service import CLIENT_GONE, Audio, SpeechService
+from moss_tts_node.http.uploads import MAX_UPLOAD_BYTES, UPLOAD_FIELDS, VoiceUploads
 from moss_tts_node.serving.queue import SYNTHESIS_FAILED, Outcome, Refused
 from moss_tts_node.synthesis.results import AudioChunk
 from moss_tts_node.timing import TimingReport
 
 log = logging.getLogger("moss_tts_node.http")
 LISTENING_LINE = "listening on"  # what the server logs once it takes requests
+_FORM_OVERHEAD = 65536  # bytes of an upload's body besides its clip: the parts' headers, the name, the transcript
 
 
 def is_loopback(host: str) -> bool:
@@ -91,6 +97,7 @@ class Settings:
     api_key: str | None = None
     default_format: str = DEFAULT_FORMAT  # where a request names none (OpenAI answers mp3)
     public_lists: bool = False  # the model and voice lists, without the key
+    uploads: VoiceUploads | None = None  # clients with the key may add and delete voices
 
 
 def build_app(service: SpeechService, settings: Settings) -> Starlette:
@@ -118,6 +125,28 @@ def build_app(service: SpeechService, settings: Settings) -> Starlette:
 
     async def voices(request: Request) -> Response:
         return JSONResponse(voices_list(service.synth.voices))
+
+    async def upload(request: Request) -> Response:
+        uploads = _uploads(settings)
+        form = await _form(request)
+        clip, name = form.get("audio_sample"), form.get("name")
+        transcript = form.get("ref_text")
+        if not isinstance(clip, UploadFile) or not isinstance(name, str):
+            raise ApiError(400, "give the clip in 'audio_sample' (a file) and its 'name' (a field)")
+        if transcript is not None and not isinstance(transcript, str):
+            raise ApiError(400, "ref_text must be a field, the clip's transcript", param="ref_text")
+        data = await clip.read()
+        voice = await asyncio.wrap_future(service.run_checked(lambda: uploads.add(name, data, transcript)))
+        log.info(f"voice {voice.name!r} uploaded ({voice.seconds:.1f} s)")
+        listed = voices_list_entry(voice, service.synth.voices.default_name)
+        return JSONResponse({"success": True, "voice": listed}, 201)
+
+    async def delete(request: Request) -> Response:
+        uploads = _uploads(settings)
+        name = request.path_params["name"]
+        await asyncio.wrap_future(service.run_checked(lambda: uploads.remove(name)))
+        log.info(f"voice {name!r} deleted")
+        return JSONResponse({"success": True, "name": name})
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -157,10 +186,43 @@ def build_app(service: SpeechService, settings: Settings) -> Starlette:
             Route(MODELS_PATH + "/{model}", guarded(model, public), methods=["GET"]),
             Route(AUDIO_MODELS_PATH, guarded(audio_models, public), methods=["GET"]),
             Route(VOICES_PATH, guarded(voices, public), methods=["GET"]),
+            Route(VOICES_PATH, guarded(upload), methods=["POST"]),
+            Route(VOICES_PATH + "/{name}", guarded(delete), methods=["DELETE"]),
             Route(HEALTH_PATH, health, methods=["GET"]),
         ],
         exception_handlers={HTTPException: http_error},
     )
+
+
+def _uploads(settings: Settings) -> VoiceUploads:
+    """The uploads, where the owner allows them: a directory named, and a key to bear (checked before this)."""
+    if settings.uploads is None or settings.api_key is None:
+        raise ApiError(
+            403,
+            "this server takes no uploaded voices: its owner allows them with --voice-upload-dir and an API key",
+            "permission_error",
+        )
+    return settings.uploads
+
+
+async def _form(request: Request) -> FormData:
+    """A multipart body of one file and the upload's fields, bounded before it is read whole (413 past that)."""
+    data = await _bounded_body(request, MAX_UPLOAD_BYTES + _FORM_OVERHEAD)
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        raise ApiError(400, "an upload is multipart/form-data: the clip in 'audio_sample', its 'name'")
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield data
+
+    parser = MultiPartParser(request.headers, chunks(), max_files=1, max_fields=len(UPLOAD_FIELDS))
+    try:
+        form = await parser.parse()
+    except MultiPartException as error:
+        raise ApiError(400, f"the upload is not a form this server reads: {error.message}") from None
+    unknown = sorted(set(form.keys()) - set(UPLOAD_FIELDS))
+    if unknown:
+        raise ApiError(400, f"unknown field {unknown[0][:40]!r}: an upload takes {', '.join(UPLOAD_FIELDS)}")
+    return form
 
 
 def serve(service: SpeechService, settings: Settings, host: str, port: int) -> None:

@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import TypeVar
 
 from moss_tts_node.errors import ExpectedTooLong, RequestError
 from moss_tts_node.http.api import Order
@@ -31,6 +33,7 @@ CLIENT_GONE = "the client closed the connection"
 SHUTTING_DOWN = "the server is shutting down"
 
 log = logging.getLogger("moss_tts_node.http")
+T = TypeVar("T")
 
 
 Item = AudioChunk | TimingReport | Outcome
@@ -75,6 +78,11 @@ class SpeechService:
         """Hand a request's check to the intake: the future of its place in line, or of its refusal (Refused,
         RequestError). Raises Refused when the intake is full."""
         return self._intake.submit(lambda: self._admit(order, audio))
+
+    def run_checked(self, work: Callable[[], T]) -> Future[T]:
+        """Run ``work`` (an upload's decode and encode) on the intake's thread, in turn with the requests' checks:
+        the future of its result. Raises Refused when the intake is full."""
+        return self._intake.submit(work)
 
     def cancel(self, ticket: Ticket[Job], reason: str) -> None:
         self._line.cancel(ticket, reason)

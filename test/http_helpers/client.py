@@ -10,6 +10,8 @@
 - ``remote``     the Python API speaking through the server (``model.backend: remote``)
 - ``sse``        OpenAI's stream_format "sse" read through httpx2 (the openai client's HTTP library) as events arrive:
                  the audio of the speech.audio.delta events to ``out``, the other events
+- ``upload``     vLLM-Omni's voice upload through httpx2 (multipart: ``audio_sample``, ``name``, ``consent``, ...), or a
+                 delete (``delete``); ``during`` names a text spoken (streamed) while the upload is made
 """
 
 from __future__ import annotations
@@ -192,6 +194,30 @@ def sse(args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def upload(args: dict[str, Any]) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {args['api_key']}"} if "api_key" in args else {}
+    url = f"{args['base_url']}/audio/voices"
+    spoken = None
+    with ThreadPoolExecutor(1) as pool:
+        if "during" in args:
+            spoken = pool.submit(speech, {**args, "input": args["during"], "streamed": True, "out": args["out"]})
+            time.sleep(args.get("delay_s", 0.5))
+        if "delete" in args:
+            response = httpx.delete(f"{url}/{args['delete']}", headers=headers, timeout=300)
+        else:
+            clip = (
+                Path(args["clip"]).read_bytes()
+                if "clip" in args
+                else args["clip_text"].encode() * args.get("repeat", 1)
+            )
+            files = {"audio_sample": (args.get("filename", "clip.wav"), clip, "audio/wav")}
+            response = httpx.post(url, headers=headers, files=files, data=args.get("fields", {}), timeout=300)
+        answer = {"status": response.status_code, "json": response.json()}
+        if spoken is not None:
+            answer["during"] = spoken.result()
+    return answer
+
+
 COMMANDS = {
     "openai": speech,
     "raw": raw,
@@ -200,6 +226,7 @@ COMMANDS = {
     "busy": busy,
     "remote": remote,
     "sse": sse,
+    "upload": upload,
 }
 
 if __name__ == "__main__":

@@ -70,6 +70,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="answer the model and voice lists without the API key (Open WebUI reads them without one)",
     )
+    parser.add_argument(
+        "--voice-upload-dir",
+        type=Path,
+        help="take voices clients upload (POST /v1/audio/voices, with the API key) into this directory, one of "
+        "voices.directories",
+    )
     add_set_option(parser)
 
 
@@ -80,6 +86,7 @@ def run_serve(args: argparse.Namespace) -> int:
         raise ConfigError(f"serve needs the [http] extra: pip install 'moss_tts_node[http]' ({error})") from None
     from moss_tts_node.http.server import Settings
     from moss_tts_node.http.service import SpeechService
+    from moss_tts_node.http.uploads import VoiceUploads
     from moss_tts_node.synthesizer import Synthesizer
 
     if not 0 <= args.queue_size <= 64:
@@ -97,6 +104,7 @@ def run_serve(args: argparse.Namespace) -> int:
             api_key=api_key,
             default_format=args.default_response_format,
             public_lists=args.public_lists,
+            uploads=VoiceUploads(synth, args.voice_upload_dir) if args.voice_upload_dir else None,
         )
         serve(service, settings, args.host, args.port)
     finally:
