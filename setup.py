@@ -39,7 +39,8 @@ setup(
     ],
     extras_require={
         "demo": ["onnx"],
-        "http": ["starlette>=0.40", "uvicorn>=0.30"],  # the speech server (docs/http.md); the remote backend needs none
+        # the speech server (docs/http.md); the remote backend needs none
+        "http": ["starlette>=0.40", "uvicorn>=0.30", "av>=17", "python-multipart>=0.0.18"],
         "play": ["sounddevice"],
         "tensorrt": ["tensorrt", "pycuda"],
         "test": ["pytest", "onnx", "ruff", "safetensors"],

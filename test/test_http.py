@@ -132,6 +132,8 @@ def test_models_and_voices_are_listed(server: Server, http_netns: LoopbackNamesp
     assert sorted(listed) == ["butler", "guide"]
     assert listed["butler"]["has_transcript"] and not listed["guide"]["has_transcript"]
     assert listed["butler"]["duration"] == pytest.approx(20 / 12.5)
+    health = call(http_netns, "raw", method="GET", path="/health")
+    assert (health["status"], health["json"]) == (200, {"status": "ok"})
 
 
 def test_the_openai_client_gets_speech_as_wav(server: Server, http_netns: LoopbackNamespace, tmp_path: Path) -> None:
@@ -157,7 +159,9 @@ def test_the_streamed_pcm_equals_the_whole_responses_samples(
     offline = speech(
         http_netns, tmp_path / "offline.pcm", response_format="pcm", extra={"seed": 2, "stream": False}, **fields
     )
-    flac = speech(http_netns, tmp_path / "offline.flac", response_format="flac", extra={"seed": 2}, **fields)
+    flac = speech(
+        http_netns, tmp_path / "offline.flac", response_format="flac", extra={"seed": 2, "stream": False}, **fields
+    )
     wav = speech(
         http_netns, tmp_path / "streamed.wav", streamed=True, response_format="wav", extra={"seed": 2}, **fields
     )
@@ -177,7 +181,7 @@ def test_the_streamed_pcm_equals_the_whole_responses_samples(
 
 
 def test_curl_gets_speech(server: Server, http_netns: LoopbackNamespace, tmp_path: Path) -> None:
-    out = tmp_path / "curl.wav"
+    out = tmp_path / "curl.mp3"
     body = json.dumps({"model": MODEL, "input": TEXT, "voice": "butler", "seed": 3})
     curl = http_netns.popen(
         [
@@ -199,9 +203,9 @@ def test_curl_gets_speech(server: Server, http_netns: LoopbackNamespace, tmp_pat
     )
     printed, errors = curl.communicate(timeout=300)
     assert curl.returncode == 0, errors
-    assert printed == "200 audio/wav"
-    audio, rate = sf.read(out, dtype="int16")
-    assert rate == SAMPLE_RATE and audio.size > 0
+    assert printed == "200 audio/mpeg"  # no format named: mp3, as OpenAI's API answers
+    samples, rate, _ = decoded_audio(out)
+    assert rate == SAMPLE_RATE and samples > 0
 
 
 def test_concurrent_clients_each_get_their_own_speech(
@@ -240,8 +244,8 @@ HOSTILE = [
     ({"body": json.dumps({"model": MODEL, "input": "Hi.", "voices": ["butler"] * 6})}, 400, "give 1 to 5"),
     ({"body": json.dumps({"model": MODEL, "input": "Hi.", "voice": "alloy"})}, 400, "'alloy' is not a voice"),
     ({"body": json.dumps({"model": MODEL, "input": "Hi.", "reference_audio": "/etc/passwd"})}, 400, "unknown field"),
-    ({"body": json.dumps({"model": MODEL, "input": "Hi.", "response_format": "mp3"})}, 400, "give one of wav"),
-    ({"body": json.dumps({"model": MODEL, "input": "Hi.", "speed": 2.0})}, 400, "speed must be 1.0"),
+    ({"body": json.dumps({"model": MODEL, "input": "Hi.", "response_format": "ogg"})}, 400, "give one of mp3, opus"),
+    ({"body": json.dumps({"model": MODEL, "input": "Hi.", "speed": 5.0})}, 400, "from 0.25 to 4"),
     ({"body": json.dumps({"model": "tts-1", "input": "Hi."})}, 404, "is not served here"),
     ({"body": json.dumps({"model": MODEL, "input": "a" * 2001})}, 400, "'limits.max_text_chars'"),
     ({"body": json.dumps({"model": MODEL, "input": "\U0001f600" * 3000})}, 400, "'limits.max_text_chars'"),
@@ -266,9 +270,13 @@ def test_a_hostile_request_gets_openais_error_body(
     assert error["type"] == "invalid_request_error"
 
 
+@pytest.mark.parametrize("response_format", ["mp3", "opus", "aac", "flac", "wav", "pcm"])
 def test_a_client_that_goes_away_is_cancelled_and_the_next_is_answered(
-    server: Server, http_netns: LoopbackNamespace, tmp_path: Path
+    server: Server, http_netns: LoopbackNamespace, tmp_path: Path, response_format: str
 ) -> None:
+    """The first bytes of every format leave while its speech goes on: the client has them, drops the rest, and the
+    server ends the speech for that, not because it was over."""
+    seen = len(server.output())
     answer = call(
         http_netns,
         "disconnect",
@@ -276,11 +284,16 @@ def test_a_client_that_goes_away_is_cancelled_and_the_next_is_answered(
         model=MODEL,
         long_input=LONG_TEXT,
         input=TEXT,
+        response_format=response_format,
         out=str(tmp_path / "after.wav"),
     )
     assert answer["first_status"] == 200 and answer["first_bytes"] == 64
     assert answer["after"]["status"] == 200
-    wait_for_line(server.output, "ended: the client closed the connection", lambda: True, "the server", 60.0)
+
+    def since() -> str:  # this request's lines only: the formats before it were cancelled too
+        return server.output()[seen:]
+
+    wait_for_line(since, "ended: the client closed the connection", lambda: True, "the server", 60.0)
 
 
 def test_a_server_off_loopback_needs_an_api_key(
@@ -523,3 +536,235 @@ def test_the_node_refuses_what_a_faulty_remote_server_answers_and_serves_on(
         assert not answer["success"]
         assert answer["message"].startswith("the remote server refused the request (400), and its reason broke off: ")
     assert "Traceback" not in log
+
+
+# -- every format, the clients people run, SSE, lists, uploaded voices ------------------------------------------
+
+MEDIUM_TEXT = "The robot speaks in every format. " * 4
+
+
+def decoded_audio(path: Path) -> tuple[int, int, int]:
+    """FFmpeg's (PyAV's) decode of a body: samples per channel, rate, channels."""
+    av = pytest.importorskip("av")
+    with av.open(str(path)) as container:
+        stream = container.streams.audio[0]
+        samples = sum(frame.samples for frame in container.decode(stream))
+        return samples, stream.codec_context.sample_rate, stream.codec_context.channels
+
+
+@pytest.mark.parametrize("response_format", ["mp3", "opus", "aac", "flac", "wav", "pcm", None])
+def test_the_openai_client_streams_every_format_and_none_is_mp3(
+    server: Server, http_netns: LoopbackNamespace, tmp_path: Path, response_format: str | None
+) -> None:
+    """Read as it streams, each body decodes to the length of the same speech in pcm; no format named is mp3 (that
+    the first bytes leave before the speech ends is the test of a client that goes away, in every format)."""
+    fields: dict[str, Any] = {} if response_format is None else {"response_format": response_format}
+    out = tmp_path / f"speech.{response_format}"
+    answer = speech(http_netns, out, streamed=True, input=MEDIUM_TEXT, extra={"seed": 11}, **fields)
+    assert answer["status"] == 200, answer
+    media = {"mp3": "audio/mpeg", "opus": "audio/ogg", "aac": "audio/aac", "flac": "audio/flac", "wav": "audio/wav"}
+    assert answer["headers"]["content-type"] == media.get(response_format or "mp3", "audio/pcm")
+    rate, channels = int(answer["headers"]["x-sample-rate"]), int(answer["headers"]["x-channels"])
+    if response_format == "pcm":
+        seconds = out.stat().st_size / 2 / channels / rate
+    else:
+        samples, decoded_rate, decoded_channels = decoded_audio(out)
+        assert decoded_channels == channels
+        seconds = samples / decoded_rate
+    reference = speech(http_netns, tmp_path / "ref.pcm", input=MEDIUM_TEXT, response_format="pcm", extra={"seed": 11})
+    assert reference["status"] == 200
+    assert seconds == pytest.approx((tmp_path / "ref.pcm").stat().st_size / 2 / channels / rate, abs=0.15)
+
+
+def test_sse_as_openai_defines_it_through_httpx(server: Server, http_netns: LoopbackNamespace, tmp_path: Path) -> None:
+    body = {"model": MODEL, "input": MEDIUM_TEXT, "stream_format": "sse", "response_format": "pcm", "seed": 12}
+    answer = call(http_netns, "sse", base_url=BASE_URL, body=body, out=str(tmp_path / "sse.pcm"))
+    assert answer["status"] == 200 and answer["headers"]["content-type"].startswith("text/event-stream"), answer
+    assert answer["deltas"] > 1
+    (done,) = answer["events"]
+    assert done["type"] == "speech.audio.done"
+    usage = done["usage"]
+    assert usage["input_tokens"] > 0 and usage["output_tokens"] > 0
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+    plain = speech(http_netns, tmp_path / "plain.pcm", input=MEDIUM_TEXT, response_format="pcm", extra={"seed": 12})
+    assert plain["status"] == 200
+    assert_same_audio(pcm_samples(tmp_path / "sse.pcm"), pcm_samples(tmp_path / "plain.pcm"))
+
+
+def test_home_assistants_request_gets_mp3_at_its_speed(
+    server: Server, http_netns: LoopbackNamespace, tmp_path: Path
+) -> None:
+    """sfortis/openai_tts's body and headers (openaitts_engine.py: get_tts), its speed 1.5: an mp3 two thirds as
+    long as the same request at 1.0."""
+    lengths = {}
+    for speed in (1.0, 1.5):
+        body = {"model": MODEL, "input": MEDIUM_TEXT, "voice": "guide", "response_format": "mp3", "speed": speed}
+        out = tmp_path / f"ha-{speed}.mp3"
+        headers = {"Content-Type": "application/json", "User-Agent": "HomeAssistant-OpenAI-TTS"}
+        answer = call(http_netns, "raw", body=json.dumps({**body, "seed": 13}), headers=headers, out=str(out))
+        assert answer["status"] == 200 and answer["headers"]["content-type"] == "audio/mpeg", answer
+        samples, rate, _ = decoded_audio(out)
+        lengths[speed] = samples / rate
+    assert lengths[1.5] == pytest.approx(lengths[1.0] / 1.5, abs=0.1)  # give or take an MP3 frame and its delay
+
+
+def test_open_webuis_requests_get_its_lists_and_an_mp3(
+    server: Server, http_netns: LoopbackNamespace, tmp_path: Path
+) -> None:
+    """Open WebUI (backend/open_webui/routers/audio.py): its voice and model menus from GET {base}/audio/voices and
+    /audio/models without a key, then its body (input, voice, and the model it sets) with an empty key."""
+    voices = call(http_netns, "raw", method="GET", path="/v1/audio/voices")
+    assert {voice["id"]: voice["name"] for voice in voices["json"]["voices"]} == {"butler": "butler", "guide": "guide"}
+    models = call(http_netns, "raw", method="GET", path="/v1/audio/models")
+    assert [model["id"] for model in models["json"]["models"]] == [MODEL]
+    card = call(http_netns, "raw", method="GET", path=f"/v1/models/{MODEL}")
+    assert card["json"]["id"] == MODEL
+    body = json.dumps({"input": TEXT, "voice": "butler", "model": MODEL})
+    headers = {"Content-Type": "application/json", "Authorization": "Bearer "}
+    answer = call(http_netns, "raw", body=body, headers=headers, out=str(tmp_path / "owui.mp3"))
+    assert answer["status"] == 200 and answer["headers"]["content-type"] == "audio/mpeg", answer
+    assert decoded_audio(tmp_path / "owui.mp3")[0] > 0
+
+
+@pytest.fixture(scope="module")
+def upload_server(
+    http_netns: LoopbackNamespace,
+    demo_config: Path,
+    codec_tiny_streaming_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[Server, Path]]:
+    """A server with a key that takes uploads into a voice directory of its own, and lists without the key."""
+    folder = tmp_path_factory.mktemp("uploads")
+    uploads = folder / "uploaded"
+    uploads.mkdir()
+    values = {
+        "llama.n_threads": 1,
+        "model.codec_dir": str(codec_tiny_streaming_dir),
+        "voices.directories": [str(uploads)],
+    }
+    config = node_params_file(demo_config, folder / "server.yaml", **values)
+    key = folder / "key"
+    key.write_text("s3cret\n")
+    args = ("--port", "8003", "--api-key-file", str(key), "--voice-upload-dir", str(uploads), "--public-lists")
+    running = Server(http_netns, config, *args, name="uploads")
+    try:
+        running.wait_ready()
+        yield running, uploads
+    finally:
+        assert running.stop() == 0, running.output()[-3000:]
+
+
+UPLOAD_URL = "http://127.0.0.1:8003/v1"
+
+
+def test_an_uploaded_voice_is_listed_usable_at_once_and_deleted(
+    upload_server: tuple[Server, Path], http_netns: LoopbackNamespace, tmp_path: Path
+) -> None:
+    server, uploads = upload_server
+    clip = tmp_path / "visitor.wav"
+    sf.write(clip, 0.3 * np.sin(np.arange(SAMPLE_RATE * 2) / 10.0), SAMPLE_RATE)
+    fields = {"name": "visitor", "consent": "recorded", "ref_text": "Hello, I am a visitor."}
+    args: dict[str, Any] = {"base_url": UPLOAD_URL, "clip": str(clip), "fields": fields}
+    refused = call(http_netns, "upload", **args)
+    assert refused["status"] == 401
+    added = call(http_netns, "upload", api_key="s3cret", model=MODEL, out=str(tmp_path / "o"), **args)
+    assert added["status"] == 201, added
+    assert added["json"]["voice"]["id"] == "visitor" and added["json"]["voice"]["has_transcript"]
+    assert sorted(p.name for p in uploads.iterdir()) == ["visitor.txt", "visitor.wav"]
+    listed = call(http_netns, "raw", port=8003, method="GET", path="/v1/audio/voices")  # without the key: public
+    assert [voice["id"] for voice in listed["json"]["voices"]] == ["visitor"]
+    spoken = call(
+        http_netns,
+        "openai",
+        base_url=UPLOAD_URL,
+        api_key="s3cret",
+        model=MODEL,
+        input=TEXT,
+        voice="visitor",
+        out=str(tmp_path / "v.mp3"),
+    )
+    assert spoken["status"] == 200, spoken
+    again = call(http_netns, "upload", api_key="s3cret", **args)
+    assert again["status"] == 400 and "exists already" in again["json"]["error"]["message"]
+    deleted = call(http_netns, "upload", base_url=UPLOAD_URL, api_key="s3cret", delete="visitor")
+    assert deleted["status"] == 200 and list(uploads.iterdir()) == []
+    gone = call(
+        http_netns,
+        "openai",
+        base_url=UPLOAD_URL,
+        api_key="s3cret",
+        model=MODEL,
+        input=TEXT,
+        voice="visitor",
+        out=str(tmp_path / "g.mp3"),
+    )
+    assert gone["status"] == 400
+    assert "Traceback" not in server.output()
+
+
+HOSTILE_UPLOADS = [
+    ({"clip_text": "x", "repeat": 11 * 1024 * 1024, "fields": {"name": "huge"}}, 413, "longer than the"),
+    ({"clip_text": "not audio at all", "fields": {"name": "text"}}, 400, "not audio this server reads"),
+    ({"seconds": 31, "fields": {"name": "long"}}, 400, "longer than the 30 s of limits.max_reference_seconds"),
+    ({"fields": {"name": "../escape"}}, 400, "cannot be a voice's name"),
+    ({"fields": {"name": "a/b"}}, 400, "cannot be a voice's name"),
+    ({"fields": {"name": ".hidden"}}, 400, "cannot be a voice's name"),
+    ({"fields": {"name": "x" * 65}}, 400, "cannot be a voice's name"),
+    ({"fields": {"name": "ok", "path": "/etc/passwd"}}, 400, "unknown field 'path'"),
+    ({"fields": {}}, 400, "give the clip in 'audio_sample'"),
+    ({"delete": "..%2F..%2Fetc%2Fpasswd"}, 404, "Not Found"),  # a "/" decoded is no voice's path
+    ({"delete": "..%2Eescape"}, 400, "is not an uploaded voice"),
+    ({"delete": "nobody"}, 400, "is not an uploaded voice"),
+]
+
+
+@pytest.mark.parametrize(("upload_args", "status", "reason"), HOSTILE_UPLOADS)
+def test_a_hostile_upload_is_refused_and_writes_nothing(
+    upload_server: tuple[Server, Path],
+    http_netns: LoopbackNamespace,
+    tmp_path: Path,
+    upload_args: dict[str, Any],
+    status: int,
+    reason: str,
+) -> None:
+    _, uploads = upload_server
+    request = dict(upload_args)
+    clip = tmp_path / "clip.wav"
+    sf.write(clip, 0.3 * np.sin(np.arange(SAMPLE_RATE * request.pop("seconds", 1)) / 10.0), SAMPLE_RATE)
+    source = {} if "clip_text" in request else {"clip": str(clip)}
+    answer = call(http_netns, "upload", base_url=UPLOAD_URL, api_key="s3cret", **source, **request)
+    assert answer["status"] == status, answer
+    assert reason in answer["json"]["error"]["message"]
+    assert list(uploads.iterdir()) == []
+
+
+def test_an_upload_while_speech_streams_leaves_both_whole(
+    upload_server: tuple[Server, Path], http_netns: LoopbackNamespace, tmp_path: Path
+) -> None:
+    _, uploads = upload_server
+    clip = tmp_path / "busy.wav"
+    sf.write(clip, 0.3 * np.sin(np.arange(SAMPLE_RATE * 2) / 7.0), SAMPLE_RATE)
+    answer = call(
+        http_netns,
+        "upload",
+        base_url=UPLOAD_URL,
+        api_key="s3cret",
+        clip=str(clip),
+        fields={"name": "busy"},
+        model=MODEL,
+        during=MEDIUM_TEXT,
+        response_format="pcm",
+        out=str(tmp_path / "during.pcm"),
+    )
+    assert answer["status"] == 201, answer
+    assert answer["during"]["status"] == 200 and (tmp_path / "during.pcm").stat().st_size > 0
+    deleted = call(http_netns, "upload", base_url=UPLOAD_URL, api_key="s3cret", delete="busy")
+    assert deleted["status"] == 200 and list(uploads.iterdir()) == []
+
+
+def test_uploads_need_the_owners_leave(server: Server, http_netns: LoopbackNamespace, tmp_path: Path) -> None:
+    """The module's server names no upload directory and has no key: an upload is refused, nothing written."""
+    clip = tmp_path / "clip.wav"
+    sf.write(clip, np.zeros(SAMPLE_RATE), SAMPLE_RATE)
+    answer = call(http_netns, "upload", base_url=BASE_URL, clip=str(clip), fields={"name": "intruder"})
+    assert answer["status"] == 403 and "--voice-upload-dir and an API key" in answer["json"]["error"]["message"]

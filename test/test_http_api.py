@@ -1,20 +1,27 @@
-"""The speech API's shape without a socket (http/api.py, http/formats.py): a body becomes the SpeechRequest a ROS
-goal of the same fields would, the remote backend's body for a request is read back as that request, and the
-audio bodies hold the samples."""
+"""The speech API's shape without a socket (http/api.py): a body becomes the SpeechRequest a ROS goal of the same
+fields would, the remote backend's body for a request is read back as that request, and the lists are in the
+shapes their clients read (test_http_formats.py: the audio bodies)."""
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import numpy as np
 import pytest
-import soundfile as sf
 
 from moss_tts_node.config import LimitsConfig
-from moss_tts_node.http.api import ApiError, max_body_bytes, parsed_body, request_body, speech_order
-from moss_tts_node.http.formats import wav_header, whole_body
-from moss_tts_node.pcm import float_to_pcm16
+from moss_tts_node.errors import RequestError
+from moss_tts_node.http.api import (
+    ApiError,
+    audio_models_list,
+    max_body_bytes,
+    model_card,
+    models_list,
+    parsed_body,
+    request_body,
+    speech_order,
+    voices_list,
+)
 from moss_tts_node.synthesis.request import SpeechRequest, check_request
 from moss_tts_node.synthesis.voices import LibraryVoice, VoiceLibrary
 
@@ -112,14 +119,42 @@ def test_bad_bodies_name_their_field() -> None:
     with pytest.raises(ApiError) as unknown:
         speech_order({"input": "Hi.", "ref_audio": "/etc/passwd"}, MODEL, LIBRARY)
     assert unknown.value.status == 400 and unknown.value.param == "ref_audio"
-    with pytest.raises(ApiError, match="flac is sent whole") as streamed_flac:
-        speech_order({"input": "Hi.", "response_format": "flac", "stream": True}, MODEL, LIBRARY)
-    assert streamed_flac.value.param == "stream"
+    for speed in (0.2, 4.5, "fast", True):
+        with pytest.raises(ApiError, match=r"speed must be a number from 0\.25 to 4") as too_fast:
+            speech_order({"input": "Hi.", "speed": speed}, MODEL, LIBRARY)
+        assert too_fast.value.param == "speed"
+    with pytest.raises(ApiError, match="'sse' streams the audio") as whole_sse:
+        speech_order({"input": "Hi.", "stream_format": "sse", "stream": False}, MODEL, LIBRARY)
+    assert whole_sse.value.param == "stream"
+    with pytest.raises(ApiError, match="give one of mp3, opus, aac, flac, wav, pcm"):
+        speech_order({"input": "Hi.", "response_format": "ogg"}, MODEL, LIBRARY)
     with pytest.raises(ApiError, match="must be a JSON object"):
         parsed_body(b"3")
     assert ApiError(404, "gone", code="model_not_found").body == {
         "error": {"message": "gone", "type": "invalid_request_error", "param": None, "code": "model_not_found"}
     }
+
+
+def test_no_format_is_mp3_as_openai_answers_unless_the_owner_chose_another() -> None:
+    """Every format streams by default; Home Assistant's body (mp3, a speed) is taken as it is sent."""
+    plain = speech_order({"input": "Hi."}, MODEL, LIBRARY)
+    assert (plain.response_format, plain.stream, plain.speed, plain.sse) == ("mp3", True, 1.0, False)
+    assert speech_order({"input": "Hi."}, MODEL, LIBRARY, "opus").response_format == "opus"
+    home_assistant = {"model": MODEL, "input": "Hi.", "voice": "guide", "response_format": "mp3", "speed": 1.5}
+    order = speech_order(home_assistant, MODEL, LIBRARY)
+    assert (order.response_format, order.stream, order.speed, order.sse) == ("mp3", True, 1.5, False)
+    assert speech_order({"input": "Hi.", "stream_format": "sse"}, MODEL, LIBRARY).sse
+
+
+def test_the_lists_are_in_the_shapes_their_clients_read() -> None:
+    """Open WebUI reads {"voices": [{"id", "name"}]} and {"models": [{"id"}]}; OpenAI's client {"data": [...]}."""
+    voices = voices_list(LIBRARY)["voices"]
+    assert [(v["id"], v["name"], v["is_default"]) for v in voices] == [
+        ("butler", "butler", False),
+        ("guide", "guide", True),
+    ]
+    assert audio_models_list(MODEL) == {"models": [{"id": MODEL, "name": MODEL}]}
+    assert models_list(MODEL)["data"] == [model_card(MODEL)]
 
 
 def test_the_body_bound_holds_the_longest_text_a_request_may_have() -> None:
@@ -128,20 +163,6 @@ def test_the_body_bound_holds_the_longest_text_a_request_may_have() -> None:
 
     longest = json.dumps({"model": MODEL, "input": "\U0001f600" * 100, "instructions": ""}).encode()
     assert len(longest) < max_body_bytes(limits)
-
-
-def test_the_audio_bodies_hold_the_samples() -> None:
-    samples = np.sin(np.linspace(0, 40, 2400)).astype(np.float32) * 0.5
-    pcm = float_to_pcm16(samples)
-    assert whole_body(samples, 24000, "pcm") == pcm
-    wav = whole_body(samples, 24000, "wav")
-    read, rate = sf.read(io.BytesIO(wav), dtype="int16")
-    assert rate == 24000
-    np.testing.assert_array_equal(read, np.frombuffer(pcm, "<i2"))
-    flac, _ = sf.read(io.BytesIO(whole_body(samples, 24000, "flac")), dtype="int16")
-    np.testing.assert_array_equal(flac, np.frombuffer(pcm, "<i2"))
-    streamed, _ = sf.read(io.BytesIO(wav_header(24000) + pcm), dtype="int16")  # sizes unknown: to the end
-    np.testing.assert_array_equal(streamed, np.frombuffer(pcm, "<i2"))
 
 
 def test_a_remote_backend_needs_a_url_and_no_voices_of_its_own(tmp_path: Path) -> None:
@@ -157,3 +178,25 @@ def test_a_remote_backend_needs_a_url_and_no_voices_of_its_own(tmp_path: Path) -
         from_flat({**remote, "voices.directories": (str(tmp_path),)}, tmp_path, "test")
     with pytest.raises(ConfigError, match=r"'model\.remote_api_key_file' file not found"):
         from_flat({**remote, "model.remote_api_key_file": str(tmp_path / "key")}, tmp_path, "test")
+
+
+def test_a_voice_added_to_the_library_is_found_at_once_and_removed_the_same_way() -> None:
+    """VoiceLibrary.add and remove (the server's uploaded voices): a name, never replaced; the default stays."""
+    library = VoiceLibrary({"guide": voice("guide")}, "guide")
+    added = voice("visitor", "Hello there.")
+    library.add(added)
+    assert library.named("visitor", "voice", "the list") is added
+    assert library.find("/v/visitor.npy", "voice", "") is added
+    assert library.names == ["guide", "visitor"]
+    with pytest.raises(RequestError, match="'visitor' exists already"):
+        library.add(voice("visitor"))
+    with pytest.raises(RequestError, match="'guide' exists already"):
+        library.add(voice("guide"))
+    assert library.remove("visitor") is added
+    assert "visitor" not in library and library.get("visitor") is None
+    with pytest.raises(RequestError, match=r"'/v/visitor\.npy' is not a voice"):
+        library.find("/v/visitor.npy", "voice", "")
+    with pytest.raises(KeyError):
+        library.remove("visitor")
+    with pytest.raises(ValueError, match="default voice"):
+        library.remove("guide")

@@ -12,7 +12,6 @@ MOSS fields go into the ``SpeechRequest`` as they came, for ``check_request`` to
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,18 +19,31 @@ from moss_tts_node.config import LimitsConfig
 from moss_tts_node.model.family import MOSS_TTS
 from moss_tts_node.model.identity import ModelIdentity
 from moss_tts_node.synthesis.request import REQUEST_FIELDS, SpeechRequest
-from moss_tts_node.synthesis.voices import VoiceLibrary, voices_by_name
+from moss_tts_node.synthesis.voices import LibraryVoice, VoiceLibrary, voices_by_name
 
 SPEECH_PATH = "/v1/audio/speech"
 MODELS_PATH = "/v1/models"
 VOICES_PATH = "/v1/audio/voices"
+AUDIO_MODELS_PATH = "/v1/audio/models"  # Open WebUI's model menu
 HEALTH_PATH = "/health"
 
-FORMATS = ("wav", "pcm", "flac")
-STREAMED_FORMATS = ("wav", "pcm")  # a FLAC body is encoded once the utterance is whole
-DEFAULT_FORMAT = "wav"
-MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac"}
+# Every format streams (http/formats.py); mp3 is what OpenAI's API answers when a request names none. Ogg Opus is
+# audio/ogg, the type a browser plays it as (audio/opus is RTP's).
+MEDIA_TYPES = {
+    "mp3": "audio/mpeg",
+    "opus": "audio/ogg",
+    "aac": "audio/aac",
+    "flac": "audio/flac",
+    "wav": "audio/wav",
+    "pcm": "audio/pcm",
+}
+FORMATS = tuple(MEDIA_TYPES)
+DEFAULT_FORMAT = "mp3"
+SSE_MEDIA_TYPE = "text/event-stream"
 SAMPLE_RATE_HEADER = "X-Sample-Rate"
+CHANNELS_HEADER = "X-Channels"
+SPEEDS = (0.25, 4.0)  # OpenAI's range; the audio is time-stretched, its pitch kept (http/formats.py)
+STREAM_FORMATS = ("audio", "sse")
 # A request's voice that asks for the server's default voice (none where it has none), as over ROS an empty one does.
 DEFAULT_VOICE = "default"
 
@@ -79,6 +91,8 @@ class Order:
     request: SpeechRequest
     response_format: str
     stream: bool
+    speed: float = 1.0
+    sse: bool = False  # OpenAI's stream_format "sse": the audio in speech.audio.delta events
 
 
 def max_body_bytes(limits: LimitsConfig) -> int:
@@ -98,10 +112,13 @@ def parsed_body(data: bytes) -> dict[str, Any]:
     return body
 
 
-def speech_order(body: dict[str, Any], model_id: str, library: VoiceLibrary) -> Order:
+def speech_order(
+    body: dict[str, Any], model_id: str, library: VoiceLibrary, default_format: str = DEFAULT_FORMAT
+) -> Order:
     """A request body as an Order: every field checked by its name here, the voices looked up by name in
-    ``library``; what only the synthesizer can judge (the texts' types and lengths, the seed, the counts) is left in
-    the SpeechRequest for ``check_request``. ApiError names the field at fault."""
+    ``library``, ``default_format`` where it names no format; what only the synthesizer can judge (the texts' types
+    and lengths, the seed, the counts) is left in the SpeechRequest for ``check_request``. ApiError names the field
+    at fault."""
     unknown = sorted(set(body) - set(FIELDS))
     if unknown:
         shown = ", ".join(repr(name[:40]) for name in unknown[:5])
@@ -117,7 +134,7 @@ def speech_order(body: dict[str, Any], model_id: str, library: VoiceLibrary) -> 
     text = body.get("input")
     if not isinstance(text, str):
         raise ApiError(400, "'input' must be the text to speak, a string", param="input")
-    response_format = _string(body, "response_format", DEFAULT_FORMAT)
+    response_format = _string(body, "response_format", default_format)
     if response_format not in FORMATS:
         raise ApiError(
             400,
@@ -125,24 +142,21 @@ def speech_order(body: dict[str, Any], model_id: str, library: VoiceLibrary) -> 
             param="response_format",
         )
     speed = body.get("speed", 1.0)
-    if isinstance(speed, bool) or not isinstance(speed, int | float) or not math.isclose(speed, 1.0):
-        raise ApiError(400, "speed must be 1.0: this model speaks at its own pace (leave speed out)", param="speed")
-    if _string(body, "stream_format", "audio") != "audio":
-        raise ApiError(400, "stream_format must be 'audio': the body is the audio itself", param="stream_format")
-    stream = body.get("stream", response_format in STREAMED_FORMATS)
+    low, high = SPEEDS
+    if isinstance(speed, bool) or not isinstance(speed, int | float) or not low <= speed <= high:
+        raise ApiError(400, f"speed must be a number from {low:g} to {high:g} (1 the model's own pace)", param="speed")
+    stream_format = _string(body, "stream_format", "audio")
+    if stream_format not in STREAM_FORMATS:
+        raise ApiError(400, f"stream_format must be one of {', '.join(STREAM_FORMATS)}", param="stream_format")
+    stream = body.get("stream", True)
     if not isinstance(stream, bool):
         raise ApiError(400, "stream must be true or false", param="stream")
-    if stream and response_format not in STREAMED_FORMATS:
-        raise ApiError(
-            400,
-            f"{response_format} is sent whole: give stream false, or a format that streams "
-            f"({', '.join(STREAMED_FORMATS)})",
-            param="stream",
-        )
+    if stream_format == "sse" and not stream:
+        raise ApiError(400, "stream_format 'sse' streams the audio: leave stream out", param="stream")
     voice, prefix = _voices(body, library)
     fields = {name: body[name] for name in REQUEST_EXTRAS if name in body}
     request = SpeechRequest(text, instruction=body.get("instructions"), voice=voice, prefix=prefix, **fields)
-    return Order(request, response_format, stream)
+    return Order(request, response_format, stream, float(speed), stream_format == "sse")
 
 
 def request_body(request: SpeechRequest, model: str, response_format: str, stream: bool) -> dict[str, Any]:
@@ -207,19 +221,21 @@ def _string(body: dict[str, Any], name: str, default: str) -> str:
 
 
 def voices_list(library: VoiceLibrary) -> dict[str, Any]:
-    """``GET /v1/audio/voices``: every voice of the library by name, as ROS's ``~/list_voices`` says them."""
+    """``GET /v1/audio/voices``: every voice of the library by name, as ROS's ``~/list_voices`` says them, each also
+    under ``id`` (Open WebUI's and Kokoro-FastAPI's key of a voice)."""
     default = library.default_name
+    return {"voices": [voices_list_entry(voice, default) for voice in library]}
+
+
+def voices_list_entry(voice: LibraryVoice, default: str | None) -> dict[str, Any]:
+    """One voice as ``GET /v1/audio/voices`` lists it."""
     return {
-        "voices": [
-            {
-                "name": v.name,
-                "kind": v.kind,
-                "duration": v.seconds,
-                "is_default": v.name == default,
-                "has_transcript": v.transcript is not None,
-            }
-            for v in library
-        ]
+        "id": voice.name,
+        "name": voice.name,
+        "kind": voice.kind,
+        "duration": voice.seconds,
+        "is_default": voice.name == default,
+        "has_transcript": voice.transcript is not None,
     }
 
 
@@ -229,6 +245,16 @@ def served_model(identity: ModelIdentity) -> str:
     return (identity.model or MOSS_TTS).name
 
 
+def model_card(model_id: str) -> dict[str, Any]:
+    """``GET /v1/models/{id}``: the model served, as OpenAI's API describes a model."""
+    return {"id": model_id, "object": "model", "created": 0, "owned_by": "moss_tts_node"}
+
+
 def models_list(model_id: str) -> dict[str, Any]:
     """``GET /v1/models``: the one model served, as OpenAI's API lists models."""
-    return {"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "moss_tts_node"}]}
+    return {"object": "list", "data": [model_card(model_id)]}
+
+
+def audio_models_list(model_id: str) -> dict[str, Any]:
+    """``GET /v1/audio/models``: the one model served, as Open WebUI reads its menu (``{"models": [{"id"}]}``)."""
+    return {"models": [{"id": model_id, "name": model_id}]}

@@ -16,38 +16,43 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TypeVar
 
 from moss_tts_node.errors import ExpectedTooLong, RequestError
 from moss_tts_node.http.api import Order
-from moss_tts_node.pcm import float_to_pcm16
 from moss_tts_node.serving.intake import CHECKS_WAITING, Intake
 from moss_tts_node.serving.queue import Outcome, RequestQueue, Ticket
-from moss_tts_node.synthesis.results import AudioStream
+from moss_tts_node.synthesis.results import AudioChunk, AudioStream
 from moss_tts_node.synthesizer import Synthesizer
+from moss_tts_node.timing import TimingReport
 
 CLIENT_GONE = "the client closed the connection"
 SHUTTING_DOWN = "the server is shutting down"
 
 log = logging.getLogger("moss_tts_node.http")
+T = TypeVar("T")
+
+
+Item = AudioChunk | TimingReport | Outcome
 
 
 class Audio:
-    """One request's audio, from the line's worker thread to its response on the event loop: S16LE bytes as each
-    chunk is decoded (a streamed response), or the samples (a whole one), then the Outcome."""
+    """One request's audio, from the line's worker thread to its response on the event loop: each chunk as it is
+    decoded (its samples at its rate and channels: the response encodes them), the stream's report once it has
+    ended well, then the Outcome."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._items: asyncio.Queue[bytes | np.ndarray | Outcome] = asyncio.Queue()
+        self._items: asyncio.Queue[Item] = asyncio.Queue()
 
-    def put(self, item: bytes | np.ndarray | Outcome) -> None:
+    def put(self, item: Item) -> None:
         """From any thread; never waits."""
         self._loop.call_soon_threadsafe(self._items.put_nowait, item)
 
-    async def get(self) -> bytes | np.ndarray | Outcome:
+    async def get(self) -> Item:
         return await self._items.get()
 
 
@@ -57,7 +62,6 @@ class Job:
 
     stream: AudioStream
     audio: Audio
-    streamed: bool  # S16LE bytes chunk by chunk; else the samples, for a whole body
 
 
 class SpeechService:
@@ -69,12 +73,16 @@ class SpeechService:
         self.max_response_s = max_response_s
         self._intake = Intake(CHECKS_WAITING)
         self._line: RequestQueue[Job] = RequestQueue(self._speak, queue_size)
-        self.sample_rate = synth.spec.sampling_rate
 
     def submit(self, order: Order, audio: Audio) -> Future[Ticket[Job]]:
         """Hand a request's check to the intake: the future of its place in line, or of its refusal (Refused,
         RequestError). Raises Refused when the intake is full."""
         return self._intake.submit(lambda: self._admit(order, audio))
+
+    def run_checked(self, work: Callable[[], T]) -> Future[T]:
+        """Run ``work`` (an upload's decode and encode) on the intake's thread, in turn with the requests' checks:
+        the future of its result. Raises Refused when the intake is full."""
+        return self._intake.submit(work)
 
     def cancel(self, ticket: Ticket[Job], reason: str) -> None:
         self._line.cancel(ticket, reason)
@@ -99,9 +107,9 @@ class SpeechService:
             except ExpectedTooLong as err:
                 raise RequestError(
                     f"the speech is expected to take {err.expected_s:.1f} s, more than a whole response holds "
-                    f"(--max-response-seconds {limit:g}): split the text, or stream it (wav or pcm, stream true)"
+                    f"(--max-response-seconds {limit:g}): split the text, or stream it (stream true)"
                 ) from err
-        ticket = Ticket(Job(stream, audio, order.stream), cancel, _ended)
+        ticket = Ticket(Job(stream, audio), cancel, _ended)
         self._line.submit(ticket)
         return ticket
 
@@ -110,11 +118,12 @@ class SpeechService:
         end hands the response, ``_ended``)."""
         job = ticket.job
         for chunk in job.stream:
-            job.audio.put(float_to_pcm16(chunk.samples) if job.streamed else chunk.samples)
+            job.audio.put(chunk)
         report = job.stream.report
         assert report is not None  # set when the stream ends
         if job.stream.cancelled:
             return Outcome(False, ticket.cancel_reason)
+        job.audio.put(report)
         return Outcome(True, report.summary())
 
 

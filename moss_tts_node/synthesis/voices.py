@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass
@@ -177,12 +178,41 @@ class VoiceLibrary:
     each named by its file name without the extension), and ``generation.reference_audio``, the default
     voice, which is one of them too. Two files of one name are refused when it is built, as is a file of a
     voice directory that links outside it.
+
+    ``add`` and ``remove`` change it while it serves (the HTTP server's uploaded voices): each replaces its tables
+    whole, so a reader on another thread sees the library before or after, never between.
     """
 
     def __init__(self, voices: dict[str, LibraryVoice], default: str | None) -> None:
         self._voices = voices
         self._by_path = _client_paths(voices.values())
         self.default_name = default
+        self._changing = threading.Lock()
+
+    def add(self, voice: LibraryVoice) -> None:
+        """Make ``voice`` one of the library's at once; RequestError when its name is taken (nothing is replaced)."""
+        with self._changing:
+            self.check_free(voice.name)
+            self._set({**self._voices, voice.name: voice})
+
+    def check_free(self, name: str) -> None:
+        """RequestError when a voice is called ``name`` already."""
+        if name in self._voices:
+            raise RequestError(f"a voice named {name!r} exists already: delete it first, or pick another name")
+
+    def remove(self, name: str) -> LibraryVoice:
+        """Take the voice ``name`` out of the library (requests that hold it keep its codes) and return it;
+        KeyError when there is none, ValueError for the default voice."""
+        with self._changing:
+            voice = self._voices[name]
+            if name == self.default_name:
+                raise ValueError(f"{name!r} is the default voice (generation.reference_audio)")
+            self._set({key: value for key, value in self._voices.items() if key != name})
+            return voice
+
+    def _set(self, voices: dict[str, LibraryVoice]) -> None:
+        self._by_path = _client_paths(voices.values())
+        self._voices = voices
 
     @classmethod
     def build(

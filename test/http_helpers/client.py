@@ -8,10 +8,15 @@
 - ``disconnect`` a streamed request dropped after its first audio; then a request that must be answered
 - ``busy``       a request while a long one speaks, then one after the long one is dropped
 - ``remote``     the Python API speaking through the server (``model.backend: remote``)
+- ``sse``        OpenAI's stream_format "sse" read through httpx2 (the openai client's HTTP library) as events arrive:
+                 the audio of the speech.audio.delta events to ``out``, the other events
+- ``upload``     vLLM-Omni's voice upload through httpx2 (multipart: ``audio_sample``, ``name``, ``consent``, ...), or a
+                 delete (``delete``); ``during`` names a text spoken (streamed) while the upload is made
 """
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import sys
@@ -20,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx2 as httpx  # the HTTP library of the openai client (3.x), the fork of httpx it ships with
 import openai
 
 
@@ -31,8 +37,9 @@ def speech(args: dict[str, Any]) -> dict[str, Any]:
     """One request with the openai client; the body to ``out``, and when each piece arrived."""
     client = _client(args)
     fields = {"model": args["model"], "input": args["input"], "voice": args.get("voice", "default")}
-    if "response_format" in args:
-        fields["response_format"] = args["response_format"]
+    for name in ("response_format", "speed", "instructions"):
+        if name in args:
+            fields[name] = args[name]
     extra = args.get("extra_body") or None
     started = time.monotonic()
     try:
@@ -88,15 +95,17 @@ def concurrent(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def disconnect(args: dict[str, Any]) -> dict[str, Any]:
-    """Drop a streamed response after its first piece; the server must cancel it and answer the next request."""
+    """Drop a streamed response (in ``response_format``, pcm unless named) after its first piece; the server must
+    cancel it and answer the next request."""
     connection = http.client.HTTPConnection("127.0.0.1", args.get("port", 8000), timeout=300)
-    body = json.dumps({"model": args["model"], "input": args["long_input"], "response_format": "pcm"})
+    response_format = args.get("response_format", "pcm")
+    body = json.dumps({"model": args["model"], "input": args["long_input"], "response_format": response_format})
     connection.request("POST", "/v1/audio/speech", body, {"Content-Type": "application/json"})
     response = connection.getresponse()
     first = response.read(64)
     connection.close()
     started = time.monotonic()
-    after = speech({**args, "streamed": False})
+    after = speech({key: value for key, value in args.items() if key != "response_format"} | {"streamed": False})
     return {
         "first_status": response.status,
         "first_bytes": len(first),
@@ -156,6 +165,59 @@ def remote(args: dict[str, Any]) -> dict[str, Any]:
     return answer
 
 
+def sse(args: dict[str, Any]) -> dict[str, Any]:
+    started = time.monotonic()
+    audio, events, first_s = [], [], None
+    with httpx.stream("POST", f"{args['base_url']}/audio/speech", json=args["body"], timeout=300) as response:
+        if response.status_code != 200:
+            response.read()
+            return {"status": response.status_code, "error": response.json()}
+        for line in response.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            event = json.loads(line[len("data: ") :])
+            if event["type"] == "speech.audio.delta":
+                first_s = first_s if first_s is not None else time.monotonic() - started
+                audio.append(base64.b64decode(event["audio"]))
+            else:
+                events.append(event)
+        headers = dict(response.headers)
+    Path(args["out"]).write_bytes(b"".join(audio))
+    total_s = time.monotonic() - started
+    return {
+        "status": 200,
+        "headers": headers,
+        "deltas": len(audio),
+        "events": events,
+        "first_s": first_s,
+        "total_s": total_s,
+    }
+
+
+def upload(args: dict[str, Any]) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {args['api_key']}"} if "api_key" in args else {}
+    url = f"{args['base_url']}/audio/voices"
+    spoken = None
+    with ThreadPoolExecutor(1) as pool:
+        if "during" in args:
+            spoken = pool.submit(speech, {**args, "input": args["during"], "streamed": True, "out": args["out"]})
+            time.sleep(args.get("delay_s", 0.5))
+        if "delete" in args:
+            response = httpx.delete(f"{url}/{args['delete']}", headers=headers, timeout=300)
+        else:
+            clip = (
+                Path(args["clip"]).read_bytes()
+                if "clip" in args
+                else args["clip_text"].encode() * args.get("repeat", 1)
+            )
+            files = {"audio_sample": (args.get("filename", "clip.wav"), clip, "audio/wav")}
+            response = httpx.post(url, headers=headers, files=files, data=args.get("fields", {}), timeout=300)
+        answer = {"status": response.status_code, "json": response.json()}
+        if spoken is not None:
+            answer["during"] = spoken.result()
+    return answer
+
+
 COMMANDS = {
     "openai": speech,
     "raw": raw,
@@ -163,6 +225,8 @@ COMMANDS = {
     "disconnect": disconnect,
     "busy": busy,
     "remote": remote,
+    "sse": sse,
+    "upload": upload,
 }
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from moss_tts_node.errors import EXIT_BAD_INPUT, ConfigError, MossTTSError
+from moss_tts_node.http.api import DEFAULT_FORMAT, FORMATS, served_model
 from moss_tts_node.tools.overrides import add_set_option, parse_overrides
 
 DEFAULT_HOST = "127.0.0.1"
@@ -58,6 +59,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--served-model-name",
         help="the model id clients ask for (default: the weights' model of the family, MOSS-TTS, ...)",
     )
+    parser.add_argument(
+        "--default-response-format",
+        choices=FORMATS,
+        default=DEFAULT_FORMAT,
+        help=f"the format of a request that names none (default {DEFAULT_FORMAT}, as OpenAI's API)",
+    )
+    parser.add_argument(
+        "--public-lists",
+        action="store_true",
+        help="answer the model and voice lists without the API key (Open WebUI reads them without one)",
+    )
+    parser.add_argument(
+        "--voice-upload-dir",
+        type=Path,
+        help="take voices clients upload (POST /v1/audio/voices, with the API key) into this directory, one of "
+        "voices.directories",
+    )
     add_set_option(parser)
 
 
@@ -66,8 +84,9 @@ def run_serve(args: argparse.Namespace) -> int:
         from moss_tts_node.http.server import serve
     except ImportError as error:
         raise ConfigError(f"serve needs the [http] extra: pip install 'moss_tts_node[http]' ({error})") from None
-    from moss_tts_node.http.api import served_model
+    from moss_tts_node.http.server import Settings
     from moss_tts_node.http.service import SpeechService
+    from moss_tts_node.http.uploads import VoiceUploads
     from moss_tts_node.synthesizer import Synthesizer
 
     if not 0 <= args.queue_size <= 64:
@@ -80,8 +99,14 @@ def run_serve(args: argparse.Namespace) -> int:
     service = SpeechService(synth, args.queue_size, args.max_response_seconds)
     try:
         synth.prepare_voice()
-        model_id = args.served_model_name or served_model(synth.spec.identity)
-        serve(service, model_id, args.host, args.port, api_key)
+        settings = Settings(
+            model_id=args.served_model_name or served_model(synth.spec.identity),
+            api_key=api_key,
+            default_format=args.default_response_format,
+            public_lists=args.public_lists,
+            uploads=VoiceUploads(synth, args.voice_upload_dir) if args.voice_upload_dir else None,
+        )
+        serve(service, settings, args.host, args.port)
     finally:
         service.close()
         synth.close()
