@@ -3,7 +3,7 @@
 ``write_nano_codec(checkpoint_dir, out_dir)`` reads upstream's ``config.json`` and ``model.safetensors`` (its
 state-dict names) and writes the directory upstream's runtime opens: ``codec_browser_onnx_meta.json`` and the
 encode, decode_full and decode_step graphs, with upstream's input and output names, dtypes and streaming state
-(docs/nano-codec-writer.md). ``write_random_nano_codec(out_dir, size)`` does the same for a random checkpoint
+(docs/nano.md, "Writing a Nano codec"). ``write_random_nano_codec(out_dir, size)`` does the same for a random checkpoint
 of the real architecture, initialized as upstream initializes a new model (``tiny``: the demo weights;
 ``real``: the real codec's sizes, for the bench). Its audio means nothing.
 
@@ -718,7 +718,7 @@ def write_nano_codec(checkpoint_dir: Path | str, out_dir: Path | str) -> Path:
 def nano_config(size: str) -> dict[str, Any]:
     """An upstream config.json for the Nano architecture, ``real`` (its published sizes) or ``tiny``.
 
-    Real, from published facts (docs/nano-codec-writer.md, "The real codec's sizes", says where each is from):
+    Real, from published facts (docs/nano.md, "Writing a Nano codec", says how they were chosen):
     48 kHz, 2 channels interleaved, 3840 samples a channel per frame, 16 RLFQ quantizers of 1024 codes, codebook
     dim 8, rvq 512, output 768, the decoder's patches 4, 2, 2, 2, 240 between Transformers 192->768, 384->768,
     384->768, 384->240 (upstream's Nano config checker); every decoder Transformer 4 heads of 64 (d_model 256)
