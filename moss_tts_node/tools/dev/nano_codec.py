@@ -29,7 +29,12 @@ from moss_tts_node.errors import WeightsError
 from moss_tts_node.tools.dev.random_codec import RandomTensors
 from moss_tts_node.tools.prepare.config_reader import ConfigReader, read_json_object
 from moss_tts_node.tools.prepare.safetensors_io import SafetensorsCheckpoint
-from moss_tts_node.tools.prepare.stream_decoder_checkpoint import CodecWeights, Patch
+from moss_tts_node.tools.prepare.stream_decoder_checkpoint import (
+    TRANSFORMER_KEYS,
+    TRANSFORMER_SUPPORTED,
+    CodecWeights,
+    Patch,
+)
 from moss_tts_node.tools.prepare.stream_decoder_layers import OnnxGraph, unpatch
 
 # Upstream's published layout (OpenMOSS-Team/MOSS-Audio-Tokenizer-Nano-ONNX) as its runtime reads it.
@@ -52,27 +57,8 @@ _NORMALIZE_EPS = 1e-12  # F.normalize's default, in the LFQ's nearest-code searc
 _INT64_MAX = np.iinfo(np.int64).max
 # Transformer keys the graphs implement; anything else would compute something else, so it is refused.
 _TRANSFORMER_DEFAULTS: dict[str, Any] = {
-    "module_type": None,
-    "input_dimension": None,
-    "output_dimension": None,
-    "d_model": None,
-    "num_heads": None,
-    "num_layers": None,
-    "dim_feedforward": 2048,
-    "causal": False,
-    "positional_embedding": "sin",
-    "max_period": 10000,
-    "norm": "layer_norm",
-    "layer_scale": None,
-    "gating": "none",
-    "conv_layout": False,  # a layout flag upstream's forward ignores
+    **TRANSFORMER_KEYS,  # the codec family's Transformer keys and defaults
     "context_duration": None,  # seconds; None: the model's own (see read_nano_config)
-}
-_TRANSFORMER_SUPPORTED = {
-    "causal": (True,),
-    "positional_embedding": ("rope",),
-    "norm": ("layer_norm",),
-    "gating": ("none",),
 }
 
 
@@ -190,7 +176,7 @@ def _module(
     if unknown:
         raise reader.fail(f"{where}.{unknown[0]}", "is a setting the Nano graph writer does not implement")
     values = {key: entry.get(key, default) for key, default in _TRANSFORMER_DEFAULTS.items()}
-    for key, supported in _TRANSFORMER_SUPPORTED.items():
+    for key, supported in TRANSFORMER_SUPPORTED.items():
         if values[key] not in supported:
             raise reader.fail(f"{where}.{key}", f"= {values[key]!r}; the graphs implement {supported[0]!r} only")
     d_model, heads = reader.integer(entry, "d_model", where), reader.integer(entry, "num_heads", where)

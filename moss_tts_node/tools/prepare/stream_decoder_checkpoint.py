@@ -23,7 +23,7 @@ from moss_tts_node.tools.prepare.safetensors_io import SafetensorsCheckpoint
 
 _QUANTIZER_TYPES = ("rlfq", "random_prefix_rlfq")  # both decode codes the same way
 # The codec's defaults for keys a decoder Transformer entry may leave out; None: the key is required.
-_TRANSFORMER_KEYS: dict[str, Any] = {
+TRANSFORMER_KEYS: dict[str, Any] = {
     "module_type": None,
     "input_dimension": None,
     "output_dimension": None,
@@ -40,7 +40,7 @@ _TRANSFORMER_KEYS: dict[str, Any] = {
     "conv_layout": False,  # a layout flag the codec ignores at inference
 }
 # Values the graph implements; anything else would decode wrongly, so it is refused.
-_TRANSFORMER_SUPPORTED = {
+TRANSFORMER_SUPPORTED = {
     "causal": (True,),
     "positional_embedding": ("rope",),
     "norm": ("layer_norm",),
@@ -168,7 +168,7 @@ class _ConfigReader(ConfigReader):
             )
 
     def transformer(self, entry: Mapping[str, Any], where: str, prefix: str, context: int) -> TransformerStage:
-        unknown = sorted(set(entry) - set(_TRANSFORMER_KEYS))
+        unknown = sorted(set(entry) - set(TRANSFORMER_KEYS))
         if unknown:
             raise self.fail(
                 f"{where}.{unknown[0]}",
@@ -176,8 +176,8 @@ class _ConfigReader(ConfigReader):
                 "extend the stream decoder builder (moss_tts_node/tools/prepare/stream_decoder_*.py) "
                 "or remove it if it is the default",
             )
-        values = {key: entry.get(key, default) for key, default in _TRANSFORMER_KEYS.items()}
-        for key, supported in _TRANSFORMER_SUPPORTED.items():
+        values = {key: entry.get(key, default) for key, default in TRANSFORMER_KEYS.items()}
+        for key, supported in TRANSFORMER_SUPPORTED.items():
             self.check_supported(f"{where}.{key}", values[key], supported)
         dims = {key: self.integer(entry, key, where) for key in ("input_dimension", "output_dimension", "d_model")}
         heads, layers = self.integer(entry, "num_heads", where), self.integer(entry, "num_layers", where)
