@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from moss_tts_node.tools.prepare.gguf_writing import PlannedTensor, write_planned_gguf
+from moss_tts_node.tools.prepare.gguf_writing import PlannedTensor, layered_tensor_name, write_planned_gguf
 
 _DTYPES = {"f32": np.float32, "f16": np.float16}
 
@@ -100,12 +100,7 @@ def nano_tensor_shapes(shape: NanoTransformerShape) -> dict[str, tuple[int, ...]
 
 def gguf_tensor_name(name: str) -> str:
     """Map an upstream tensor name (``h.3.attn.c_attn.weight``, ``ln_f.bias``) to GGUF's."""
-    if name in _FINAL_NAMES:
-        return _FINAL_NAMES[name]
-    parts = name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "h" and parts[1].isdigit() and parts[2] in _LAYER_NAMES:
-        return f"blk.{int(parts[1])}.{_LAYER_NAMES[parts[2]]}"
-    raise ValueError(f"unknown Nano transformer tensor name {name!r}")
+    return layered_tensor_name(name, "h", _LAYER_NAMES, _FINAL_NAMES, "Nano transformer")
 
 
 def rope_halves_order(heads: int, head_dim: int) -> np.ndarray:

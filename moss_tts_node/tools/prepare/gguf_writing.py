@@ -84,3 +84,16 @@ def write_planned_gguf(
         with contextlib.suppress(FileNotFoundError):
             partial.unlink()
         raise
+
+
+def layered_tensor_name(
+    name: str, layer_prefix: str, layer_names: dict[str, str], final_names: dict[str, str], model: str
+) -> str:
+    """GGUF's name of a checkpoint tensor: ``<layer_prefix>.<i>.<suffix>`` becomes ``blk.<i>.<layer_names[suffix]>``,
+    the others are ``final_names``' (embeddings, final norm, head); ValueError naming ``model`` for any other."""
+    if name in final_names:
+        return final_names[name]
+    parts = name.split(".", 2)
+    if len(parts) == 3 and parts[0] == layer_prefix and parts[1].isdigit() and parts[2] in layer_names:
+        return f"blk.{int(parts[1])}.{layer_names[parts[2]]}"
+    raise ValueError(f"unknown {model} tensor name {name!r}")

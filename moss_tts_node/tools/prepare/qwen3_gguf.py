@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from moss_tts_node.tools.prepare.gguf_writing import PlannedTensor, write_planned_gguf
+from moss_tts_node.tools.prepare.gguf_writing import PlannedTensor, layered_tensor_name, write_planned_gguf
 
 _DTYPES = {"f32": np.float32, "f16": np.float16}
 
@@ -73,12 +73,7 @@ class Qwen3Shape:
 
 def gguf_tensor_name(hf_name: str) -> str:
     """Map a Qwen3Model tensor name (``layers.3.mlp.up_proj.weight``, ``lm_head.weight``...) to GGUF's."""
-    if hf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[hf_name]
-    parts = hf_name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "layers" and parts[1].isdigit() and parts[2] in _LAYER_NAMES:
-        return f"blk.{int(parts[1])}.{_LAYER_NAMES[parts[2]]}"
-    raise ValueError(f"unknown Qwen3 tensor name {hf_name!r}")
+    return layered_tensor_name(hf_name, "layers", _LAYER_NAMES, _GLOBAL_NAMES, "Qwen3")
 
 
 def qwen3_tensor_shapes(shape: Qwen3Shape) -> dict[str, tuple[int, ...]]:
