@@ -8,6 +8,7 @@ graphs written here from the same checkpoint must compute those outputs, under t
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import pytest
 pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
+from moss_tts_node.codec.nano import NanoOnnxCodec  # noqa: E402
 from moss_tts_node.tools.dev.nano_codec import (  # noqa: E402
     META_FILE,
     nano_config,
@@ -24,7 +26,7 @@ from moss_tts_node.tools.dev.nano_codec import (  # noqa: E402
     write_random_nano_checkpoint,
     write_random_nano_codec,
 )
-from moss_tts_node.tools.prepare.safetensors_io import SafetensorsCheckpoint  # noqa: E402
+from moss_tts_node.tools.prepare.safetensors_io import SafetensorsCheckpoint, write_safetensors  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "nano-codec-tiny"
 # Relative to the largest sample of PyTorch's decode; measured 2.6e-7 (whole) and 2.9e-7 (streamed) on
@@ -123,6 +125,46 @@ def test_graphs_from_the_checkpoint_compute_what_pytorch_computes(written: Path)
     np.testing.assert_array_equal(codes[0], reference["codes"])  # nearest-code choices: exactly PyTorch's
 
 
+def _codec_outputs(directory: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What the package's runtime reader (NanoOnnxCodec) makes of ``directory``: the codes of the reference
+    waveform, the whole decode of its codes and their stream in PyTorch's chunks."""
+    reference = np.load(FIXTURE / "reference.npz")
+    codec = NanoOnnxCodec(directory, provider="cpu", threads=1)
+    decoder, pieces, start = codec.stream_decoder(), [], 0
+    for size in reference["stream_chunks"]:
+        pieces.append(decoder.decode(reference["decode_codes"][start : start + int(size)]))
+        start += int(size)
+    return codec.encode(reference["waveform"]), codec.decode(reference["decode_codes"]), np.concatenate(pieces)
+
+
+def _decode_error(audio: np.ndarray, expected: np.ndarray) -> float:
+    return float(np.abs(audio - expected).max() / np.abs(expected).max())
+
+
+def test_nano_onnx_codec_reads_the_written_graphs_as_pytorchs_codec(written: Path) -> None:
+    reference = np.load(FIXTURE / "reference.npz")
+    codes, whole, streamed = _codec_outputs(written)
+    np.testing.assert_array_equal(codes, reference["codes"])
+    assert _decode_error(whole, reference["decoded"]) < DECODE_TOLERANCE
+    assert _decode_error(streamed, reference["streamed"]) < DECODE_TOLERANCE
+
+
+def test_a_perturbed_weight_is_caught(tmp_path: Path) -> None:
+    """The comparison above can fail: one attention weight of the decoder scaled by 1.001 (attention, where
+    upstream's layer scale of 0.01 hides the most) moves the audio past the tolerance (measured 5.1e-6)."""
+    checkpoint = SafetensorsCheckpoint(FIXTURE)
+    tensors = {name: checkpoint.read(name) for name in checkpoint.tensors}
+    tensors["decoder.1.transformer.layers.0.self_attn.in_proj.weight"] *= 1.001
+    source = tmp_path / "perturbed"
+    source.mkdir()
+    shutil.copy(FIXTURE / "config.json", source / "config.json")
+    write_safetensors(source / "model.safetensors", tensors, "F32")
+    reference = np.load(FIXTURE / "reference.npz")
+    _, whole, streamed = _codec_outputs(write_nano_codec(source, tmp_path / "codec"))
+    assert _decode_error(whole, reference["decoded"]) > DECODE_TOLERANCE
+    assert _decode_error(streamed, reference["streamed"]) > DECODE_TOLERANCE
+
+
 def _signature(session: Any) -> list[tuple[str, str, list[Any]]]:
     return [(v.name, v.type, v.shape) for v in (*session.get_inputs(), *session.get_outputs())]
 
@@ -187,6 +229,8 @@ def test_the_real_size_decoder_keeps_the_published_streaming_state(tmp_path: Pat
     """The published decode_step's attention caches: 4 heads of 64 and, per decoder Transformer's layers,
     spans of 500 (4 layers), 800 (2), 1200 (2) and 1600 (4) positions."""
     directory = write_random_nano_codec(tmp_path / "real", "real")
+    codec = NanoOnnxCodec(directory, provider="cpu", threads=1)  # the runtime takes it: names, types, sizes
+    assert codec.decode(np.zeros((1, 16), np.int64)).shape == (3840, 2)
     caches = json.loads((directory / META_FILE).read_text())["streaming_decode"]["attention_caches"]
     assert [c["context"] for c in caches] == [500] * 4 + [800] * 2 + [1200] * 2 + [1600] * 4
     assert all(c["cache_shape"] == [1, 4, c["context"], 64] for c in caches)
