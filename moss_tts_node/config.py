@@ -140,7 +140,9 @@ class LlamaConfig:
         max=131072,
     )
     n_batch: int = _option(512, "Rows per llama.cpp batch during prefill (capped at n_ctx).", min=1, max=131072)
-    n_threads: int = _option(0, "llama.cpp CPU threads; 0 uses every core.", min=0, max=1024)
+    n_threads: int = _option(
+        0, "llama.cpp CPU threads; 0 uses every core (but the codec's share with audio.decode_ahead).", min=0, max=1024
+    )
     n_gpu_layers: int = _option(-1, "Layers offloaded to the GPU: -1 all, 0 CPU only.", min=-1, max=100000)
     kv_cache_type_k: str = _option("f16", "KV cache type of keys.", choices=KV_CACHE_TYPES)
     kv_cache_type_v: str = _option(
@@ -174,7 +176,18 @@ class AudioConfig:
         "or cuda.",
         choices=ONNX_PROVIDERS,
     )
-    codec_threads: int = _option(0, "ONNX Runtime intra-op threads; 0 lets it choose.", min=0, max=1024)
+    codec_threads: int = _option(
+        0,
+        "ONNX Runtime intra-op threads; 0 lets it choose, or with decode_ahead takes the codec's share of the cores.",
+        min=0,
+        max=1024,
+    )
+    decode_ahead: bool = _option(
+        True,
+        "Decode streamed audio on a thread of its own while the next frames generate. With llama.n_threads and "
+        "codec_threads at 0 the cores are shared out: one for the codec (a quarter of them above 4), the rest for "
+        'llama.cpp (docs/design.md, "Decoding ahead"). false decodes between the steps, each on every core.',
+    )
     chunk_frames: int = _option(
         5,
         "Frames (80 ms each) per streamed chunk after the first (always one frame, as soon as the delay pattern "

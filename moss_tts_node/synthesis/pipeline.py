@@ -22,6 +22,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TypeVar
 
 import numpy as np
@@ -39,6 +40,7 @@ from moss_tts_node.model.generation import generate_rows
 from moss_tts_node.model.nano import NanoSampler, generate_nano_frames
 from moss_tts_node.model.sampling import Sampler, SamplingParams
 from moss_tts_node.model.spec import ModelSpec
+from moss_tts_node.synthesis.decodes import AheadDecodes, Decodes, InlineDecodes
 from moss_tts_node.synthesis.results import AudioChunk, StreamResult
 from moss_tts_node.synthesis.stages import GenerationStage, NanoGenerationStage, Stages
 from moss_tts_node.text.pieces import Pause, Piece
@@ -244,7 +246,11 @@ class Pipeline:
             source, frames_of = self._generation(stack, source, budget, sampling, cancelled, clock)
             codec = stack.enter_context(self.stages.decoder())
             decoding = stack.enter_context(self._decoding(codec, audio, streaming and self.stages.streams))
-            yield from self._speak(source, frames_of, decoding, audio.chunk_frames, out, cancelled, spoken, budget)
+            # Entered after the decoding, so left first: no call still runs when its state is reset.
+            decodes = self._decodes(stack, decoding, audio, clock)
+            yield from self._speak(
+                source, frames_of, decoding, decodes, audio.chunk_frames, out, cancelled, spoken, budget
+            )
         return self._result(spoken, budget, decoding, sampling, out)
 
     def _generation(
@@ -266,11 +272,20 @@ class Pipeline:
             stage, piece, budget, _seeded(sampling, number), cancelled, clock
         )
 
+    @staticmethod
+    def _decodes(stack: ExitStack, decoding: SegmentDecoding, audio: AudioConfig, clock: StageClock) -> Decodes:
+        """Where the codec calls run: ahead, on a thread of their own, when the audio streams and the owner left
+        ``audio.decode_ahead`` on; else between the steps. An offline decode has nothing to overlap."""
+        if decoding.streams and audio.decode_ahead:
+            return stack.enter_context(AheadDecodes(clock, audio.chunk_frames))
+        return InlineDecodes(clock)
+
     def _speak(
         self,
         source: PlanSource,
         frames_of: FramesOf,
         decoding: SegmentDecoding,
+        decodes: Decodes,
         chunk_frames: int,
         out: _ChunkMaker,
         cancelled: Callable[[], bool],
@@ -289,12 +304,13 @@ class Pipeline:
             else:
                 decoder = SegmentDecoder(decoding, chunk_frames)
                 frames = frames_of(item, spoken.pieces)
-                generated = yield from self._decoded(frames, item.prefix_frames, decoder, out)
+                generated = yield from self._decoded(frames, item.prefix_frames, decoder, decodes, out)
                 spoken.done.append((item, generated))
                 source.spoken(item, generated)
                 if generated.stop is not StopReason.CANCELLED:
-                    with out.clock.stage("codec"):
-                        rest = decoder.end_segment()
+                    earlier, rest = decodes.finish(decoder.end_segment)
+                    for samples in earlier:  # out before waiting for the source, which may wait for text
+                        yield out.chunk(samples)
                     final_sent = source.more() is False
                     if final_sent or rest is not None:
                         ended = _ended(spoken, budget) if final_sent else None
@@ -369,10 +385,11 @@ class Pipeline:
 
     @staticmethod
     def _decoded(
-        frames: Frames, context: int, decoder: SegmentDecoder, out: _ChunkMaker
+        frames: Frames, context: int, decoder: SegmentDecoder, decodes: Decodes, out: _ChunkMaker
     ) -> Generator[AudioChunk, None, Generated]:
-        """A chunk whenever the frames so far make one due, the first ``context`` frames (a continued recording's)
-        taken as left context only; returns what the piece generated."""
+        """A chunk whenever the frames so far make one due and ``decodes`` has it, the first ``context`` frames (a
+        continued recording's) taken as left context only; returns what the piece generated. The request's first
+        chunk is waited for, so that the first audio leaves as early as it can."""
         while True:
             try:
                 frame = next(frames)
@@ -380,12 +397,11 @@ class Pipeline:
                 return end.value
             if context:  # never a gap: a recording's codes are codes
                 assert frame is not None
-                decoder.push_context(frame)
+                decodes.run(partial(decoder.push_context, frame))
                 context -= 1
                 continue
-            with out.clock.stage("codec"):
-                samples = decoder.end_segment() if frame is None else decoder.push(frame)
-            if samples is not None:
+            call = decoder.end_segment if frame is None else partial(decoder.push, frame)
+            for samples in decodes.run(call, wait=out.index == 0):
                 yield out.chunk(samples)
 
     @contextmanager

@@ -17,6 +17,7 @@ Here the config is mapped onto each layer's own parameters (``BackboneParams``, 
 
 from __future__ import annotations
 
+import os
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -304,4 +305,24 @@ def _open_stream_decoder(config: Config, spec: ModelSpec) -> StreamDecoder | Non
 
 
 def open_stages(config: Config, spec: ModelSpec) -> Stages:
+    config = with_allotted_threads(config, len(os.sched_getaffinity(0)))
     return PerRequestStages(config, spec) if config.model.low_memory else ResidentStages(config, spec)
+
+
+def codec_core_share(cores: int) -> int:
+    """The cores the codec's thread gets when it decodes ahead: one, or a quarter of them above 4, where llama.cpp's
+    gain from one core more is small and the full-size codec's call is long."""
+    return 1 if cores <= 4 else cores // 4
+
+
+def with_allotted_threads(config: Config, cores: int) -> Config:
+    """``config`` with the thread counts left at 0 chosen, where the codec decodes ahead (streaming, not
+    low_memory): the codec its share of the ``cores`` and llama.cpp the rest, or each what the other's count leaves
+    (at least one), so that neither stage's threads wait for a core the other holds (docs/design.md, "Decoding
+    ahead"). Otherwise the zeros stay: llama.cpp takes every core, ONNX Runtime chooses."""
+    llama, audio = config.llama, config.audio
+    if not audio.decode_ahead or config.model.low_memory or (llama.n_threads and audio.codec_threads):
+        return config
+    codec = audio.codec_threads or (max(1, cores - llama.n_threads) if llama.n_threads else codec_core_share(cores))
+    threads = llama.n_threads or max(1, cores - codec)
+    return replace(config, llama=replace(llama, n_threads=threads), audio=replace(audio, codec_threads=codec))
