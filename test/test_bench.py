@@ -85,7 +85,7 @@ def test_table_has_a_column_per_run() -> None:
         "load_before": [0.1, 0.2, 0.3],
         "load_after": [2.0, 1.0, 0.5],
         "foreign_cpu": 0.01,
-        "threads": 2,
+        "threads": "llama.cpp 2 + codec 2 (inline)",
         "codec": "demo codec",
     }
     table = format_table([run, {**run, "label": "8b / gguf"}]).splitlines()

@@ -53,7 +53,7 @@ from moss_tts_node.model.layout import EMBEDDINGS_DIR, HEADS_DIR, audio_head_fil
 from moss_tts_node.model.rates import FRAMES_PER_SECOND
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.timing import StageClock, TimingReport
-from moss_tts_node.tools.dev.bench_worker import machine_info, run_worker
+from moss_tts_node.tools.dev.bench_worker import machine_info, run_worker, threads_in_use
 from moss_tts_node.tools.dev.nano_bench import NANO_BENCH, bench_nano, ensure_nano_bench_model, format_nano_runs
 from moss_tts_node.tools.dev.resources import peak_rss_mib
 
@@ -94,7 +94,13 @@ def register(commands: Any) -> None:
         help=f"heads backends to compare, comma-separated, from {', '.join(HEADS_BACKENDS)} (default auto)",
     )
     bench.add_argument("--steps", type=int, default=160, help="generation steps per run (default 160)")
-    bench.add_argument("--threads", type=int, default=2, help="llama.cpp threads (and the heads'), default 2")
+    bench.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="llama.cpp threads (and the heads' and the codec's); default 0: the cores shared out as a config with "
+        "its thread counts at 0 shares them (audio.decode_ahead)",
+    )
     bench.add_argument("--seed", type=int, default=1, help="seed of every run (and of the random voice)")
     bench.add_argument("--text", default=BENCH_TEXT, help="what every run says")
     bench.add_argument(
@@ -130,7 +136,8 @@ def run_bench(args: argparse.Namespace) -> int:
     models = args.model or ["1.7b", "8b"]
     if NANO_BENCH in models:
         config = args.config or ensure_nano_bench_model(log=log)
-        log(f"running MOSS-TTS-Nano ({config}), {args.steps} frames x {args.rounds}, {args.threads} threads ...")
+        threads = args.threads or "shared-out"
+        log(f"running MOSS-TTS-Nano ({config}), {args.steps} frames x {args.rounds}, {threads} threads ...")
         print(format_nano_runs(bench_nano(config, args.steps, args.threads, args.rounds, args.seed, args.text)))
         models = [model for model in models if model != NANO_BENCH]
         if not models:
@@ -160,7 +167,7 @@ def run_bench(args: argparse.Namespace) -> int:
             for round_, mode in runs:
                 label = f"{name} / {backend}" + (f" / {mode}" if args.clone else "")
                 label += f" #{round_}" if args.rounds > 1 else ""
-                log(f"running {label}, {args.steps} steps, {args.threads} threads ...")
+                log(f"running {label}, {args.steps} steps, {args.threads or 'shared-out'} threads ...")
                 result = run_worker(
                     {
                         "label": label,
@@ -245,7 +252,7 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
         "model": job["model"],
         "heads_backend": heads_backend,
         "n_embd": n_embd,
-        "threads": job["threads"],
+        "threads": threads_in_use(config),
         "codec": "demo codec (tiny; the real codec costs more)" if job["demo_codec"] else "configured codec",
         "load_s": load_s,
         "voice_frames": voice_frames,
@@ -670,7 +677,7 @@ def format_table(results: list[dict[str, Any]]) -> str:
     threads = sorted({r["threads"] for r in results})
     lines.append("")
     lines.append(
-        f"{info['cpu']}, {info['cores']} cores, {info['memory_gb']} GB; llama.cpp threads {threads}; "
+        f"{info['cpu']}, {info['cores']} cores, {info['memory_gb']} GB; threads {', '.join(threads)}; "
         f"codec: {results[0]['codec'] if results else '-'}"
     )
     return "\n".join(lines)

@@ -32,7 +32,7 @@ from typing import Any
 from moss_tts_node.config import write_params_file
 from moss_tts_node.model.layout import EMBEDDINGS_DIR, TEXT_EMBEDDING_FILE, nano_local_gguf_name
 from moss_tts_node.tools.dev.bench_models import bench_model_dir
-from moss_tts_node.tools.dev.bench_worker import machine_info, run_worker
+from moss_tts_node.tools.dev.bench_worker import machine_info, run_worker, threads_in_use
 
 NANO_BENCH = "nano"
 CODEC_DIR = "codec"
@@ -149,7 +149,7 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
         run["bytes_per_frame"] = per_frame
         run["bandwidth_gbs"] = bandwidth
         run["roofline_ms_per_frame"] = 1000 * sum(per_frame.values()) / (bandwidth * 1e9)
-        run["threads"] = job["threads"]
+        run["threads"] = threads_in_use(config)
     return {"runs": runs}
 
 
