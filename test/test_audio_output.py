@@ -146,6 +146,17 @@ def test_output_keys_are_checked_at_load(tmp_path: Path, audio: dict, message: s
         load_config(_params(tmp_path / "c.yaml", **audio))
 
 
+def test_output_keys_are_refused_with_the_remote_backend(tmp_path: Path) -> None:
+    params = {
+        "model": {"backend": "remote", "remote_url": "http://server:8000/v1"},
+        "audio": {"output_channels": "mono"},
+    }
+    path = tmp_path / "remote.yaml"
+    path.write_text(yaml.safe_dump({"moss_tts_node": {"ros__parameters": params}}), encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"with model\.backend remote the audio is the server's 24 kHz mono PCM"):
+        load_config(path)
+
+
 # -- MOSS-TTS-Nano through the synthesizer ----------------------------------------------------------------------
 
 
