@@ -217,3 +217,11 @@ def test_nano_clones_a_voice_from_a_clip_of_another_rate_and_channels(nano_confi
     with Synthesizer.from_config_file(nano_config) as synth:
         for clip in (stereo, mono):
             assert synth.encode_reference(clip).shape == (12, 16)  # 1 s, the partial frame dropped
+
+
+def test_nano_text_in_fragments_is_given_out_converted_too(nano_config: Path) -> None:
+    overrides = {"audio.output_sample_rate": 24000, "audio.output_channels": "mono"}
+    with Synthesizer.from_config_file(nano_config, overrides) as synth:
+        chunks = list(synth.stream_text(["Hello ", "there, ", "robot."]))
+    assert chunks and chunks[-1].is_final
+    assert all(c.sample_rate == 24000 and c.samples.ndim == 1 for c in chunks)
