@@ -36,6 +36,7 @@ setup(
         "gguf>=0.17",  # older gguf imports sentencepiece at import time without declaring it
         "llama-cpp-python==0.3.36",
         "threadpoolctl>=3",
+        "soxr>=0.5",  # audio.output_sample_rate (audio_output.py); 0.5.0.post1 runs on numpy 1.21.6
     ],
     extras_require={
         "demo": ["onnx"],

@@ -3,10 +3,12 @@
     ros2 launch moss_tts_node moss_tts.launch.py config:=jetson_orin_nx_8gb namespace:=robot1
     ros2 launch moss_tts_node moss_tts.launch.py params_file:=/path/to/my.yaml
     ros2 launch moss_tts_node moss_tts.launch.py config:=cpu_only play:=true   # and hear it here
+    ros2 launch moss_tts_node moss_tts.launch.py config:=nano_cpu   # MOSS-TTS-Nano on a CPU-only robot
     ros2 launch moss_tts_node moss_tts.launch.py params_file:=/path/to/my.yaml autostart:=false  # for a manager
 
-config names a file of the package's config/ folder: default (GPU offload), cpu_only, jetson_orin_agx
-or jetson_orin_nx_8gb (edit their model paths, or copy one and pass it as params_file). The file is
+config names a file of the package's config/ folder: default (GPU offload), cpu_only, jetson_orin_agx,
+jetson_orin_nx_8gb or nano_cpu (MOSS-TTS-Nano, 48 kHz stereo, on the CPU: docs/nano.md, "On a robot"); edit their
+model paths, or copy one and pass it as params_file. The file is
 read here and handed to the node as a dict, so its ``moss_tts_node:`` section applies in any namespace
 and its relative paths are taken from the file's folder, as with the CLI.
 
@@ -43,7 +45,7 @@ def generate_launch_description() -> LaunchDescription:
             DeclareLaunchArgument(
                 "config",
                 default_value="default",
-                description="a config of the package: default, cpu_only, jetson_orin_agx, jetson_orin_nx_8gb",
+                description="a config of the package: default, cpu_only, jetson_orin_agx, jetson_orin_nx_8gb, nano_cpu",
             ),
             DeclareLaunchArgument(
                 "params_file", default_value="", description="your own params file (overrides config)"

@@ -24,3 +24,7 @@ PAUSE_MARKER_MODES = (PAUSE_AUTO, PAUSE_MODEL, PAUSE_SILENCE, PAUSE_TEXT)
 BACKEND_LOCAL = "local"
 BACKEND_REMOTE = "remote"
 BACKENDS = (BACKEND_LOCAL, BACKEND_REMOTE)
+# audio.output_channels: the channels of the audio the package gives out (audio_output.py); "model" keeps the model's
+OUTPUT_CHANNELS_MODEL = "model"
+OUTPUT_CHANNEL_COUNTS = {"mono": 1, "stereo": 2}
+OUTPUT_CHANNELS = (OUTPUT_CHANNELS_MODEL, *OUTPUT_CHANNEL_COUNTS)

@@ -40,6 +40,8 @@ from moss_tts_node.choices import (
     HEADS_BACKENDS,
     KV_CACHE_TYPES,
     ONNX_PROVIDERS,
+    OUTPUT_CHANNELS,
+    OUTPUT_CHANNELS_MODEL,
     PAUSE_MARKER_MODES,
     STREAM_DECODER_MODES,
     UNQUANTIZED_KV_CACHE_TYPES,
@@ -65,12 +67,13 @@ def _option(
     keywords: tuple[str, ...] = (),
     per_request: bool = False,
     unset: float | None = None,
+    unset_means: str = "the model's recommendation",
 ) -> Any:
     """A config field with the metadata the validator and the ROS node need; ``keywords`` are the words a
     ``path`` field also takes, which are not resolved as paths. ``per_request``: the synthesizer reads the
     key for each request (from the settings the request was accepted under), so a running node may change
     it; every other key is read when the model loads. ``unset``: a value below ``min`` that the key also takes,
-    meaning "not set here" (a ROS parameter cannot be null)."""
+    meaning "not set here" (a ROS parameter cannot be null), and then ``unset_means`` applies."""
     meta = {
         "doc": doc,
         "min": min,
@@ -80,6 +83,7 @@ def _option(
         "keywords": keywords,
         "per_request": per_request,
         "unset": unset,
+        "unset_means": unset_means,
     }
     return field(default=default, metadata=meta)
 
@@ -221,6 +225,22 @@ class AudioConfig:
         "ONNX Runtime), numpy (exact float32, 0.54 GB), or auto (gguf when the GGUF carries them and layers "
         "run on a GPU, else onnx).",
         choices=HEADS_BACKENDS,
+    )
+    output_sample_rate: int = _option(
+        0,
+        "Sample rate (Hz) of the audio given out (the node's topics and service, files, HTTP bodies, playback); 0 "
+        "keeps the model's (24000, MOSS-TTS-Nano 48000). Another is converted as it streams, by soxr "
+        '(docs/usage.md, "Output audio").',
+        min=8000,
+        max=192000,
+        unset=0,
+        unset_means="the model's rate",
+    )
+    output_channels: str = _option(
+        OUTPUT_CHANNELS_MODEL,
+        "Channels of the audio given out: model keeps the model's (mono, MOSS-TTS-Nano stereo), mono takes the mean "
+        'of the channels, stereo copies mono to both (docs/usage.md, "Output audio").',
+        choices=OUTPUT_CHANNELS,
     )
 
 
@@ -367,6 +387,7 @@ class Option:
     keywords: tuple[str, ...] = ()
     per_request: bool = False  # read for each request, so a running node may change it (see _option)
     unset: float | None = None  # a value below min that means "not set here" (see _option)
+    unset_means: str = "the model's recommendation"  # what applies then
 
     @property
     def lowest(self) -> float | None:
@@ -547,7 +568,7 @@ def check_value(option: Option, value: Any, source: str) -> Any:
     if option.choices is not None and value not in option.choices:
         raise ConfigError(f"{where} must be one of {', '.join(option.choices)}, got {value!r}")
     if option.min is not None and value < option.min:
-        unset = "" if option.unset is None else f" (or {option.unset!r} for the model's recommendation)"
+        unset = "" if option.unset is None else f" (or {option.unset!r} for {option.unset_means})"
         raise ConfigError(f"{where} must be >= {option.min}{unset}, got {value!r}")
     if option.max is not None and value > option.max:
         raise ConfigError(f"{where} must be <= {option.max}, got {value!r}")
@@ -634,6 +655,12 @@ def _check_remote(config: Config, source: str) -> None:
         )
     if model.remote_api_key_file and not Path(model.remote_api_key_file).is_file():
         raise ConfigError(f"{source}: 'model.remote_api_key_file' file not found: {model.remote_api_key_file}")
+    audio = config.audio
+    if audio.output_sample_rate or audio.output_channels != OUTPUT_CHANNELS_MODEL:
+        raise ConfigError(
+            f"{source}: 'audio.output_sample_rate' or 'audio.output_channels' is set, but with model.backend remote "
+            "the audio is the server's 24 kHz mono PCM, given out as it comes: leave them at 0 and model"
+        )
     for key, value in (
         ("generation.reference_audio", config.generation.reference_audio),
         ("voices.files", config.voices.files),

@@ -30,3 +30,8 @@ def pcm16_to_float(data: bytes) -> np.ndarray:
     if len(data) % 2:
         raise ValueError(f"S16LE data holds 2 bytes per sample, got {len(data)} bytes")
     return (np.frombuffer(data, dtype="<i2") / PCM16_FULL_SCALE).astype(np.float32)
+
+
+def channels_of(samples: np.ndarray) -> int:
+    """The channels of float samples: (n,) is one, (n, channels) its columns."""
+    return 1 if samples.ndim == 1 else samples.shape[1]

@@ -5,7 +5,8 @@ another, each from its chunks as they arrive:
 
 - a jitter buffer: an utterance starts (and restarts after running dry) only once ``prebuffer_s``
   of it is queued or its last chunk is in, so chunks that arrive in bursts play without gaps;
-- the sample rate is each utterance's own (the output reopens when it changes);
+- the sample rate and channels are each utterance's own (the output reopens when they change): a mono
+  utterance plays as mono, a stereo one (MOSS-TTS-Nano) as stereo;
 - a chunk of a new utterance while the newest one has not had its final chunk means that one was
   cancelled (the node publishes nothing more for it): it is dropped at once, as ``cancel()`` does.
 
@@ -28,6 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from moss_tts_node.errors import PlaybackError
+from moss_tts_node.pcm import channels_of
 
 # Covers the one-frame first chunk and the 0.4 s one after it (docs/stream-decoder.md, "Streaming").
 DEFAULT_PREBUFFER_S = 0.3
@@ -49,13 +51,14 @@ class OutputStream(Protocol):
     def close(self) -> None: ...
 
 
-OpenStream = Callable[[int], OutputStream]  # sample rate -> a started mono float32 stream
+OpenStream = Callable[[int, int], OutputStream]  # sample rate, channels -> a started float32 stream
 
 
 def sound_output(device: str | int | None = None) -> OpenStream:
     """Check now that PortAudio and the output ``device`` (None: the system's default) are there.
 
-    Returns the function that opens a stream on it at a given rate; raises PlaybackError with the fix.
+    Returns the function that opens a stream on it at a given rate and channel count; raises PlaybackError with the
+    fix.
     """
     try:
         import sounddevice
@@ -72,30 +75,37 @@ def sound_output(device: str | int | None = None) -> OpenStream:
             "list the devices with `python -m sounddevice`"
         ) from exc
 
-    def open_stream(sample_rate: int) -> OutputStream:
+    def open_stream(sample_rate: int, channels: int) -> OutputStream:
         try:
             stream = sounddevice.OutputStream(
-                samplerate=sample_rate, channels=1, dtype="float32", device=device, latency=DEVICE_LATENCY_S
+                samplerate=sample_rate, channels=channels, dtype="float32", device=device, latency=DEVICE_LATENCY_S
             )
         except sounddevice.PortAudioError as exc:
             raise PlaybackError(
-                f"output device {name!r} cannot play {sample_rate} Hz mono ({exc}): use the 'default' or "
-                "'pulse' device, which resample"
+                f"output device {name!r} cannot play {sample_rate} Hz, {channels} channels ({exc}): use the "
+                "'default' or 'pulse' device, which resample and remix, or set audio.output_sample_rate and "
+                "audio.output_channels to what it plays"
             ) from exc
         stream.start()
         # Through ALSA's PulseAudio plugin the first milliseconds after a start were lost: let them be silence.
-        stream.write(np.zeros(math.ceil(stream.latency * sample_rate), np.float32))
+        stream.write(_silence(math.ceil(stream.latency * sample_rate), channels))
         return stream
 
     return open_stream
+
+
+def _silence(frames: int, channels: int) -> np.ndarray:
+    """Frames of silence as the player writes ``channels`` channels: (frames,) mono, else (frames, channels)."""
+    return np.zeros((frames,) if channels == 1 else (frames, channels), np.float32)
 
 
 @dataclass
 class _Utterance:
     key: str
     sample_rate: int
+    channels: int
     blocks: deque[np.ndarray] = field(default_factory=deque)
-    buffered: int = 0  # samples queued, not yet written
+    buffered: int = 0  # frames (a sample of each channel) queued, not yet written
     final: bool = False  # its last chunk is in
     cancelled: bool = False
     playing: bool = False  # prebuffered and being written; False again after running dry
@@ -105,7 +115,7 @@ class _Utterance:
         return self.cancelled or self.final or self.playing or self.buffered >= max(1, prebuffer_s * self.sample_rate)
 
     def take(self, count: int) -> np.ndarray:
-        """Up to ``count`` queued samples, oldest first (fewer, or none, when fewer are queued)."""
+        """Up to ``count`` queued frames, oldest first (fewer, or none, when fewer are queued)."""
         parts, wanted = [], count
         while self.blocks and wanted:
             block = self.blocks[0]
@@ -116,16 +126,16 @@ class _Utterance:
                 self.blocks[0] = block[wanted:]
             wanted -= parts[-1].shape[0]
         self.buffered -= count - wanted
-        return np.concatenate(parts) if parts else np.empty(0, np.float32)
+        return np.concatenate(parts) if parts else _silence(0, self.channels)
 
 
-def _finish(output: OutputStream, sample_rate: int) -> None:
+def _finish(output: OutputStream, sample_rate: int, channels: int) -> None:
     """Play out what was written, then release the stream.
 
     Stopping does not wait for the device's own buffer everywhere (through ALSA's PulseAudio plugin
     the last ``latency`` seconds were lost), so silence as long as that buffer goes first.
     """
-    output.write(np.zeros(math.ceil((output.latency + BLOCK_S) * sample_rate), np.float32))
+    output.write(_silence(math.ceil((output.latency + BLOCK_S) * sample_rate), channels))
     output.stop()
     output.close()
 
@@ -158,8 +168,14 @@ class Speaker:
         self._thread.start()
 
     def feed(self, key: str, samples: np.ndarray, sample_rate: int, final: bool) -> None:
-        """Queue a chunk of utterance ``key``; raises PlaybackError for one that cannot be played."""
-        samples = np.asarray(samples, dtype=np.float32).reshape(-1)
+        """Queue a chunk of utterance ``key``: float samples, (n,) mono or (n, channels) (AudioChunk's); raises
+        PlaybackError for one that cannot be played."""
+        samples = np.asarray(samples, dtype=np.float32)
+        if samples.ndim not in (1, 2):
+            raise PlaybackError(f"utterance {key[:8]}: samples of shape {samples.shape}, not (n,) or (n, channels)")
+        if samples.ndim == 2 and samples.shape[1] == 1:
+            samples = samples.reshape(-1)
+        channels = channels_of(samples)
         with self._changed:
             if key in self._ended:
                 raise PlaybackError(f"utterance {key[:8]} has ended (final or cancelled): chunk not played")
@@ -168,17 +184,18 @@ class Speaker:
                 for earlier in self._queue:
                     if not earlier.final:
                         self._cancel(earlier)  # the source went on to another utterance without finishing it
-                newest = _Utterance(key, sample_rate)
+                newest = _Utterance(key, sample_rate, channels)
                 self._queue.append(newest)
             elif newest.final:
                 raise PlaybackError(f"utterance {key[:8]}: a chunk after its final one: chunk not played")
-            elif newest.sample_rate != sample_rate:
+            elif (newest.sample_rate, newest.channels) != (sample_rate, channels):
                 raise PlaybackError(
-                    f"utterance {key[:8]}: a chunk at {sample_rate} Hz after {newest.sample_rate} Hz: chunk not played"
+                    f"utterance {key[:8]}: a chunk at {sample_rate} Hz, {channels} channels after "
+                    f"{newest.sample_rate} Hz, {newest.channels} channels: chunk not played"
                 )
             if samples.size:
                 newest.blocks.append(samples)
-                newest.buffered += samples.size
+                newest.buffered += samples.shape[0]
             newest.final = final
             self._idle = False
             self._changed.notify_all()
@@ -228,7 +245,7 @@ class Speaker:
     def _run(self) -> None:
         """The player thread: write each utterance's blocks to the device as they become ready."""
         output: OutputStream | None = None
-        rate = 0
+        layout = (0, 0)  # the open stream's rate and channels
         try:
             while (step := self._next_step()) is not None:
                 utterance, block = step
@@ -240,12 +257,13 @@ class Speaker:
                         output.close()
                         output = None
                     continue
-                if output is None or rate != utterance.sample_rate:
+                wanted = (utterance.sample_rate, utterance.channels)
+                if output is None or layout != wanted:
                     if output is not None:
-                        _finish(output, rate)  # plays out the previous utterance first
+                        _finish(output, *layout)  # plays out the previous utterance first
                         output = None
                     try:
-                        output, rate = self._open(utterance.sample_rate), utterance.sample_rate
+                        output, layout = self._open(*wanted), wanted
                     except PlaybackError as exc:
                         self._on_error(f"{exc}: utterance {utterance.key[:8]} not played")
                         self.cancel(utterance.key)
@@ -259,7 +277,7 @@ class Speaker:
                     output = None  # reopened for the next utterance
         finally:
             if output is not None:
-                _finish(output, rate)
+                _finish(output, *layout)
 
     def _next_step(self) -> tuple[_Utterance, np.ndarray | None] | None:
         """Wait for the next thing to do: (utterance, its next block), (utterance, None) when the one

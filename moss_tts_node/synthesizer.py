@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from moss_tts_node.audio_output import AudioFormat, converted
 from moss_tts_node.config import Config, check_per_request_change, load_config
 from moss_tts_node.errors import ExpectedTooLong, RequestError
 from moss_tts_node.model.layout import TOKENIZER_DIR
@@ -66,12 +67,17 @@ class Synthesizer:
     ``spec.identity`` is which model of the family the weights are (``model/identity.py``): its name, its
     MOSS-TTS release where known (with ``generation.pause_markers: auto`` it decides what a ``[pause X.Ys]``
     means: ``text/pauses.py``), its prompt template and its recommended sampling.
+
+    Its audio leaves at ``sampling_rate`` and ``channels``: the model's, unless ``audio.output_sample_rate`` or
+    ``audio.output_channels`` ask for others, to which every stream is converted as it goes (``audio_output.py``).
     """
 
     def __init__(self, config: Config) -> None:
         self._config = config
         weights = Path(config.model.weights_dir)
         self.spec = ModelSpec.load(weights)
+        self.model_format = AudioFormat(self.spec.sampling_rate, self.spec.audio_channels)
+        self.output_format = self.model_format.given_out(config.audio)
         prompts = NanoPromptBuilder if self.spec.is_nano else PromptBuilder
         self.prompts = prompts(weights / TOKENIZER_DIR, self.spec)
         self.stages: Stages = open_stages(config, self.spec)
@@ -129,7 +135,13 @@ class Synthesizer:
 
     @property
     def sampling_rate(self) -> int:
-        return self.spec.sampling_rate
+        """The rate of the audio given out (``output_format``)."""
+        return self.output_format.sample_rate
+
+    @property
+    def channels(self) -> int:
+        """The channels of the audio given out: samples are (n,) for one, else (n, channels)."""
+        return self.output_format.channels
 
     def __enter__(self) -> Synthesizer:
         return self
@@ -280,7 +292,7 @@ class Synthesizer:
     ) -> Synthesis:
         """The whole utterance at once, as the codec decodes it; raises ``Cancelled`` if the cancel flag was set."""
         stream = self.stream(request, cancel=cancel, streaming=False, config=config, max_audio_s=max_audio_s, **fields)
-        return stream.whole(self.spec.sampling_rate)
+        return stream.whole(self.sampling_rate)
 
     @request_keywords
     def prepare_voice(self, request: SpeechRequest | None = None, **fields: Any) -> int:
@@ -317,4 +329,5 @@ class Synthesizer:
                 source,
                 lambda piece, previous, frames: planner.continued(piece, previous, frames, references, normalize),
             )
-        return self.pipeline.run(source, prepared.sampling, prepared.config.audio, cancel, streaming, max_frames)
+        chunks = self.pipeline.run(source, prepared.sampling, prepared.config.audio, cancel, streaming, max_frames)
+        return converted(chunks, self.model_format, self.output_format)

@@ -73,6 +73,12 @@ def family_demo(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Pat
 
 
 @pytest.fixture(scope="session")
+def nano_demo_config(family_demo: Callable[[str], Path]) -> Path:
+    """config.yaml of MOSS-TTS-Nano's demo (``demo-weights --model nano``: 48 kHz stereo); read-only."""
+    return family_demo("nano")
+
+
+@pytest.fixture(scope="session")
 def synth(demo_config: Path) -> Iterator[Synthesizer]:
     from moss_tts_node.synthesizer import Synthesizer
 
@@ -80,6 +86,7 @@ def synth(demo_config: Path) -> Iterator[Synthesizer]:
         yield loaded
 
 
+NANO_RATE = 48000  # MOSS-TTS-Nano's audio: 48 kHz stereo (docs/nano.md)
 SMALL_CONTEXT_ROWS = 384  # a context that holds about 55 text tokens of speech per piece
 
 
@@ -196,20 +203,22 @@ AUDIO_DEPS = "scripts/audio_test_deps.sh"
 class NullSink:
     """A private PulseAudio server whose default output is a null sink, and a recorder of what it plays.
 
-    Processes given ``env`` play into it through PortAudio (ALSA's PulseAudio plugin). The sink runs
-    at the codec's 24 kHz, so what was played comes back sample for sample (16-bit precision).
+    Processes given ``env`` play into it through PortAudio (ALSA's PulseAudio plugin). The sink runs at the
+    model's rate and channels (the codec's 24 kHz mono; MOSS-TTS-Nano's 48 kHz stereo), so what was played comes
+    back sample for sample (16-bit precision), channels interleaved.
     """
 
     NAME = "moss_test"
     RATE = 24000
     TAIL_S = 0.5
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, rate: int = RATE, channels: int = 1) -> None:
+        self.rate, self.channels = rate, channels
         socket = folder / "native"
         self.env = {**os.environ, "PULSE_SERVER": f"unix:{socket}"}
         modules = [
             f"module-native-protocol-unix socket={socket} auth-anonymous=1",
-            f"module-null-sink sink_name={self.NAME} rate={self.RATE} channels=1",
+            f"module-null-sink sink_name={self.NAME} rate={rate} channels={channels}",
         ]
         self._log = (folder / "pulseaudio.log").open("w")
         self._server = subprocess.Popen(
@@ -239,8 +248,8 @@ class NullSink:
                     f"{self.NAME}.monitor",
                     "--raw",
                     "--format=float32le",
-                    f"--rate={self.RATE}",
-                    "--channels=1",
+                    f"--rate={self.rate}",
+                    f"--channels={self.channels}",
                 ],
                 env=self.env,
                 stdout=raw,
@@ -258,7 +267,7 @@ class NullSink:
             finally:
                 # The sink plays in real time and its monitor trails it: record on until the file holds
                 # TAIL_S more than the block's duration, so the last samples played are in.
-                wanted = (time.monotonic() - started + self.TAIL_S) * self.RATE * 4
+                wanted = (time.monotonic() - started + self.TAIL_S) * self.rate * self.channels * 4
                 deadline = time.monotonic() + 10
                 while path.stat().st_size < wanted and recorder.poll() is None and time.monotonic() < deadline:
                     time.sleep(0.05)
@@ -296,15 +305,28 @@ class NullSink:
         self._log.close()
 
 
-@pytest.fixture(scope="session")
-def null_sink(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NullSink]:
-    """A sound output to play into and record back; skips with the reason where the machine has none."""
+def _null_sink(folder: Path, rate: int, channels: int) -> NullSink:
+    """A NullSink at ``rate`` and ``channels``; skips with the reason where the machine has no sound server."""
     missing = [tool for tool in ("pulseaudio", "pactl", "parec") if shutil.which(tool) is None]
     if missing:
         pytest.skip(f"no {', '.join(missing)}: `make test` installs PulseAudio as root on Debian ({AUDIO_DEPS})")
     if importlib.util.find_spec("sounddevice") is None:
         pytest.skip("sounddevice is not installed: pip install -e '.[play]' (make test does)")
-    sink = NullSink(tmp_path_factory.mktemp("pulse"))
+    return NullSink(folder, rate, channels)
+
+
+@pytest.fixture(scope="session")
+def null_sink(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NullSink]:
+    """A sound output at 24 kHz mono to play into and record back; skips with the reason where there is none."""
+    sink = _null_sink(tmp_path_factory.mktemp("pulse"), NullSink.RATE, 1)
+    yield sink
+    sink.close()
+
+
+@pytest.fixture(scope="session")
+def stereo_sink(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NullSink]:
+    """A sound output at MOSS-TTS-Nano's 48 kHz stereo, a PulseAudio server of its own (a default sink each)."""
+    sink = _null_sink(tmp_path_factory.mktemp("pulse48"), NANO_RATE, 2)
     yield sink
     sink.close()
 

@@ -329,3 +329,24 @@ def test_the_progress_bar_shows_items_done_and_the_time_left(
     shown = capsys.readouterr().err.split("\r")
     assert shown[1].rstrip() == f"[{'.' * 24}] 0/8 ETA --:-- first"
     assert shown[2] == f"[{'#' * 6}{'.' * 18}] 2/8 ETA 1:02:05 third\n"
+
+
+@pytest.mark.parametrize(
+    ("extra", "rate", "channels"),
+    [((), 48000, 2), (("--set", "audio.output_sample_rate=16000", "--set", "audio.output_channels=mono"), 16000, 1)],
+    ids=["model-48k-stereo", "set-16k-mono"],
+)
+def test_nano_lines_are_written_as_the_audio_is_given_out(
+    nano_demo_config: Path, tmp_path: Path, extra: tuple[str, ...], rate: int, channels: int
+) -> None:
+    """MOSS-TTS-Nano's lines: 48 kHz stereo WAVs, or what the output keys set, a voice cloned from a 24 kHz clip."""
+    write_clip(tmp_path / "voice.wav")
+    lines = [
+        {"id": "plain", "text": "Battery low.", "seed": 1},
+        {"id": "cloned", "text": "Hi.", "reference": "voice.wav"},
+    ]
+    out = tmp_path / "out"
+    assert batch(nano_demo_config, write_jsonl(tmp_path / "list.jsonl", lines), out, *extra) == 0
+    for line in lines:
+        info = sf.info(out / f"{line['id']}.wav")
+        assert (info.samplerate, info.channels) == (rate, channels) and info.frames > 0

@@ -103,7 +103,17 @@ def test_bad_inputs_exit_2_with_one_line(demo_config: Path, tmp_path: Path) -> N
     assert not out.exists()
 
 
-def test_synth_play_sounds_like_the_wav_it_writes(demo_config: Path, tmp_path: Path, null_sink: NullSink) -> None:
+@pytest.mark.parametrize(
+    ("model", "sink"),
+    [("demo_config", "null_sink"), ("nano_demo_config", "stereo_sink")],
+    ids=["delay-24k-mono", "nano-48k-stereo"],
+)
+def test_synth_play_sounds_like_the_wav_it_writes(
+    model: str, sink: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Played as it is made, at the model's rate and channels (Nano's stereo into a stereo sink), and written."""
+    demo_config: Path = request.getfixturevalue(model)
+    null_sink: NullSink = request.getfixturevalue(sink)
     out = tmp_path / "out.wav"
     play = ("--seed", "3", "--output", str(out), "--play", "--prebuffer", "60")
     with null_sink.recording(tmp_path / "sink.raw") as captured:
@@ -126,11 +136,13 @@ def test_synth_play_sounds_like_the_wav_it_writes(demo_config: Path, tmp_path: P
             env=null_sink.env,
         )
     assert done.returncode == 0, done.stderr
-    written, rate = sf.read(out, dtype="float32")
-    assert rate == null_sink.RATE
+    written, rate = sf.read(out, dtype="float32", always_2d=True)
+    assert (rate, written.shape[1]) == (null_sink.rate, null_sink.channels)
+    assert np.abs(written).max() > 0.01  # sound, not silence: zeros played as zeros would compare as equal
     # Played whole at one offset: about 88 dB (16-bit WAV against float playback); a gap mid-way leaves
     # about 3 dB. A few lost milliseconds (a starved sound server on a loaded 2-core machine) cost 20-30 dB.
-    assert null_sink.snr_db(written, captured[0]) > 15
+    # Interleaved, both channels at once: a channel swapped or lost costs as much.
+    assert null_sink.snr_db(written.reshape(-1), captured[0]) > 15
 
 
 def test_synth_play_without_a_sound_output_says_so(demo_config: Path, tmp_path: Path) -> None:

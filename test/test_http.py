@@ -2,7 +2,8 @@
 
 The server (``python -m moss_tts_node serve``) and its clients run in one loopback-only network namespace
 (ros_helpers/netns.py), on the demo model speaking through codec-tiny with its stream decoder, so that a streamed
-body is the codec's exact decode and equals a whole one.
+body is the codec's exact decode and equals a whole one; and on MOSS-TTS-Nano's demo, whose 48 kHz stereo the
+bodies carry as it is, or converted as the server's audio.output_* keys ask.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 import soundfile as sf
+import soxr
 from ros_helpers import node_params_file
 from ros_helpers.netns import LoopbackNamespace, loopback_namespace, stop_process, wait_for_line
 
@@ -768,3 +770,77 @@ def test_uploads_need_the_owners_leave(server: Server, http_netns: LoopbackNames
     sf.write(clip, np.zeros(SAMPLE_RATE), SAMPLE_RATE)
     answer = call(http_netns, "upload", base_url=BASE_URL, clip=str(clip), fields={"name": "intruder"})
     assert answer["status"] == 403 and "--voice-upload-dir and an API key" in answer["json"]["error"]["message"]
+
+
+# -- MOSS-TTS-Nano: 48 kHz stereo, as it is or converted ------------------------------------------------------
+
+NANO_PORT, NANO_MONO_PORT = PORT + 1, PORT + 2
+NANO_MODEL = "MOSS-TTS-Nano"
+NANO_RATE, NANO_CHANNELS = 48000, 2
+
+
+@pytest.fixture(scope="module")
+def nano_servers(
+    http_netns: LoopbackNamespace, nano_demo_config: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Server]]:
+    """Two servers of the Nano demo: one giving out its own 48 kHz stereo, one set to 16 kHz mono."""
+    folder = tmp_path_factory.mktemp("http-nano")
+    own = node_params_file(nano_demo_config, folder / "nano.yaml", **{"llama.n_threads": 1})
+    mono = {"llama.n_threads": 1, "audio.output_sample_rate": 16000, "audio.output_channels": "mono"}
+    converted = node_params_file(nano_demo_config, folder / "nano-mono.yaml", **mono)
+    servers = {
+        "stereo": Server(http_netns, own, "--port", str(NANO_PORT), name="nano"),
+        "mono": Server(http_netns, converted, "--port", str(NANO_MONO_PORT), name="nano-mono"),
+    }
+    try:
+        for running in servers.values():
+            running.wait_ready()
+        yield servers
+    finally:
+        codes = {name: running.stop() for name, running in servers.items()}
+        assert codes == {"stereo": 0, "mono": 0}, {name: s.output()[-3000:] for name, s in servers.items()}
+
+
+def nano_speech(netns: LoopbackNamespace, port: int, out: Path, **fields: Any) -> dict[str, Any]:
+    extra = fields.pop("extra", {})
+    base_url = f"http://127.0.0.1:{port}/v1"
+    return call(netns, "openai", base_url=base_url, model=NANO_MODEL, out=str(out), extra_body=extra, **fields)
+
+
+def test_the_openai_client_gets_nano_speech_in_48_khz_stereo(
+    nano_servers: dict[str, Server], http_netns: LoopbackNamespace, tmp_path: Path
+) -> None:
+    """WAV, FLAC and raw PCM say and hold 48 kHz stereo, interleaved; streamed PCM is the whole decode's."""
+    fields: dict[str, Any] = {"input": TEXT, "extra": {"seed": 2}}
+    wav = nano_speech(http_netns, NANO_PORT, tmp_path / "nano.wav", response_format="wav", **fields)
+    assert wav["status"] == 200, wav
+    audio, rate = sf.read(tmp_path / "nano.wav", dtype="int16")
+    assert rate == NANO_RATE and audio.ndim == 2 and audio.shape[1] == NANO_CHANNELS and np.abs(audio).max() > 0
+    streamed = nano_speech(http_netns, NANO_PORT, tmp_path / "nano.pcm", streamed=True, response_format="pcm", **fields)
+    assert streamed["status"] == 200, streamed
+    headers = {key.lower(): value for key, value in streamed["headers"].items()}
+    assert (headers["x-sample-rate"], headers["x-channels"]) == (str(NANO_RATE), str(NANO_CHANNELS))
+    whole = {"input": TEXT, "extra": {"seed": 2, "stream": False}}
+    flac = nano_speech(http_netns, NANO_PORT, tmp_path / "nano.flac", response_format="flac", **whole)
+    assert flac["status"] == 200, flac
+    interleaved = pcm_samples(tmp_path / "nano.pcm")
+    assert_same_audio(interleaved, audio.reshape(-1))  # the streamed PCM: the WAV's frames, channel by channel
+    flac_audio, flac_rate = sf.read(tmp_path / "nano.flac", dtype="int16")
+    assert flac_rate == NANO_RATE and flac_audio.shape == audio.shape
+    assert_same_audio(flac_audio.reshape(-1), interleaved)  # the whole decode is the stream's
+
+
+def test_a_nano_server_set_to_16_khz_mono_gives_that_out(
+    nano_servers: dict[str, Server], http_netns: LoopbackNamespace, tmp_path: Path
+) -> None:
+    """audio.output_* convert what serve gives out: 16 kHz mono, the stereo one's mean of channels resampled."""
+    fields: dict[str, Any] = {"input": TEXT, "response_format": "wav", "extra": {"seed": 2}}
+    assert nano_speech(http_netns, NANO_PORT, tmp_path / "stereo.wav", **fields)["status"] == 200
+    assert nano_speech(http_netns, NANO_MONO_PORT, tmp_path / "mono.wav", **fields)["status"] == 200
+    stereo, _ = sf.read(tmp_path / "stereo.wav", dtype="float32")
+    mono, rate = sf.read(tmp_path / "mono.wav", dtype="float32")
+    assert rate == 16000 and mono.ndim == 1
+    expected = soxr.resample(stereo.mean(axis=1), NANO_RATE, 16000)
+    assert mono.shape == expected.shape
+    # Both WAVs are 16-bit: the stereo one's rounding, carried through the conversion, and the mono one's own.
+    assert np.abs(mono - expected).max() <= 3 / 32767

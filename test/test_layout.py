@@ -150,7 +150,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("model",),
     ("text", "codec"),
     ("config",),
-    ("synthesis", "synthesizer", "serving"),
+    ("synthesis", "synthesizer", "serving", "audio_output"),
     ("http", "backends", "__init__"),
     ("ros", "tools"),
     ("__main__",),

@@ -35,8 +35,8 @@ class FakeOutput:
         self.written = threading.Condition()
         self._permits: threading.Semaphore | None = None
 
-    def open(self, sample_rate: int) -> FakeOutput:
-        self.events.append(("open", sample_rate))
+    def open(self, sample_rate: int, channels: int) -> FakeOutput:
+        self.events.append(("open", (sample_rate, channels)))
         return self
 
     def hold(self) -> None:
@@ -215,8 +215,8 @@ class Watched:
         self.blocks = 0
         self.closed = False
 
-    def open(self, sample_rate: int) -> OutputStream:
-        stream = self._open(sample_rate)
+    def open(self, sample_rate: int, channels: int) -> OutputStream:
+        stream = self._open(sample_rate, channels)
         write, close = stream.write, stream.close
         with self._changed:
             self.blocks, self.closed = 0, False
@@ -241,18 +241,28 @@ class Watched:
             assert self._changed.wait_for(until, timeout=30), f"never saw {what}"
 
 
-def test_each_utterance_plays_at_its_own_rate() -> None:
+def test_each_utterance_plays_at_its_own_rate_and_channels() -> None:
     out = FakeOutput()
+    stereo = np.stack([tone(0.1, rate=48000), tone(0.1, 660.0, rate=48000)], axis=1)
     with Speaker(out.open, prebuffer_s=0.1) as speaker:
         speaker.feed("a", tone(0.2), RATE, final=True)
         speaker.feed("b", tone(0.1, rate=16000), 16000, final=False)
-        with pytest.raises(PlaybackError, match="24000 Hz after 16000 Hz"):
+        with pytest.raises(PlaybackError, match="24000 Hz, 1 channels after 16000 Hz, 1 channels"):
             speaker.feed("b", tone(0.1), RATE, final=False)
         speaker.feed("b", tone(0.1, rate=16000), 16000, final=True)
+        speaker.feed("c", stereo, 48000, final=False)
+        with pytest.raises(PlaybackError, match="48000 Hz, 1 channels after 48000 Hz, 2 channels"):
+            speaker.feed("c", tone(0.1, rate=48000), 48000, final=False)
+        speaker.feed("c", stereo, 48000, final=True)
         assert speaker.wait(timeout=10)
     opens = [(kind, value) for kind, value in out.events if kind in ("open", "stop")]
-    assert opens == [("open", RATE), ("stop", None), ("open", 16000), ("stop", None)]
-    assert out.played().shape[0] == round(0.2 * RATE) + round(0.2 * 16000)
+    layouts = [(RATE, 1), (16000, 1), (48000, 2)]
+    assert opens == [event for layout in layouts for event in (("open", layout), ("stop", None))]
+    writes = out.writes()
+    played_stereo = np.concatenate([w for w in writes if w.ndim == 2])
+    mono = np.concatenate([w for w in writes if w.ndim == 1])
+    assert mono.shape[0] == round(0.2 * RATE) + round(0.2 * 16000)
+    np.testing.assert_array_equal(played_stereo, np.concatenate([stereo, stereo]))  # both channels, in order
 
 
 def test_a_chunk_after_the_final_one_is_refused() -> None:

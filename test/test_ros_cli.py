@@ -37,6 +37,7 @@ PARAMS_PLACEHOLDER = "/path/to/my.yaml"
 CONFIG_PLACEHOLDER = "/path/to/config.yaml"
 SPEECH_PLACEHOLDER = "/path/to/speech.yaml"  # the params files of two nodes in one launch
 SOUNDS_PLACEHOLDER = "/path/to/sounds.yaml"
+NANO_PLACEHOLDER = "/path/to/nano.yaml"  # a params file of MOSS-TTS-Nano's
 COPY_IGNORE = shutil.ignore_patterns(
     ".git", ".venv*", "build", "install", "log", "demo_weights", "__pycache__", "*.egg-info", ".*_cache"
 )
@@ -71,6 +72,8 @@ SOUND_CALL = (
     "\"{ambient_sound: 'rain on a tin roof', tokens: 125}\""
 )
 DIAGNOSTICS = "ros2 topic echo --once /diagnostics"
+LAUNCH_NANO = f"ros2 launch moss_tts_node moss_tts.launch.py params_file:={NANO_PLACEHOLDER}"
+SEND_GOAL_NANO = "ros2 action send_goal --feedback /moss_tts_node/speak moss_tts_msgs/action/Speak \"{text: 'Hello'}\""
 USER_COMMANDS = (
     LINK_MSGS,
     BUILD,
@@ -88,6 +91,8 @@ USER_COMMANDS = (
     LAUNCH_TWO_NODES,
     SEND_GOAL_TO_SPEECH,
     SOUND_CALL,
+    LAUNCH_NANO,
+    SEND_GOAL_NANO,
     LAUNCH_UNMANAGED,
     LIFECYCLE_GET,
     *(LIFECYCLE_SET.format(transition) for transition in ("configure", "activate", "shutdown")),
@@ -213,16 +218,16 @@ def user_files(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> dict[str, str]:
     """The docs' placeholders -> the demo model's config and a node params file for it; for two nodes, that file
-    and one of the MOSS-SoundEffect demo."""
-    sounds = family_demo("sound-effect")
-    sounds_params = node_params_file(
-        sounds, tmp_path_factory.mktemp("params") / "sounds.yaml", **{"llama.n_threads": 1}
-    )
+    and one of the MOSS-SoundEffect demo; for Nano, one of the MOSS-TTS-Nano demo."""
+    folder = tmp_path_factory.mktemp("params")
+    sounds_params = node_params_file(family_demo("sound-effect"), folder / "sounds.yaml", **{"llama.n_threads": 1})
+    nano_params = node_params_file(family_demo("nano"), folder / "nano.yaml", **{"llama.n_threads": 1})
     return {
         PARAMS_PLACEHOLDER: str(params_file),
         CONFIG_PLACEHOLDER: str(demo_config),
         SPEECH_PLACEHOLDER: str(params_file),
         SOUNDS_PLACEHOLDER: str(sounds_params),
+        NANO_PLACEHOLDER: str(nano_params),
     }
 
 
@@ -322,4 +327,15 @@ def test_symlink_install_launches_in_a_namespace(
         assert "success=True" in sounds, sounds[-2000:]
     finally:
         assert two.stop() == 0, two.output()[-3000:]
+
+    # MOSS-TTS-Nano from its params file: the same commands, its audio 48 kHz stereo.
+    nano = ws.launch(as_user(LAUNCH_NANO, user_files))
+    try:
+        nano.wait_ready(line="(MOSS-TTS-Nano); listening on /moss_tts_node/text")
+        response = ws.run(SERVICE_CALL)
+        assert "success=True" in response and "sample_rate=48000, channels=2" in response, response[-2000:]
+        goal = ws.run(SEND_GOAL_NANO)  # no language: Nano's prompt has no place for it
+        assert "Goal finished with status: SUCCEEDED" in goal, goal[-2000:]
+    finally:
+        assert nano.stop() == 0, nano.output()[-3000:]
     assert any(ws.cache.rglob("libmoss_bridge-*.so")), "the node did not compile the bridge into its cache"

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from ros_helpers import parameter_values, require_ros
 
+from moss_tts_node.audio_output import AudioFormat
 from moss_tts_node.synthesis.results import AudioChunk
 
 require_ros()
@@ -105,7 +106,8 @@ class Node:
 
     def synthesize(self, **fields: Any) -> Synthesize.Response:
         """A ``~/synthesize`` call's answer, the node at the demo's sample rate and the default encoding."""
-        return self.requests.synthesize(Synthesize.Request(**fields), Synthesize.Response(), 24000, "pcm_s16le")
+        answer = Synthesize.Response()
+        return self.requests.synthesize(Synthesize.Request(**fields), answer, AudioFormat(24000, 1), "pcm_s16le")
 
     def close(self) -> None:
         self.requests.end("the test is over")
@@ -436,7 +438,7 @@ def test_the_model_is_loaded_lent_and_freed_and_a_failed_load_says_why(demo_conf
     log = Lines()
     model = LoadedModel(log)
     model.load(settings_of(demo_config))
-    assert model.sample_rate == 24000 and model.load_s is not None and model.failure is None
+    assert model.audio == AudioFormat(24000, 1) and model.load_s is not None and model.failure is None
     assert model.loaded.startswith("model loaded in ") and model.loaded.endswith(f" ({model.name})")
     assert model.name == "MOSS-TTS (release unknown)"  # the demo's convert had no card to tell its release
     with model.loan.borrow() as synth:

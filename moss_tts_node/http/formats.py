@@ -21,7 +21,7 @@ from fractions import Fraction
 import av
 import numpy as np
 
-from moss_tts_node.pcm import float_to_pcm16
+from moss_tts_node.pcm import channels_of, float_to_pcm16
 
 _UNKNOWN_SIZE = 0xFFFFFFFF
 _HEADER_BYTES = 44
@@ -62,11 +62,6 @@ def wav_header(sample_rate: int, channels: int, frames: int | None = None) -> by
         + b"data"
         + struct.pack("<I", data)
     )
-
-
-def channels_of(samples: np.ndarray) -> int:
-    """The channels of a chunk's samples: (n,) is one, (n, channels) its columns."""
-    return 1 if samples.ndim == 1 else samples.shape[1]
 
 
 class Encoder:

@@ -51,7 +51,8 @@ class RemoteError(MossTTSError):
 
 class RemoteSynthesizer:
     """A ``Synthesizer`` whose model is a remote server's: ``stream``, ``synthesize``, ``voices`` and the figures
-    of the node's diagnostics (``name``, ``weight_layout``, ``sampling_rate``) as the local one has them."""
+    of the node's diagnostics (``name``, ``weight_layout``, ``sampling_rate``, ``channels``) as the local one has
+    them."""
 
     def __init__(self, config: Config) -> None:
         self._config = config
@@ -63,6 +64,7 @@ class RemoteSynthesizer:
         self._base = parts.path.rstrip("/").removesuffix("/v1")  # the API's paths begin with /v1
         self._key = _api_key(model.remote_api_key_file)
         self.sampling_rate = SAMPLE_RATE
+        self.channels = 1  # the PCM this backend reads is the server's mono 24 kHz
         self.name = model.remote_model or self._first_model()
         self.weight_layout = f"remote: {model.remote_url} ({self.name})"
         self.voices = self._voices()

@@ -57,9 +57,10 @@ from moss_tts_node.http.api import (
     voices_list,
     voices_list_entry,
 )
-from moss_tts_node.http.formats import Encoder, channels_of, whole_body
+from moss_tts_node.http.formats import Encoder, whole_body
 from moss_tts_node.http.service import CLIENT_GONE, Audio, SpeechService
 from moss_tts_node.http.uploads import MAX_UPLOAD_BYTES, UPLOAD_FIELDS, VoiceUploads
+from moss_tts_node.pcm import channels_of
 from moss_tts_node.serving.queue import SYNTHESIS_FAILED, Outcome, Refused
 from moss_tts_node.synthesis.results import AudioChunk
 from moss_tts_node.timing import TimingReport

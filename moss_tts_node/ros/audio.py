@@ -5,7 +5,7 @@
 colcon ROS install), the node also publishes what ros-drivers' ``audio_capture`` publishes, so
 ``audio_play`` (format ``wave``) plays the speech with no glue:
 
-- ``~/audio_common/audio``          AudioData, raw S16LE mono (what ``audio_play`` subscribes to)
+- ``~/audio_common/audio``          AudioData, raw S16LE, channels interleaved (what ``audio_play`` subscribes to)
 - ``~/audio_common/audio_stamped``  AudioDataStamped, the same with a header
 - ``~/audio_common/audio_info``     AudioInfo, latched (transient local)
 
@@ -24,7 +24,7 @@ from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from std_msgs.msg import Header
 
-from moss_tts_node.pcm import float_to_pcm16, pcm16_to_float
+from moss_tts_node.pcm import channels_of, float_to_pcm16, pcm16_to_float
 from moss_tts_node.synthesis.results import AudioChunk
 
 ENCODINGS = (AudioChunkMsg.ENCODING_PCM_S16LE, AudioChunkMsg.ENCODING_FLOAT32)
@@ -37,7 +37,7 @@ LATCHED_QOS = QoSProfile(depth=1, durability=DurabilityPolicy.TRANSIENT_LOCAL)
 
 
 def encode(samples: np.ndarray, encoding: str) -> bytes:
-    """Mono float samples as the bytes of ``encoding`` (one of ENCODINGS)."""
+    """Float samples, (n,) or (n, channels), as the bytes of ``encoding`` (one of ENCODINGS), channels interleaved."""
     if encoding == AudioChunkMsg.ENCODING_FLOAT32:
         return np.asarray(samples, dtype="<f4").tobytes()
     return float_to_pcm16(samples)
@@ -79,16 +79,17 @@ class AudioOut:
         graph only approaches (~/audio is volatile: what is published before a match is lost to that reader)."""
         return self._chunks.get_subscription_count()
 
-    def announce(self, sample_rate: int) -> None:
-        """Latch the audio_common AudioInfo of the loaded model (nothing without audio_common_msgs)."""
+    def announce(self, sample_rate: int, channels: int) -> None:
+        """Latch the audio_common AudioInfo of the loaded model's audio as the node gives it out (nothing without
+        audio_common_msgs)."""
         if self._common is None:
             return
         self._info.publish(
             self._common.AudioInfo(
-                channels=1,
+                channels=channels,
                 sample_rate=sample_rate,
                 sample_format="S16LE",
-                bitrate=sample_rate * 16,  # bits/s of raw 16-bit mono
+                bitrate=sample_rate * 16 * channels,  # bits/s of raw 16-bit PCM
                 coding_format="wave",
             )
         )
@@ -103,7 +104,7 @@ class AudioOut:
                 request_id=request_id,
                 chunk_index=chunk.index,
                 sample_rate=chunk.sample_rate,
-                channels=1,
+                channels=channels_of(chunk.samples),
                 encoding=encoding,
                 data=encode(chunk.samples, encoding),
                 is_final=bool(end_reason),

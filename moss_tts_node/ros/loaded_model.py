@@ -11,6 +11,7 @@ import threading
 import time
 import traceback
 
+from moss_tts_node.audio_output import AudioFormat
 from moss_tts_node.backends import open_synthesizer
 from moss_tts_node.choices import BACKEND_REMOTE
 from moss_tts_node.errors import MossTTSError
@@ -24,13 +25,13 @@ from moss_tts_node.synthesizer import Synthesizer
 class LoadedModel:
     """The synthesizer a configure loads (the model and its voices), lent through ``loan`` until cleanup frees it.
 
-    ``failure`` says why the last configure failed, until one succeeds; ``sample_rate``, ``load_s``, ``name``,
-    ``weight_layout`` and ``loaded`` describe the model the last successful one loaded.
+    ``failure`` says why the last configure failed, until one succeeds; ``audio`` (the format its audio is given out
+    in), ``load_s``, ``name``, ``weight_layout`` and ``loaded`` describe the model the last successful one loaded.
     """
 
     def __init__(self, log: Log) -> None:
         self.loan: Loan[Synthesizer] = Loan()  # lent to the threads that check a request with it
-        self.sample_rate = 0
+        self.audio = AudioFormat(0, 0)
         self.load_s: float | None = None
         self.name = ""  # which model of the family it is (``ModelIdentity.name``: "MOSS-VoiceGenerator")
         self.weight_layout = ""  # where llama.cpp keeps its weights, and why (``Backbone.weight_layout``)
@@ -49,7 +50,7 @@ class LoadedModel:
             synth.close()
             raise
         self.failure = None
-        self.sample_rate = synth.sampling_rate
+        self.audio = AudioFormat(synth.sampling_rate, synth.channels)
         self.load_s = time.monotonic() - started
         self.name = synth.name
         self.weight_layout = synth.weight_layout

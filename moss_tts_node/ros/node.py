@@ -210,7 +210,7 @@ class TtsNode(LifecycleNode):
                 )
             return TransitionCallbackReturn.FAILURE
         self._requests.apply(settings)
-        self._audio.announce(self._model.sample_rate)
+        self._audio.announce(self._model.audio.sample_rate, self._model.audio.channels)
         self._phase = Phase.INACTIVE
         self.get_logger().info(f"configured: {self._model.loaded}")
         return TransitionCallbackReturn.SUCCESS
@@ -326,7 +326,7 @@ class TtsNode(LifecycleNode):
 
     def _on_synthesize(self, request: Synthesize.Request, response: Synthesize.Response) -> Synthesize.Response:
         encoding = self.get_parameter("output_encoding").value
-        return self._requests.synthesize(request, response, self._model.sample_rate, encoding)
+        return self._requests.synthesize(request, response, self._model.audio, encoding)
 
     def _on_list_voices(self, request: ListVoices.Request, response: ListVoices.Response) -> ListVoices.Response:
         with self._model.loan.borrow() as synth:

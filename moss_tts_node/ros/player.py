@@ -3,7 +3,8 @@
     ros2 run moss_tts_node moss_tts_player [--ros-args -p tts_node:=moss_tts_node -p device:=pulse]
     ros2 launch moss_tts_node moss_tts.launch.py play:=true
 
-It subscribes to ``<tts_node>/audio`` (AudioChunk, either encoding, the rate each message gives)
+It subscribes to ``<tts_node>/audio`` (AudioChunk, either encoding, the rate and channels each message gives:
+MOSS-TTS-Nano's stereo plays as stereo)
 and feeds a ``Speaker`` (playback.py): a jitter buffer, one utterance per ``request_id`` in order.
 Every utterance ends with one final chunk that says how it ended (``end_reason``): one that was stopped
 (a cancel, ``~/stop``, an interrupting request, deactivation, an error) stops its audio at once, what the
@@ -76,8 +77,8 @@ class PlayerNode(Node):
             return
         try:
             samples = decode(bytes(msg.data), msg.encoding)
-            if msg.channels > 1:
-                samples = samples.reshape(-1, msg.channels).mean(axis=1)
+            if msg.channels > 1:  # interleaved: played as it is, in as many channels
+                samples = samples.reshape(-1, msg.channels)
             self.speaker.feed(key, samples, msg.sample_rate, msg.is_final)
         except (ValueError, PlaybackError) as err:
             self.get_logger().error(f"request {key[:8]}, chunk {msg.chunk_index} not played: {err}")

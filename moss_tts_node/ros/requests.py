@@ -36,6 +36,7 @@ from moss_tts_msgs.msg import AudioChunk as AudioChunkMsg
 from moss_tts_msgs.msg import TextChunk
 from moss_tts_msgs.srv import Synthesize
 
+from moss_tts_node.audio_output import AudioFormat
 from moss_tts_node.errors import ExpectedTooLong, MossTTSError, RequestError
 from moss_tts_node.ros.audio import encode
 from moss_tts_node.ros.lifecycle import DEACTIVATING, SHUTTING_DOWN, Loan, Phase, check_serving
@@ -94,7 +95,7 @@ class Job:
     request_id: str
     interface: str  # where it came from (TEXT, TEXT_STREAM, SPEAK, SYNTHESIZE)
     encoding: str
-    sample_rate: int
+    audio: AudioFormat  # the rate and channels of its samples
     collected: list[np.ndarray] | None  # a whole-utterance answer keeps the samples; None publishes them
     received: float = field(default_factory=time.monotonic)
     started: float | None = None
@@ -175,21 +176,21 @@ class Requests:
         return self._enter(SPEAK, lambda arrival: self._admit(SPEAK, asked, goal_id, _published, arrival, on_update))
 
     def synthesize(
-        self, request: Synthesize.Request, response: Synthesize.Response, sample_rate: int, encoding: str
+        self, request: Synthesize.Request, response: Synthesize.Response, audio: AudioFormat, encoding: str
     ) -> Synthesize.Response:
         """A ``~/synthesize`` call, answered once its request has ended: the whole utterance, at most
         ``max_response_seconds`` of it, in ``response``. A call refused before its turn is answered with the node's
-        ``sample_rate`` and ``encoding`` now; a request that ran, with those it was checked under."""
+        ``audio`` format and ``encoding`` now; a request that ran, with those it was checked under."""
         with self.answering():
             asked = partial(_asked, request, self._node)
             check = self._enter(SYNTHESIZE, partial(self._admit, SYNTHESIZE, asked, uuid.uuid4().hex, _whole))
             try:
                 ticket = check.result()
             except Refused as refusal:
-                return _answered(response, Outcome(False, str(refusal)), None, sample_rate, encoding)
+                return _answered(response, Outcome(False, str(refusal)), None, audio, encoding)
             outcome = ticket.wait()
             assert outcome is not None
-            return _answered(response, outcome, ticket.job, ticket.job.sample_rate, ticket.job.encoding)
+            return _answered(response, outcome, ticket.job, ticket.job.audio, ticket.job.encoding)
 
     def refuse(self, interface: str, reason: object) -> Refused:
         """Count and log a request refused before its turn; the refusal, with ``reason``, for its answer."""
@@ -333,7 +334,8 @@ class Requests:
             settings.check_language(speech.language)
             cancel = threading.Event()
             stream, collected = start(synth, speech, settings, cancel)
-        job = Job(stream, request_id, interface, settings.output_encoding, synth.sampling_rate, collected)
+        audio = AudioFormat(synth.sampling_rate, synth.channels)
+        job = Job(stream, request_id, interface, settings.output_encoding, audio, collected)
         ticket = Ticket(job, cancel, on_update)
         with self._stopping:
             if arrival < self._emptied_before:
@@ -376,7 +378,7 @@ class Requests:
     def _end_audio(self, job: Job, end_reason: str) -> None:
         """The empty final chunk of a published request that stopped before the model's final chunk."""
         if job.collected is None:
-            closing = AudioChunk(np.empty(0, np.float32), job.sample_rate, job.chunks, job.audio_s)
+            closing = AudioChunk(job.audio.silence(0), job.audio.sample_rate, job.chunks, job.audio_s)
             self._publish(job.request_id, closing, job.encoding, end_reason)
             job.chunks += 1
 
@@ -392,18 +394,18 @@ def _named(job: Job) -> str:
 
 
 def _answered(
-    response: Synthesize.Response, outcome: Outcome, job: Job | None, sample_rate: int, encoding: str
+    response: Synthesize.Response, outcome: Outcome, job: Job | None, audio: AudioFormat, encoding: str
 ) -> Synthesize.Response:
     """``response`` filled in, the one place it is: the request's outcome and, when it ran (``job``), the audio it
     kept and its figures."""
     response.success, response.message = outcome.success, outcome.message
-    response.sample_rate, response.channels, response.encoding = sample_rate, 1, encoding
+    response.sample_rate, response.channels, response.encoding = audio.sample_rate, audio.channels, encoding
     response.timing = timing_message(None, None)
     if job is not None:
         assert job.collected is not None  # a whole-utterance request keeps its samples
-        audio = np.concatenate(job.collected) if job.collected else np.empty(0, np.float32)
-        response.audio = encode(audio, encoding)
-        response.duration = audio.shape[0] / sample_rate
+        samples = np.concatenate(job.collected) if job.collected else np.empty(0, np.float32)
+        response.audio = encode(samples, encoding)  # (n, channels) row-major: interleaved
+        response.duration = samples.shape[0] / audio.sample_rate
         response.timing = timing_message(job.stream.report, job.queue_wait_s)
     return response
 

@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument(
         "--output",
         type=Path,
-        help="WAV file to write (24 kHz mono, 16-bit): the codec's decode of the utterance, with --play what played",
+        help="WAV file to write (16-bit, at the rate and channels given out: 24 kHz mono, MOSS-TTS-Nano 48 kHz "
+        "stereo): the codec's decode of the utterance, with --play what played",
     )
     synth.add_argument(
         "--play", action="store_true", help="play it on the sound output while it streams (needs the [play] extra)"

@@ -219,6 +219,12 @@ def user_content(fields, clips=None):
 """
 
 
+# The Nano demo codec's audio gain: upstream's init decodes to about 5e-10 RMS, below one 16-bit step, so the demo's
+# WAV files, topics and playback would hold only zeros; times this, about -33 dBFS RMS with peaks near -13 dBFS,
+# noise a test can record back and compare.
+NANO_DEMO_GAIN = 5e7
+
+
 def write_demo_weights(
     out_dir: Path, seed: int = 0, hidden: int = 256, layers: int = 2, model: str = MOSS_TTS.key
 ) -> Path:
@@ -250,7 +256,7 @@ def _write_nano_demo(out_dir: Path, seed: int) -> Path:
     random Nano codec in its published ONNX layout (``nano_codec``), tiny."""
     release = write_nano_release(out_dir / CHECKPOINT_DIR, "tiny", seed)
     gguf = convert_checkpoint(release, out_dir, GGUF_TYPE, force=True)
-    write_random_nano_codec(out_dir / "codec", "tiny", seed)
+    write_random_nano_codec(out_dir / "codec", "tiny", seed, NANO_DEMO_GAIN)
     config_path = out_dir / "config.yaml"
     params = {**_DEMO_PARAMS, "model.backbone_gguf": gguf.name}
     header = (

@@ -792,19 +792,24 @@ def nano_config(size: str) -> dict[str, Any]:
     }
 
 
-def write_random_nano_checkpoint(config: Mapping[str, Any], out_dir: Path | str, seed: int = 0) -> Path:
+def write_random_nano_checkpoint(
+    config: Mapping[str, Any], out_dir: Path | str, seed: int = 0, output_gain: float = 1.0
+) -> Path:
     """``config`` as config.json and every tensor of upstream's state dict for it in model.safetensors, random
     and initialized as upstream initializes a new model (random_codec's scheme: linear and embedding weights
     N(0, 0.02), norms 1 and 0, layer scales at their configured value, weight-normed convolutions as torch
-    makes them with zero biases); return ``out_dir``."""
+    makes them with zero biases); return ``out_dir``. ``output_gain`` multiplies the decoder's last projection,
+    and so its audio (only a patch reshape follows it): upstream's init decodes to a few 1e-9, silence."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     spec = read_nano_config(out_dir / "config.json")
     tensors = RandomTensors(seed)
+    last = spec.stages("decoder")[-1]
     for stage in (*spec.stages("encoder"), *spec.stages("decoder")):
+        gain = output_gain if stage is last else 1.0
         tensors.add(f"{stage.prefix}.input_proj.weight", (stage.d_model, stage.input_dim))
-        tensors.add(f"{stage.prefix}.output_proj.weight", (stage.output_dim, stage.d_model))
+        tensors.add(f"{stage.prefix}.output_proj.weight", (stage.output_dim, stage.d_model), scale=gain)
         for layer in range(stage.layers):
             prefix = f"{stage.prefix}.transformer.layers.{layer}"
             tensors.add(f"{prefix}.self_attn.in_proj.weight", (3 * stage.d_model, stage.d_model))
@@ -828,8 +833,10 @@ def write_random_nano_checkpoint(config: Mapping[str, Any], out_dir: Path | str,
     return out_dir
 
 
-def write_random_nano_codec(out_dir: Path | str, size: str = "tiny", seed: int = 0) -> Path:
-    """A random Nano codec (``nano_config(size)``, seeded) written in upstream's published ONNX layout to
-    ``out_dir``; its checkpoint is made in a temporary directory and dropped. Return ``out_dir``."""
+def write_random_nano_codec(out_dir: Path | str, size: str = "tiny", seed: int = 0, output_gain: float = 1.0) -> Path:
+    """A random Nano codec (``nano_config(size)``, seeded, its audio times ``output_gain``) written in upstream's
+    published ONNX layout to ``out_dir``; its checkpoint is made in a temporary directory and dropped. Return
+    ``out_dir``."""
     with tempfile.TemporaryDirectory(prefix="nano-codec-") as scratch:
-        return write_nano_codec(write_random_nano_checkpoint(nano_config(size), scratch, seed), out_dir)
+        checkpoint = write_random_nano_checkpoint(nano_config(size), scratch, seed, output_gain)
+        return write_nano_codec(checkpoint, out_dir)

@@ -36,7 +36,7 @@ WEIGHT_STD = 0.02
 class RandomTensor:
     """A tensor made only when written, so a 3.5 GB checkpoint never sits in memory whole.
 
-    ``kind``: "normal" (std WEIGHT_STD), "fill" (every element ``value``), "conv_v" (a weight-normed
+    ``kind``: "normal" (std WEIGHT_STD times ``scale``), "fill" (every element ``value``), "conv_v" (a weight-normed
     convolution's direction: uniform within 1/sqrt(fan in)) or "conv_g" (its magnitude: the norm of each
     output channel of the "conv_v" tensor made from the same seed, shape ``v_shape``).
     """
@@ -46,6 +46,7 @@ class RandomTensor:
     seed: int
     value: float = 0.0
     v_shape: tuple[int, ...] = ()
+    scale: float = 1.0
 
     @property
     def size(self) -> int:
@@ -54,7 +55,7 @@ class RandomTensor:
     def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
         rng = np.random.default_rng(self.seed)
         if self.kind == "normal":
-            values = rng.standard_normal(self.shape, dtype=np.float32) * np.float32(WEIGHT_STD)
+            values = rng.standard_normal(self.shape, dtype=np.float32) * np.float32(WEIGHT_STD * self.scale)
         elif self.kind == "conv_v":
             values = _conv_direction(rng, self.shape)
         elif self.kind == "conv_g":
@@ -83,8 +84,10 @@ class RandomTensors:
     def _seed_of(self, name: str) -> int:
         return zlib.crc32(name.encode()) + (self._seed << 32)
 
-    def add(self, name: str, shape: tuple[int, ...], kind: str = "normal", value: float = 0.0) -> None:
-        self.tensors[name] = RandomTensor(shape, kind, self._seed_of(name), value)
+    def add(
+        self, name: str, shape: tuple[int, ...], kind: str = "normal", value: float = 0.0, scale: float = 1.0
+    ) -> None:
+        self.tensors[name] = RandomTensor(shape, kind, self._seed_of(name), value, scale=scale)
 
     def add_weight_normed(self, prefix: str, out_dim: int, in_dim: int) -> None:
         """A weight-normed 1x1 convolution: torch's own init of the direction, its norm, a zero bias."""
