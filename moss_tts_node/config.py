@@ -190,7 +190,7 @@ class AudioConfig:
         True,
         "Decode streamed audio on a thread of its own while the next frames generate. With llama.n_threads and "
         "codec_threads at 0 the cores are shared out: one for the codec (a quarter of them above 4), the rest for "
-        'llama.cpp (docs/design.md, "Decoding ahead"). false decodes between the steps, each on every core.',
+        'llama.cpp (docs/design.md, "Threads"). false decodes between the steps, each on every core.',
     )
     chunk_frames: int = _option(
         5,

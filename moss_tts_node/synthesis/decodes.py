@@ -1,5 +1,5 @@
 """Where a request's codec calls run: on the generating thread between steps, or on a thread of their own while the
-next frames generate (``audio.decode_ahead``; docs/design.md, "Decoding ahead").
+next frames generate (``audio.decode_ahead``; docs/design.md, "Threads").
 
 Both take the same calls in the same order (a ``SegmentDecoder``'s: frames pushed, context primed, segments
 ended) and hand back the samples they produce in that order, so the audio is the same either way; only when it

@@ -318,8 +318,8 @@ def codec_core_share(cores: int) -> int:
 def with_allotted_threads(config: Config, cores: int) -> Config:
     """``config`` with the thread counts left at 0 chosen, where the codec decodes ahead (streaming, not
     low_memory): the codec its share of the ``cores`` and llama.cpp the rest, or each what the other's count leaves
-    (at least one), so that neither stage's threads wait for a core the other holds (docs/design.md, "Decoding
-    ahead"). Otherwise the zeros stay: llama.cpp takes every core, ONNX Runtime chooses."""
+    (at least one), so that neither stage's threads wait for a core the other holds (docs/design.md, "Threads").
+    Otherwise the zeros stay: llama.cpp takes every core, ONNX Runtime chooses."""
     llama, audio = config.llama, config.audio
     if not audio.decode_ahead or config.model.low_memory or (llama.n_threads and audio.codec_threads):
         return config
