@@ -18,7 +18,7 @@
 #   server  QEMU_CPU=max with 256-bit SVE, built for armv8.4-a+...+sve+i8mm: a Neoverse-V1 (Graviton3)
 # it decodes one real-width GGUF layer in F32, F16, Q8_0, Q4_0 and Q4_K_M and runs `make demo`'s synthesis, and
 # test/cross_arch.py compares both with the same done by the x86-64 venv ($VENV, default .venv). Under orin it
-# also runs the core's tests (all but ROS and playback). --ci: orin only, the quantized types, the demo and of
+# also runs the core's tests (all but ROS and playback). --ci: both CPUs, the quantized types, the demo and of
 # the tests only CI_TESTS, from whatever the cache holds (from nothing too: docs/development.md, "aarch64, emulated").
 # Results: $MOSS_AARCH64_OUT (default /tmp/moss-aarch64-check); docs/development.md, "aarch64, emulated".
 set -euo pipefail
@@ -44,7 +44,6 @@ root_packages="python3 bash coreutils dash libgomp1 libstdc++6"
 host_packages=(qemu-user-static binfmt-support debian-archive-keyring gcc-aarch64-linux-gnu g++-aarch64-linux-gnu
   cmake)
 read -r -a variants <<< "${AARCH64_VARIANTS:-orin server}"  # a subset by hand: AARCH64_VARIANTS=server
-$ci && variants=(orin)
 declare -A arm_arch=([orin]=armv8.2-a+dotprod+fp16 [server]=armv8.4-a+dotprod+fp16+sve+i8mm)
 declare -A qemu_cpu=([orin]=cortex-a76 [server]=max,sve-default-vector-length=32)
 # /proc/cpuinfo as each CPU's Linux writes it (an A78AE's part number, a Neoverse-V1's): qemu-user shows the x86-64
