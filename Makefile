@@ -82,8 +82,8 @@ clean:
 	rm -rf $(DEMO_DIR) demo.wav
 
 # aarch64 (a Jetson Orin's CPU, an ARM server's) under qemu-user, compared with this venv's x86-64 results; as root.
-# From nothing over an hour on 2 cores, from its cache (~/.cache/moss_tts_node/aarch64) 17 min; docs/development.md,
-# "aarch64, emulated". AARCH64_CHECK_ARGS=--ci: the part CI runs (a skip without the cache); --prepare: the cache.
+# Its cache (~/.cache/moss_tts_node/aarch64) is built natively: CI's part (AARCH64_CHECK_ARGS=--ci) takes under 10 min
+# from nothing on 2 cores; --prepare only fills the cache. docs/development.md, "aarch64, emulated".
 .PHONY: aarch64-check
 aarch64-check: $(VENV)/.installed
 	VENV=$(VENV) DEMO_TEXT="$(DEMO_TEXT)" scripts/aarch64_check.sh $(AARCH64_CHECK_ARGS)

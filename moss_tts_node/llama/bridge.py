@@ -100,6 +100,32 @@ def _compiler() -> list[str]:
     return command
 
 
+def compile_command(
+    compiler: list[str], source_dir: Path, include: Path, libdir: Path, rpath: Path | None = None
+) -> list[str]:
+    """The command that compiles the bridge (``-o`` and the output path to be added) against one llama.cpp install.
+
+    ``rpath`` is where the library finds libllama at run time, ``libdir`` by default; they differ only where the
+    bridge is built for another root file system (scripts/aarch64_check.sh cross-compiles it for its aarch64 one).
+    """
+    return [
+        *compiler,
+        "-std=c11",
+        "-O2",
+        "-Wall",
+        "-shared",
+        "-fPIC",
+        "-pthread",
+        str(source_dir / _SOURCES[0]),
+        f"-I{include}",
+        f"-L{libdir}",
+        "-lllama",
+        "-lggml",  # the backend registry: the CPU device and its extra buffer types
+        "-lggml-base",
+        f"-Wl,-rpath,{rpath or libdir}",
+    ]
+
+
 def _cache_dir() -> Path:
     root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(root) / "moss_tts_node"
@@ -114,22 +140,7 @@ def build_bridge_library() -> Path:
     source_dir = bridge_source_dir()
     include, libdir = llama_cpp_paths()
     libllama = (libdir / "libllama.so").resolve()
-    command = [
-        *_compiler(),
-        "-std=c11",
-        "-O2",
-        "-Wall",
-        "-shared",
-        "-fPIC",
-        "-pthread",
-        str(source_dir / _SOURCES[0]),
-        f"-I{include}",
-        f"-L{libdir}",
-        "-lllama",
-        "-lggml",  # the backend registry: the CPU device and its extra buffer types
-        "-lggml-base",
-        f"-Wl,-rpath,{libdir}",
-    ]
+    command = compile_command(_compiler(), source_dir, include, libdir)
     key = hashlib.sha256()
     for name in _SOURCES:
         key.update((source_dir / name).read_bytes())
