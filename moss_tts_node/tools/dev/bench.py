@@ -134,11 +134,13 @@ def run_bench(args: argparse.Namespace) -> int:
     from moss_tts_node.tools.overrides import parse_overrides
 
     models = args.model or ["1.7b", "8b"]
+    overrides = parse_overrides(args.set)
     if NANO_BENCH in models:
         config = args.config or ensure_nano_bench_model(log=log)
         threads = args.threads or "shared-out"
         log(f"running MOSS-TTS-Nano ({config}), {args.steps} frames x {args.rounds}, {threads} threads ...")
-        print(format_nano_runs(bench_nano(config, args.steps, args.threads, args.rounds, args.seed, args.text)))
+        runs = bench_nano(config, args.steps, args.threads, args.rounds, args.seed, args.text, overrides)
+        print(format_nano_runs(runs))
         models = [model for model in models if model != NANO_BENCH]
         if not models:
             return 0
@@ -146,7 +148,6 @@ def run_bench(args: argparse.Namespace) -> int:
     for h in heads:
         if h not in HEADS_BACKENDS:
             raise RequestError(f"--heads {h!r}: choose from {', '.join(HEADS_BACKENDS)}")
-    overrides = parse_overrides(args.set)
     targets: list[tuple[str, Path]] = []
     if args.config:
         targets.append((args.config.parent.name or str(args.config), args.config))

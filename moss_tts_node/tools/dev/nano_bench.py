@@ -71,9 +71,19 @@ def ensure_nano_bench_model(log: Any = print) -> Path:
     return directory / CONFIG_NAME
 
 
-def bench_nano(config: Path, steps: int, threads: int, rounds: int, seed: int, text: str) -> list[dict[str, Any]]:
-    """Run the worker ``rounds`` times (each in a fresh process) and return its figures."""
+def bench_nano(
+    config: Path,
+    steps: int,
+    threads: int,
+    rounds: int,
+    seed: int,
+    text: str,
+    overrides: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Run the worker ``rounds`` times (each in a fresh process), with the config's ``overrides`` (``--set``), and
+    return its figures."""
     job = {"config": str(config), "steps": steps, "threads": threads, "seed": seed, "text": text, "rounds": rounds}
+    job["overrides"] = overrides or {}
     return run_worker(job, WORKER_COMMAND)["runs"]
 
 
@@ -98,7 +108,7 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
     from moss_tts_node.synthesizer import Synthesizer
     from moss_tts_node.tools.dev.resources import peak_rss_mib
 
-    overrides = {"llama.n_threads": job["threads"], "sampling.text_temperature": 0.0}
+    overrides = {"llama.n_threads": job["threads"], "sampling.text_temperature": 0.0, **job["overrides"]}
     config = load_config(Path(job["config"]), overrides)
     synth = Synthesizer(config)
     spec = synth.spec
