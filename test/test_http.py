@@ -844,3 +844,20 @@ def test_a_nano_server_set_to_16_khz_mono_gives_that_out(
     assert mono.shape == expected.shape
     # Both WAVs are 16-bit: the stereo one's rounding, carried through the conversion, and the mono one's own.
     assert np.abs(mono - expected).max() <= 3 / 32767
+
+
+def test_the_remote_backend_refuses_a_nano_servers_audio_naming_the_fix(
+    nano_servers: dict[str, Server],
+    http_netns: LoopbackNamespace,
+    demo_config: Path,
+    tmp_path: Path,
+) -> None:
+    """The remote backend reads 24 kHz mono: a server that says it sends another format (48 kHz stereo, or 16 kHz
+    mono) is refused before any sample is read as the wrong one, with the server's keys that would fit it."""
+    for port, said in ((NANO_PORT, "48000 Hz in 2 channel(s)"), (NANO_MONO_PORT, "16000 Hz in 1 channel(s)")):
+        values = {"model.backend": "remote", "model.remote_url": f"http://127.0.0.1:{port}/v1"}
+        config = node_params_file(demo_config, tmp_path / f"remote-{port}.yaml", **values)
+        answer = call(http_netns, "remote_error", config=str(config), input=TEXT)
+        kind, message = answer["error"]
+        assert kind == "RemoteError" and said in message, answer
+        assert "audio.output_sample_rate 24000 and audio.output_channels mono" in message

@@ -27,7 +27,15 @@ import numpy as np
 
 from moss_tts_node.config import Config, check_per_request_change
 from moss_tts_node.errors import ConfigError, MossTTSError, RequestError
-from moss_tts_node.http.api import MODELS_PATH, SPEECH_PATH, VOICES_PATH, ApiError, request_body
+from moss_tts_node.http.api import (
+    CHANNELS_HEADER,
+    MODELS_PATH,
+    SAMPLE_RATE_HEADER,
+    SPEECH_PATH,
+    VOICES_PATH,
+    ApiError,
+    request_body,
+)
 from moss_tts_node.model.rates import FRAMES_PER_SECOND, SAMPLE_RATE
 from moss_tts_node.pcm import pcm16_to_float
 from moss_tts_node.synthesis.cancel import CancelFlag, cancel_check
@@ -117,6 +125,11 @@ class RemoteSynthesizer:
             raise RequestError(str(error)) from None
         clock = StageClock()
         connection, response = self._post(SPEECH_PATH, body)
+        try:
+            self._check_format(response)
+        except RemoteError:
+            connection.close()
+            raise
         chunks = self._chunks(connection, response, cancel_check(cancel), clock, max_audio_s, request.seed)
         return AudioStream(None, chunks)
 
@@ -223,6 +236,19 @@ class RemoteSynthesizer:
                 default = name
         return VoiceLibrary(voices, default)
 
+    def _check_format(self, response: http.client.HTTPResponse) -> None:
+        """Refuse PCM of another rate or channel count than this backend reads (a server of MOSS-TTS-Nano, or one
+        set to convert its output), rather than play it at the wrong speed; a server that does not say is taken at
+        its word of 24 kHz mono."""
+        rate, channels = self.sampling_rate, self.channels
+        said = (_said(response, SAMPLE_RATE_HEADER, rate), _said(response, CHANNELS_HEADER, channels))
+        if said != (rate, channels):
+            raise RemoteError(
+                f"the remote server {self.config.model.remote_url} speaks {said[0]} Hz in {said[1]} channel(s), "
+                f"and the remote backend reads {self.sampling_rate} Hz mono only: set the server's "
+                f"audio.output_sample_rate {self.sampling_rate} and audio.output_channels mono, or run the model here"
+            )
+
     def _chunks(
         self,
         connection: http.client.HTTPConnection,
@@ -279,6 +305,13 @@ class RemoteSynthesizer:
         )
         empty = np.empty((0, 0), np.int64)
         return StreamResult(empty, empty, report, clock, prompt=empty)
+
+
+def _said(response: http.client.HTTPResponse, header: str, default: int) -> int:
+    """The number a response's ``header`` gives; ``default`` where it gives none (or no number: a server of ours
+    always gives one)."""
+    value = (response.getheader(header) or "").strip()
+    return int(value) if value.isdigit() else default
 
 
 def _whole_samples(data: bytes) -> tuple[bytes, bytes]:

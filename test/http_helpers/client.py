@@ -165,6 +165,18 @@ def remote(args: dict[str, Any]) -> dict[str, Any]:
     return answer
 
 
+def remote_error(args: dict[str, Any]) -> dict[str, Any]:
+    """What a stream on ``model.backend: remote`` raises (its class and message), or None."""
+    from moss_tts_node import open_synthesizer
+
+    with open_synthesizer(args["config"]) as synth:
+        try:
+            list(synth.stream(args["input"], seed=1))
+        except Exception as error:  # the test names the one it expects
+            return {"error": [type(error).__name__, str(error)]}
+    return {"error": None}
+
+
 def sse(args: dict[str, Any]) -> dict[str, Any]:
     started = time.monotonic()
     audio, events, first_s = [], [], None
@@ -225,6 +237,7 @@ COMMANDS = {
     "disconnect": disconnect,
     "busy": busy,
     "remote": remote,
+    "remote_error": remote_error,
     "sse": sse,
     "upload": upload,
 }
