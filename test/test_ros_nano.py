@@ -126,7 +126,9 @@ def test_audio_common_announces_and_carries_stereo(netns: LoopbackNamespace, nod
         "bitrate": RATE * 16 * CHANNELS,
         "coding_format": "wave",
     }
-    assert answer["raw"]["sha256"] == answer["chunks"]["sha256"]  # the same interleaved S16LE bytes
+    # The same interleaved S16LE bytes; on a failure, the message sizes say whether one was dropped or differs.
+    sizes = {topic: answer[topic]["sizes"] for topic in ("raw", "chunks")}
+    assert answer["raw"]["sha256"] == answer["chunks"]["sha256"], sizes
 
 
 def test_the_player_plays_nano_in_stereo(
