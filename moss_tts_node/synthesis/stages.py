@@ -315,13 +315,18 @@ def codec_core_share(cores: int) -> int:
     return 1 if cores <= 4 else cores // 4
 
 
+def decodes_ahead(config: Config) -> bool:
+    """Whether this config's streamed audio is decoded on a thread of its own (``low_memory`` never streams)."""
+    return config.audio.decode_ahead and not config.model.low_memory
+
+
 def with_allotted_threads(config: Config, cores: int) -> Config:
     """``config`` with the thread counts left at 0 chosen, where the codec decodes ahead (streaming, not
     low_memory): the codec its share of the ``cores`` and llama.cpp the rest, or each what the other's count leaves
     (at least one), so that neither stage's threads wait for a core the other holds (docs/design.md, "Threads").
     Otherwise the zeros stay: llama.cpp takes every core, ONNX Runtime chooses."""
     llama, audio = config.llama, config.audio
-    if not audio.decode_ahead or config.model.low_memory or (llama.n_threads and audio.codec_threads):
+    if not decodes_ahead(config) or (llama.n_threads and audio.codec_threads):
         return config
     codec = audio.codec_threads or (max(1, cores - llama.n_threads) if llama.n_threads else codec_core_share(cores))
     threads = llama.n_threads or max(1, cores - codec)

@@ -19,11 +19,11 @@ from moss_tts_node.errors import MossTTSError
 
 def threads_in_use(config: Config) -> str:
     """The threads a Synthesizer loaded from ``config`` runs on, as the stages share the cores out, in words."""
-    from moss_tts_node.synthesis.stages import with_allotted_threads
+    from moss_tts_node.synthesis.stages import decodes_ahead, with_allotted_threads
 
     allotted = with_allotted_threads(config, len(os.sched_getaffinity(0)))
     llama, codec = allotted.llama.n_threads or "all", allotted.audio.codec_threads or "auto"
-    how = "decoding ahead" if allotted.audio.decode_ahead and not allotted.model.low_memory else "inline"
+    how = "decoding ahead" if decodes_ahead(allotted) else "inline"
     return f"llama.cpp {llama} + codec {codec} ({how})"
 
 
