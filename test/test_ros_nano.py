@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
-from ros_helpers import node_params_file, require_ros, wait_played
-from ros_helpers.netns import LoopbackNamespace, NodeProcess, playing, serving
+from ros_helpers import node_params_file, require_ros
+from ros_helpers.netns import LoopbackNamespace, NodeProcess, played_by_the_player, serving
 
 from moss_tts_node.codec.audio_io import write_wav
 from moss_tts_node.model.spec import NanoSpec
@@ -134,19 +134,11 @@ def test_audio_common_announces_and_carries_stereo(netns: LoopbackNamespace, nod
 def test_the_player_plays_nano_in_stereo(
     netns: LoopbackNamespace, node: NodeProcess, stereo_sink: NullSink, tmp_path: Path
 ) -> None:
-    log = tmp_path / "player.log"
-    env = {**netns.env, "PULSE_SERVER": stereo_sink.env["PULSE_SERVER"]}
-    # A prebuffer longer than the utterance: it plays once whole, however slow the node is here.
-    with playing(netns, log, "-p", "prebuffer_s:=60.0", env=env) as player:
-        sent_file = tmp_path / "sent.npy"
-        with stereo_sink.recording(tmp_path / "sink.raw") as captured:
-            netns.client("text", texts=["Hello robot."], save=str(sent_file), other_listeners=1)
-            sent = np.load(sent_file)  # interleaved, as the chunks carried it
-            assert np.abs(sent).max() > 0.01  # sound (the demo's gain), not silence that would compare as equal
-            wait_played(tmp_path / "sink.raw", sent.size, player, log)
-        # Both channels, interleaved, at one offset (test_cli's play test says why 15 dB): a mono mix-down or a
-        # channel swap would fall far below it.
-        assert stereo_sink.snr_db(sent, captured[0]) > 15, log.read_text()
+    sent, captured, log = played_by_the_player(netns, stereo_sink, tmp_path, "Hello robot.")
+    assert np.abs(sent).max() > 0.01  # sound (the demo's gain), not silence that would compare as equal
+    # Both channels, interleaved, at one offset (test_cli's play test says why 15 dB): a mono mix-down or a
+    # channel swap would fall far below it.
+    assert stereo_sink.snr_db(sent, captured) > 15, log.read_text()
 
 
 def test_output_keys_set_before_a_configure_give_24_khz_mono(netns: LoopbackNamespace, node: NodeProcess) -> None:

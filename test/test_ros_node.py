@@ -22,11 +22,10 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pytest
 from memory_growth import SOAK_RSS_GROWTH_KIB, late_growth_kib
-from ros_helpers import PARAMS_FILE_SEED, require_ros, wait_played
-from ros_helpers.netns import LoopbackNamespace, NodeProcess, playing, serving, stop_process
+from ros_helpers import PARAMS_FILE_SEED, require_ros
+from ros_helpers.netns import LoopbackNamespace, NodeProcess, played_by_the_player, serving, stop_process
 
 from moss_tts_node.codec.streaming import OfflineDecoding, WindowedStreamDecoding
 from moss_tts_node.model.rates import SAMPLE_RATE, SAMPLES_PER_FRAME
@@ -444,16 +443,8 @@ def test_a_soak_of_mixed_requests_is_answered_in_full_with_bounded_memory(
 def test_the_player_plays_what_the_node_publishes(
     netns: LoopbackNamespace, node: NodeProcess, null_sink: NullSink, tmp_path: Path
 ) -> None:
-    log = tmp_path / "player.log"
-    env = {**netns.env, "PULSE_SERVER": null_sink.env["PULSE_SERVER"]}
-    # A prebuffer longer than the utterance: it plays once whole, however slow the node is here.
-    with playing(netns, log, "-p", "prebuffer_s:=60.0", env=env) as player:
-        sent_file = tmp_path / "sent.npy"
-        with null_sink.recording(tmp_path / "sink.raw") as captured:
-            netns.client("text", texts=["Hello robot."], save=str(sent_file), other_listeners=1)
-            sent = np.load(sent_file)
-            wait_played(tmp_path / "sink.raw", sent.size, player, log)  # until it has all played
-        assert null_sink.snr_db(sent, captured[0]) > 15, log.read_text()  # see test_cli's play test
+    sent, captured, log = played_by_the_player(netns, null_sink, tmp_path, "Hello robot.")
+    assert null_sink.snr_db(sent, captured) > 15, log.read_text()  # see test_cli's play test
 
 
 # -- ~/text_stream (the stream assembly itself: test_ros_text_stream.py) --------------------------------------------

@@ -298,3 +298,22 @@ def playing(
         yield player
     finally:
         assert stop_process(player) == 0, log.read_text()
+
+
+def played_by_the_player(netns: LoopbackNamespace, sink: Any, tmp_path: Path, text: str) -> tuple[Any, Any, Path]:
+    """``text`` spoken on ~/text while the player runs into ``sink`` (conftest's NullSink), with a prebuffer longer
+    than the utterance, so that it plays once whole however slow the node is here: what the node sent (channels
+    interleaved, as the chunks carried it), what the sink recorded, and the player's log."""
+    import numpy as np
+
+    from ros_helpers import wait_played
+
+    log = tmp_path / "player.log"
+    env = {**netns.env, "PULSE_SERVER": sink.env["PULSE_SERVER"]}
+    with playing(netns, log, "-p", "prebuffer_s:=60.0", env=env) as player:
+        sent_file = tmp_path / "sent.npy"
+        with sink.recording(tmp_path / "sink.raw") as captured:
+            netns.client("text", texts=[text], save=str(sent_file), other_listeners=1)
+            sent = np.load(sent_file)
+            wait_played(tmp_path / "sink.raw", sent.size, player, log)  # until it has all played
+    return sent, captured[0], log
