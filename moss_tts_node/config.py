@@ -223,7 +223,7 @@ class AudioConfig:
         "auto",
         "Audio heads: gguf (inside llama.cpp, needs a GGUF that carries them: attach-heads), onnx (8-bit, "
         "ONNX Runtime), numpy (exact float32, 0.54 GB), or auto (gguf when the GGUF carries them and layers "
-        "run on a GPU, else onnx).",
+        "run on a GPU, else onnx). MOSS-TTS-Nano's heads are its audio tables: onnx or numpy (auto: onnx), no gguf.",
         choices=HEADS_BACKENDS,
     )
     output_sample_rate: int = _option(

@@ -116,6 +116,27 @@ def test_the_repetition_penalty_shapes_greedy_frames(frames: Frames) -> None:
     assert not np.array_equal(frames.greedy(REFERENCE[f"{case}_prompt"], 1.0), REFERENCE[f"{case}_frames"])
 
 
+@pytest.mark.parametrize(("backend", "spread"), [("numpy", 1e-6), ("onnx", 2e-2)])
+def test_the_audio_heads_are_the_tied_tables(frames: Frames, backend: str, spread: float) -> None:
+    """Each codebook's logits at a local position are its own audio table (less the pad row) times the hidden state,
+    as float64 computes it: exact in float32, within the 8-bit rounding (under 2% of the logits' spread) in onnx."""
+    heads = NanoHeads(frames.embeddings, frames.spec, backend)
+    assert heads.name == backend and heads.n_vq == frames.spec.n_vq
+    local = frames.local_backbone
+    local.clear()
+    local.decode(heads.slot_embedding, text_logits=False)
+    worst = []
+    for codebook in range(heads.n_vq):
+        local.decode(heads.code_embedding(codebook, codebook), text_logits=False)  # a realistic hidden state
+        hidden = local.hidden().copy()
+        table = frames.embeddings.audio[codebook][: frames.spec.audio_vocab_size].astype(np.float64)
+        expected = table @ hidden.astype(np.float64)
+        got = heads.code_logits(codebook, hidden).astype(np.float64)
+        worst.append(np.abs(got - expected).max() / np.ptp(expected))
+    heads.close()
+    assert max(worst) < spread, worst
+
+
 def test_convert_records_nano_and_writes_the_published_tables(weights: Path) -> None:
     config = json.loads((weights / CONFIG_FILE).read_text())
     assert config[RECORD_KEY]["model"] == MOSS_TTS_NANO.key

@@ -36,6 +36,7 @@ def _config(directory: Path, weights: Path, gguf: str, voices: Path | None = Non
         "model": {"weights_dir": str(weights), "backbone_gguf": gguf, "codec_dir": str(CODEC)},
         "voices": {"directories": [str(voices)] if voices else []},
         "llama": {"kv_cache_type_k": "f32", "kv_cache_type_v": "f32"},
+        "audio": {"heads_backend": "numpy"},  # the exact path: upstream's frames
         "sampling": {"text_temperature": 0.0, "audio_temperature": 0.0},
         "generation": generation,
     }
@@ -97,6 +98,19 @@ def test_fields_nano_has_no_place_for_are_refused(synth: Synthesizer, field: str
 def test_a_config_default_nano_refuses_fails_at_load(weights: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"'generation\.language' is 'en'.*leave generation\.language empty"):
         Synthesizer.from_config_file(_config(tmp_path, weights.parent, weights.name, language="en"))
+
+
+def test_the_heads_backend_gguf_is_refused_at_load_and_auto_is_8_bit(weights: Path, tmp_path: Path) -> None:
+    """Nano's audio heads are its tables, not a GGUF output matrix: ``gguf`` is refused with the choices that work;
+    ``auto`` takes the 8-bit onnx heads, which still speak (their frames are not upstream's float ones)."""
+    config = _config(tmp_path, weights.parent, weights.name)
+    with pytest.raises(ConfigError, match=r"'gguf' does not apply to MOSS-TTS-Nano.*auto, onnx \(8-bit\) or numpy"):
+        Synthesizer.from_config_file(config, {"audio.heads_backend": "gguf"})
+    with Synthesizer.from_config_file(config, {"audio.heads_backend": "auto"}) as synth:
+        with synth.stages.generation() as stage:
+            assert stage.heads.name == "onnx"
+        result = synth.synthesize(str(REFERENCE["cont_plain_text"]))
+    assert result.codes.shape[0] > 0 and result.audio.shape == (result.codes.shape[0] * 3840, 2)
 
 
 def test_demo_weights_for_nano_speak_through_the_cli(tmp_path: Path) -> None:

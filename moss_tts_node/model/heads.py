@@ -212,19 +212,35 @@ class OnnxAudioHeads(AudioHeads):
         if hidden % ONNX_HEADS_BLOCK:
             raise WeightsError(f"the onnx heads need a hidden size divisible by {ONNX_HEADS_BLOCK}, got {hidden}")
         n = spec.n_vq * spec.audio_rows
-        self._q8 = quantize_heads_q8(read_heads(heads_dir, spec, hidden), n, hidden)  # ORT reads these in place
-        self._session = _heads_session(self._q8, threads, providers)
-        # Bound once: each step writes the hidden state in place and ORT writes the logits in place.
-        self._input = np.zeros((1, hidden), dtype=np.float32)
-        self._output = np.empty((1, n), dtype=np.float32)
-        self._binding = self._session.io_binding()
-        self._binding.bind_cpu_input("hidden", self._input)
-        self._binding.bind_output("logits", "cpu", 0, np.float32, list(self._output.shape), self._output.ctypes.data)
-        self._logits = self._output.reshape(spec.n_vq, spec.audio_rows)
+        self._matvec = Q8MatVec(quantize_heads_q8(read_heads(heads_dir, spec, hidden), n, hidden), threads, providers)
+        self._logits = self._matvec.output.reshape(spec.n_vq, spec.audio_rows)
 
     def _audio(self, hidden: np.ndarray, channels: np.ndarray) -> None:
+        self._matvec(hidden)
+
+    def close(self) -> None:
+        self._matvec.close()
+
+
+class Q8MatVec:
+    """``W @ hidden`` for one float32 hidden row, W in MatMulNBits' 8-bit blocks (``quantize_heads_q8``), through
+    one ONNX Runtime session bound once: each call writes the row in place and ORT writes ``output`` in place
+    (the same array every call)."""
+
+    def __init__(self, q8: tuple[np.ndarray, np.ndarray], threads: int, providers: Sequence[str]) -> None:
+        codes = q8[0]
+        self._q8 = q8  # ORT reads these in place
+        self._session: Any = _heads_session(q8, threads, providers)
+        self._input = np.zeros((1, codes.shape[1] * codes.shape[2]), dtype=np.float32)
+        self.output = np.empty(codes.shape[0], dtype=np.float32)
+        self._binding: Any = self._session.io_binding()
+        self._binding.bind_cpu_input("hidden", self._input)
+        self._binding.bind_output("logits", "cpu", 0, np.float32, [1, codes.shape[0]], self.output.ctypes.data)
+
+    def __call__(self, hidden: np.ndarray) -> np.ndarray:
         self._input[0] = hidden
         self._session.run_with_iobinding(self._binding)
+        return self.output
 
     def close(self) -> None:
         self._binding = self._session = None

@@ -12,18 +12,21 @@ Per frame, as upstream's ``_iter_generation_events`` does it:
    repetition penalty over that codebook's codes generated so far in this piece: the prompt's do not count).
 
 There is no delay pattern: a step is a frame, complete as soon as it is sampled. The heads are the embedding tables
-themselves (upstream ties them), held once more in float32 for the matrix-vector products.
+themselves (upstream ties them), held once more for the matrix-vector products: in float32, or in 8 bits.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
+from functools import partial
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from moss_tts_node.errors import ConfigError
 from moss_tts_node.llama.backbone import Backbone
 from moss_tts_node.model.embeddings import EmbeddingTables
+from moss_tts_node.model.heads import Q8MatVec, quantize_heads_q8
 from moss_tts_node.model.sampling import SamplingParams, penalized, sample_rows, tempered
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.timing import StageClock, StopReason
@@ -31,19 +34,62 @@ from moss_tts_node.timing import StageClock, StopReason
 
 class NanoHeads:
     """The text head's two rows that a frame chooses between (assistant slot: speak on; audio end: stop) and the
-    n_vq audio heads, float32, from the tied embedding tables."""
+    n_vq audio heads, from the tied embedding tables, on one of two backends (``nano_heads_backend``):
 
-    def __init__(self, embeddings: EmbeddingTables, spec: ModelSpec) -> None:
+    - ``numpy``: exact, float32 GEMVs (50 MB read a frame at the real size);
+    - ``onnx``: each head in 8-bit blocks, one ONNX Runtime ``MatMulNBits`` session per head (12.6 MB a frame), as
+      the Delay models' onnx heads; the logits differ by the 8-bit rounding (docs/nano.md, "Speed").
+    """
+
+    weight_bytes: int  # the audio heads' weights as held: all of them are read for every frame
+
+    def __init__(self, embeddings: EmbeddingTables, spec: ModelSpec, backend: str = "numpy") -> None:
         choices = [spec.audio_assistant_gen_slot_token_id, spec.audio_end_token_id]
+        self.name = backend
         self.choice_ids = np.array(choices, dtype=np.int64)
         self.choices = np.asarray(embeddings.text[choices], dtype=np.float32)
         # The pad row of each table (zeros: upstream masks the pad out of the sum) is no code: the heads leave it.
-        self.audio = [np.asarray(table[: spec.audio_vocab_size], dtype=np.float32) for table in embeddings.audio]
+        tables = [table[: spec.audio_vocab_size] for table in embeddings.audio]
+        if backend == "onnx":
+            hidden = embeddings.hidden
+            q8 = [quantize_heads_q8(iter([table]), table.shape[0], hidden) for table in tables]
+            self.weight_bytes = sum(codes.nbytes + scales.nbytes for codes, scales in q8)
+            self._audio: list[Callable[[np.ndarray], np.ndarray]] = [
+                Q8MatVec(blocks, 1, ("CPUExecutionProvider",)) for blocks in q8
+            ]
+        else:
+            widened = [np.asarray(table, dtype=np.float32) for table in tables]
+            self.weight_bytes = sum(table.nbytes for table in widened)
+            self._audio = [partial(np.matmul, table) for table in widened]
+        self.n_vq = len(tables)
         self.slot_embedding = np.asarray(embeddings.text[spec.audio_assistant_gen_slot_token_id], dtype=np.float32)
         self.code_embeddings = embeddings.audio
 
+    def code_logits(self, codebook: int, hidden: np.ndarray) -> np.ndarray:
+        """The logits of codebook ``codebook``'s codes at a local position's hidden state (valid until the next call
+        for that codebook)."""
+        return self._audio[codebook](hidden)
+
     def code_embedding(self, codebook: int, code: int) -> np.ndarray:
         return np.asarray(self.code_embeddings[codebook][code], dtype=np.float32)
+
+    def close(self) -> None:
+        for head in self._audio:
+            if isinstance(head, Q8MatVec):
+                head.close()
+        self._audio = []
+
+
+def nano_heads_backend(backend: str) -> str:
+    """What ``audio.heads_backend`` means for MOSS-TTS-Nano: ``auto`` is the 8-bit ``onnx`` heads (faster on a CPU,
+    docs/nano.md, "Speed"); ``gguf`` is refused, Nano's heads being its audio tables, one a local position."""
+    if backend == "gguf":
+        raise ConfigError(
+            "audio.heads_backend 'gguf' does not apply to MOSS-TTS-Nano: its audio heads are its audio embedding "
+            "tables, one for each local position, not a GGUF output matrix; set audio.heads_backend to auto, onnx "
+            "(8-bit) or numpy (exact float32)"
+        )
+    return "onnx" if backend == "auto" else backend
 
 
 class NanoSampler:
@@ -97,7 +143,7 @@ def generate_nano_frames(
     global KV cache is reused (``Backbone.prefill_prompt``).
     """
     spec_slot = int(heads.choice_ids[0])
-    n_vq = len(heads.audio)
+    n_vq = heads.n_vq
     # Idle BLAS threads busy-wait after each GEMV and starve llama.cpp's threads (model/generation.py).
     with threadpool_limits(limits=1, user_api="blas"):
         with clock.stage("prefill"):
@@ -119,7 +165,7 @@ def generate_nano_frames(
             for codebook in range(n_vq):
                 with clock.stage("heads"):
                     local_backbone.decode(local_input, text_logits=False)
-                    logits = heads.audio[codebook] @ local_backbone.hidden()
+                    logits = heads.code_logits(codebook, local_backbone.hidden())
                 with clock.stage("sampling"):
                     row[1 + codebook] = sampler.code(codebook, logits)
                     if codebook + 1 < n_vq:

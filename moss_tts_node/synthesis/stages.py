@@ -38,7 +38,7 @@ from moss_tts_node.llama.backbone import Backbone, BackboneParams
 from moss_tts_node.model.embeddings import EmbeddingTables
 from moss_tts_node.model.heads import AudioHeads, load_audio_heads
 from moss_tts_node.model.layout import EMBEDDINGS_DIR, HEADS_DIR, nano_local_gguf_name
-from moss_tts_node.model.nano import NanoHeads
+from moss_tts_node.model.nano import NanoHeads, nano_heads_backend
 from moss_tts_node.model.rates import frames_for_seconds
 from moss_tts_node.model.spec import ModelSpec
 
@@ -111,6 +111,7 @@ class NanoGenerationStage:
     @classmethod
     def load(cls, config: Config, spec: ModelSpec) -> NanoGenerationStage:
         weights = Path(config.model.weights_dir)
+        heads_backend = nano_heads_backend(config.audio.heads_backend)  # refused before anything loads
         params = backbone_params(config)
         backbone = Backbone(params)
         try:
@@ -127,7 +128,7 @@ class NanoGenerationStage:
             raise
         try:
             embeddings = EmbeddingTables(weights / EMBEDDINGS_DIR, spec, backbone.n_embd, spec.text_vocab_size)
-            heads = NanoHeads(embeddings, spec)
+            heads = NanoHeads(embeddings, spec, heads_backend)
         except BaseException:
             local.close()
             backbone.close()
@@ -135,6 +136,7 @@ class NanoGenerationStage:
         return cls(backbone, local, embeddings, heads)
 
     def close(self) -> None:
+        self.heads.close()
         self.local.close()
         self.backbone.close()
 

@@ -15,9 +15,9 @@ sampled as upstream samples them) and reports per run:
   sampling and the codec;
 - real-time factor of the whole request (wall time from the call to the last chunk over the audio's length) and of
   the steady state (after the first chunk), time to first audio, peak RSS;
-- the roofline: bytes read per frame (the global GGUF once, the local GGUF once per position, the float32 audio
-  heads, the codec's step weights per call) against the machine's memory bandwidth (a NumPy streaming sum over an
-  array far larger than the caches), as the time a frame cannot go below.
+- the roofline: bytes read per frame (the global GGUF once, the local GGUF once per position, the audio heads as
+  held, ``audio.heads_backend``, the codec's step weights per call) against the machine's memory bandwidth (a NumPy
+  streaming sum over an array far larger than the caches), as the time a frame cannot go below.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from moss_tts_node.config import write_params_file
-from moss_tts_node.model.layout import EMBEDDINGS_DIR, TEXT_EMBEDDING_FILE, nano_local_gguf_name
+from moss_tts_node.model.layout import nano_local_gguf_name
 from moss_tts_node.tools.dev.bench_models import bench_model_dir
 from moss_tts_node.tools.dev.bench_worker import machine_info, run_worker, threads_in_use
 
@@ -102,7 +102,6 @@ def memory_bandwidth_gbs(megabytes: int = 512) -> float:
 
 def worker(job: dict[str, Any]) -> dict[str, Any]:
     """Measure (in the worker process): load, warm up, stream ``rounds`` times, then the roofline."""
-    import numpy as np
 
     from moss_tts_node.config import load_config
     from moss_tts_node.synthesizer import Synthesizer
@@ -143,9 +142,10 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
         p.stat().st_size for p in codec.glob("*shared*")
     )
     peak_rss = peak_rss_mib()  # before the bandwidth measurement's own array
+    with synth.stages.generation() as stage:
+        heads = stage.heads
+        heads_bytes, heads_name = heads.weight_bytes, heads.name
     synth.close()
-    hidden = np.load(weights / EMBEDDINGS_DIR / TEXT_EMBEDDING_FILE, mmap_mode="r").shape[1]
-    heads_bytes = spec.n_vq * spec.audio_vocab_size * hidden * 4  # float32, read whole for every frame
     bandwidth = memory_bandwidth_gbs()
     local = gguf.with_name(nano_local_gguf_name(gguf.name))
     per_frame = {
@@ -160,6 +160,7 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
         run["bandwidth_gbs"] = bandwidth
         run["roofline_ms_per_frame"] = 1000 * sum(per_frame.values()) / (bandwidth * 1e9)
         run["threads"] = threads_in_use(config)
+        run["heads_backend"] = heads_name
     return {"runs": runs}
 
 
@@ -180,7 +181,10 @@ def format_nano_runs(runs: list[dict[str, Any]]) -> str:
         f"a frame at least (a frame is 80 ms of audio: RTF {run['roofline_ms_per_frame'] / 80:.3f})"
     )
     info = machine_info()
-    lines.append(f"{info['cpu']}, {info['cores']} cores, {info['memory_gb']} GB; threads {run['threads']}")
+    lines.append(
+        f"{info['cpu']}, {info['cores']} cores, {info['memory_gb']} GB; threads {run['threads']}; "
+        f"heads {run['heads_backend']}"
+    )
     return "\n".join(lines)
 
 
