@@ -10,7 +10,8 @@ import pytest
 from conftest import linked_copy, run_cli
 
 from moss_tts_node.codec.layout import STREAM_DECODER_FILE
-from moss_tts_node.config import load_config, write_params_file
+from moss_tts_node.config import load_config, read_params_file, write_params_file
+from moss_tts_node.model.layout import nano_local_gguf_name
 from moss_tts_node.tools.cli.doctor import diagnose
 
 
@@ -141,3 +142,39 @@ def test_the_stream_decoder_line_says_which_decode_streams_use(demo_config: Path
     assert status == "ok" and detail.startswith(f"{graph}: streams decode only their new frames")
     assert "decoder.onnx is not loaded" in detail
     assert stream_line(**{"model.low_memory": True}) == ("--", "not used: model.low_memory does not stream")
+
+
+def test_a_working_nano_demo_config_passes_with_nanos_own_lines(nano_demo_config: Path, tmp_path: Path) -> None:
+    """Nano's weights have no heads files (its heads are its audio tables), a local transformer beside the global one,
+    its own prompt and a codec that streams through its published decode-step graph: each line says so."""
+    done = doctor("--config", nano_demo_config)
+    assert done.returncode == 0, done.stdout + done.stderr
+    checks = by_name(nano_demo_config)
+    config = load_config(nano_demo_config)
+    weights = Path(config.model.weights_dir)
+    assert checks["local gguf"][0] == "ok" and ".local.gguf" in checks["local gguf"][1]
+    assert checks["embeddings"] == ("ok", f"17/17 files in {weights}")
+    assert checks["audio heads"] == (
+        "ok",
+        f"onnx (8-bit, ONNX Runtime): the audio tables in {weights / 'embeddings'}, tied",
+    )
+    assert (
+        checks["model"][1].startswith("MOSS-TTS-Nano, 16 codebooks") and 'docs/nano.md, "Prompt"' in checks["model"][1]
+    )
+    assert checks["stream decoder"][0] == "ok" and "decode-step graph" in checks["stream decoder"][1]
+    assert "MOSS-Audio-Tokenizer-Nano" in checks["codec (onnx)"][1] and "decode_step" in checks["codec (onnx)"][1]
+
+    def lines(**overrides: object) -> dict[str, tuple[str, str]]:
+        changed = tmp_path / "c.yaml"
+        where = {"model.weights_dir": str(weights), "model.codec_dir": config.model.codec_dir}
+        write_params_file(changed, {**read_params_file(nano_demo_config), **where, **overrides})
+        return by_name(changed)
+
+    status, detail = lines(**{"audio.heads_backend": "gguf"})["audio heads"]
+    assert status == "FAIL" and "does not apply to MOSS-TTS-Nano" in detail and "auto, onnx" in detail
+    assert lines(**{"audio.heads_backend": "numpy"})["audio heads"][1].startswith("numpy (exact float32")
+    status, detail = lines(**{"audio.backend": "tensorrt", "model.engine_dir": str(tmp_path)})["codec (tensorrt)"]
+    assert status == "FAIL" and "onnx backend only" in detail
+    moved = linked_copy(weights, tmp_path / "weights", skip=[nano_local_gguf_name(config.model.backbone_gguf)])
+    status, detail = lines(**{"model.weights_dir": str(moved)})["local gguf"]
+    assert status == "FAIL" and detail.endswith("(missing)")

@@ -29,6 +29,8 @@ from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.text.prompt import Prompt, PromptFields, load_tokenizer, refuse_control_tokens
 
 # upstream's prompting.py, segment by segment.
+# Where the prompt below comes from, in words (doctor's model line).
+NANO_PROMPT_SOURCE = 'the prompt of upstream\'s prompting.py (docs/nano.md, "Prompt")'
 USER_ROLE = "user\n"
 REFERENCE_OPENING = "<user_inst>\n- Reference(s):\n"
 NO_REFERENCE = "None"

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moss_tts_node.codec.layout import DECODER_FILE, ENCODER_FILE, STREAM_DECODER_FILE
+from moss_tts_node.codec.nano import is_nano_directory
 from moss_tts_node.errors import MossTTSError
 from moss_tts_node.model.layout import (
     EMBEDDINGS_DIR,
@@ -30,6 +31,7 @@ from moss_tts_node.model.layout import (
     attach_heads_command,
     audio_embedding_file,
     audio_head_file,
+    nano_local_gguf_name,
 )
 
 if TYPE_CHECKING:
@@ -198,16 +200,40 @@ def _check_config(path: Path, environment: _Environment, checks: list[Check]) ->
         checks.append(
             Check("warn", "llama.n_gpu_layers", f"{config.llama.n_gpu_layers}, but llama.cpp has no GPU: CPU only")
         )
+    codec_dir = Path(config.model.codec_dir)
+    if config.model.codec_dir and is_nano_directory(codec_dir):
+        checks.extend(_nano_codec(config, codec_dir))
+        return
     _check_stream_decoder(config, checks)
     if config.audio.backend == "tensorrt":
         _check_engines(Path(config.model.engine_dir), environment, n_vq, checks)
         return
-    codec_dir = Path(config.model.codec_dir)
     encoder = codec_dir / ENCODER_FILE
     detail = f"{codec_dir}: {DECODER_FILE}" + (f", {ENCODER_FILE}" if encoder.is_file() else f" (no {ENCODER_FILE})")
     checks.append(Check("ok", "codec (onnx)", detail))
     if config.audio.onnx_provider == "cuda" and "CUDAExecutionProvider" not in environment.onnx_providers:
         checks.append(Check("FAIL", "audio.onnx_provider", "cuda, but this onnxruntime has no CUDA provider"))
+
+
+def _nano_codec(config: Any, codec_dir: Path) -> list[Check]:
+    """MOSS-Audio-Tokenizer-Nano's published graphs (its meta file names them), streamed by its decode-step graph."""
+    from moss_tts_node.codec.nano import read_nano_meta
+
+    if config.audio.backend != "onnx":
+        detail = (
+            f"{codec_dir} is MOSS-Audio-Tokenizer-Nano, which runs on the onnx backend only: set audio.backend onnx"
+        )
+        return [Check("FAIL", f"codec ({config.audio.backend})", detail)]
+    try:
+        meta = read_nano_meta(codec_dir)
+    except MossTTSError as error:
+        return [Check("FAIL", "codec (onnx)", str(error))]
+    graphs = ", ".join(f"{role} {path.name}" for role, path in meta.graphs.items())
+    stream = f"its decode-step graph (streams decode only their new frames, {len(meta.state)} state tensors)"
+    return [
+        Check("ok", "stream decoder", "not used" if config.model.low_memory else stream),
+        Check("ok", "codec (onnx)", f"{codec_dir}: MOSS-Audio-Tokenizer-Nano, {graphs}"),
+    ]
 
 
 def _check_stream_decoder(config: Any, checks: list[Check]) -> None:
@@ -242,8 +268,12 @@ def _check_weights(weights: Path, gguf: Path, spec: ModelSpec | MossTTSError, ch
         checks.append(Check("FAIL", "weights", str(spec)))
         return None
     n_vq = spec.n_vq
-    size = f"{gguf.stat().st_size / 1e6:,.0f} MB" if gguf.is_file() else "missing"
-    checks.append(Check("ok" if gguf.is_file() else "FAIL", "backbone gguf", f"{gguf} ({size})"))
+    ggufs = {"backbone gguf": gguf}
+    if spec.is_nano:
+        ggufs["local gguf"] = gguf.with_name(nano_local_gguf_name(gguf.name))
+    for what, path in ggufs.items():
+        size = f"{path.stat().st_size / 1e6:,.0f} MB" if path.is_file() else "missing"
+        checks.append(Check("ok" if path.is_file() else "FAIL", what, f"{path} ({size})"))
     groups = {
         "tokenizer": [Path(TOKENIZER_DIR, TOKENIZER_FILE)],
         "embeddings": [
@@ -260,11 +290,13 @@ def _check_model(config: Any, spec: ModelSpec, checks: list[Check]) -> None:
     """Which model the weights are (the record convert wrote), its prompt template, and the sampling in effect:
     the model's recommendation where the config leaves a key at -1 (docs/family.md, "Sampling")."""
     from moss_tts_node.config import OPTIONS, resolved_sampling
+    from moss_tts_node.text.nano_prompt import NANO_PROMPT_SOURCE
 
     identity = spec.identity
     told = f" ({identity.evidence})" if identity.evidence else " (no record of convert's: the published MOSS-TTS-GGUF?)"
     scene = ", with a Scene field" if identity.template.has_scene else ""
-    detail = f"{identity.name}, {spec.n_vq} codebooks{told}; prompt template of {identity.template.source}{scene}"
+    prompt = NANO_PROMPT_SOURCE if spec.is_nano else f"prompt template of {identity.template.source}{scene}"
+    detail = f"{identity.name}, {spec.n_vq} codebooks{told}; {prompt}"
     checks.append(Check("ok" if identity.model is not None else "warn", "model", detail))
     in_effect = resolved_sampling(identity.sampling, config.sampling)
     values = []
@@ -292,6 +324,9 @@ def _check_heads(config: Any, environment: _Environment, spec: ModelSpec | MossT
     if isinstance(spec, MossTTSError):
         checks.append(Check("FAIL", "audio heads", str(spec)))
         return
+    if spec.is_nano:
+        checks.append(_nano_heads(config.audio.heads_backend, weights))
+        return
     n_vq = spec.n_vq
     on_gpu = config.llama.n_gpu_layers != 0 and bool(environment.gpu_offload)
     backend = resolve_heads_backend(config.audio.heads_backend, carried, on_gpu)
@@ -312,6 +347,18 @@ def _check_heads(config: Any, environment: _Environment, spec: ModelSpec | MossT
         checks.append(Check("warn", "audio heads", f"{backend}, on the CPU while the layers run on the GPU: {attach}"))
     else:
         checks.append(Check("ok", "audio heads", f"{backend}: {n_vq} files in {weights / HEADS_DIR}"))
+
+
+def _nano_heads(backend: str, weights: Path) -> Check:
+    """MOSS-TTS-Nano's heads are its audio tables (checked with the embeddings): only the backend is to check."""
+    from moss_tts_node.model.nano import nano_heads_backend
+
+    try:
+        resolved = nano_heads_backend(backend)
+    except MossTTSError as error:
+        return Check("FAIL", "audio heads", str(error))
+    kind = "8-bit, ONNX Runtime" if resolved == "onnx" else "exact float32, NumPy"
+    return Check("ok", "audio heads", f"{resolved} ({kind}): the audio tables in {weights / EMBEDDINGS_DIR}, tied")
 
 
 def _check_engines(engine_dir: Path, environment: _Environment, n_vq: int | None, checks: list[Check]) -> None:
