@@ -2,9 +2,9 @@
 
 The fixture is upstream's own model code on tiny random weights with sharp attention; ``convert`` takes its
 checkpoint (safetensors, SentencePiece's tokenizer.model) as it would take the release, and the frame loop
-(``model/nano.py``) runs both converted transformers in llama.cpp. Prompts must equal upstream's rows, frames its
-greedy frames, in both of upstream's modes: voice clone (English, Chinese) and continuation (text only, and after
-a recording with its transcript).
+(``model/nano.py``) runs the converted global transformer in llama.cpp, the local one in ONNX Runtime. Prompts must
+equal upstream's rows, frames its greedy frames, in both of upstream's modes: voice clone (English, Chinese) and
+continuation (text only, and after a recording with its transcript).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from moss_tts_node.model.family import MOSS_TTS_NANO
 from moss_tts_node.model.identity import RECORD_KEY
 from moss_tts_node.model.layout import CONFIG_FILE, EMBEDDINGS_DIR, TOKENIZER_DIR, nano_local_gguf_name
 from moss_tts_node.model.nano import NanoHeads, NanoSampler, generate_nano_frames
+from moss_tts_node.model.nano_local import OnnxLocalTransformer
 from moss_tts_node.model.sampling import SamplingParams
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.text.nano_prompt import NanoPromptBuilder
@@ -43,14 +44,15 @@ def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 class Frames:
-    """Both transformers in llama.cpp (F32, F32 KV cache), the tables and the heads: the generation stage's parts."""
+    """The global transformer in llama.cpp (F32, F32 KV cache), the local one in ONNX Runtime (float32), the tables
+    and the heads: the generation stage's parts."""
 
     def __init__(self, weights: Path) -> None:
         self.spec = ModelSpec.load(weights)
         self.builder = NanoPromptBuilder(weights / TOKENIZER_DIR, self.spec)
         gguf = next(weights.glob("MOSS_TTS_NANO_F32.gguf"))
         self.global_backbone = exact_backbone(gguf)
-        self.local_backbone = exact_backbone(gguf.with_name(nano_local_gguf_name(gguf.name)))
+        self.local = OnnxLocalTransformer(gguf.with_name(nano_local_gguf_name(gguf.name)), self.spec.n_vq + 1)
         self.embeddings = EmbeddingTables(
             weights / EMBEDDINGS_DIR, self.spec, self.global_backbone.n_embd, self.spec.text_vocab_size
         )
@@ -70,7 +72,7 @@ class Frames:
         sampling = SamplingParams(0.0, 0, 1.0, 0.0, 0, 1.0, penalty, seed=0)
         frames = generate_nano_frames(
             self.global_backbone,
-            self.local_backbone,
+            self.local,
             self.embeddings,
             self.heads,
             prompt,
@@ -82,7 +84,7 @@ class Frames:
         return np.array(list(frames), dtype=np.int64).reshape(-1, self.spec.n_vq)
 
     def close(self) -> None:
-        self.local_backbone.close()
+        self.local.close()
         self.global_backbone.close()
 
 
@@ -122,12 +124,12 @@ def test_the_audio_heads_are_the_tied_tables(frames: Frames, backend: str, sprea
     as float64 computes it: exact in float32, within the 8-bit rounding (under 2% of the logits' spread) in onnx."""
     heads = NanoHeads(frames.embeddings, frames.spec, backend)
     assert heads.name == backend and heads.n_vq == frames.spec.n_vq
-    local = frames.local_backbone
+    local = frames.local
     local.clear()
-    local.decode(heads.slot_embedding, text_logits=False)
+    local.decode(heads.slot_embedding)
     worst = []
     for codebook in range(heads.n_vq):
-        local.decode(heads.code_embedding(codebook, codebook), text_logits=False)  # a realistic hidden state
+        local.decode(heads.code_embedding(codebook, codebook))  # a realistic hidden state
         hidden = local.hidden().copy()
         table = frames.embeddings.audio[codebook][: frames.spec.audio_vocab_size].astype(np.float64)
         expected = table @ hidden.astype(np.float64)

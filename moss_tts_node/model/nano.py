@@ -4,8 +4,8 @@ Per frame, as upstream's ``_iter_generation_events`` does it:
 
 1. The global transformer (llama.cpp, ``global_backbone``) has taken the prompt, then each generated row
    (``[assistant slot, code_0 .. code_15]``); its final-normed hidden state of the last row starts the local pass.
-2. The local transformer (llama.cpp, ``local_backbone``, its KV cache cleared each frame) takes that hidden state
-   at position 0; its output through the text head, restricted to the assistant slot and audio end, decides
+2. The local transformer (ONNX Runtime, ``model/nano_local.py``, its KV cache cleared each frame) takes that hidden
+   state at position 0; its output through the text head, restricted to the assistant slot and audio end, decides
    whether the frame is spoken or the speech ends (text sampling, no penalty).
 3. Positions 1..16 take the slot's text embedding, then the embedding of each code just sampled; the output at
    position k + 1 through audio head k (tied to audio embedding table k) gives code k (audio sampling, with the
@@ -27,6 +27,7 @@ from moss_tts_node.errors import ConfigError
 from moss_tts_node.llama.backbone import Backbone
 from moss_tts_node.model.embeddings import EmbeddingTables
 from moss_tts_node.model.heads import Q8MatVec, quantize_heads_q8
+from moss_tts_node.model.nano_local import OnnxLocalTransformer
 from moss_tts_node.model.sampling import SamplingParams, penalized, sample_rows, tempered
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.timing import StageClock, StopReason
@@ -127,7 +128,7 @@ class NanoSampler:
 
 def generate_nano_frames(
     global_backbone: Backbone,
-    local_backbone: Backbone,
+    local: OnnxLocalTransformer,
     embeddings: EmbeddingTables,
     heads: NanoHeads,
     prompt: np.ndarray,
@@ -154,9 +155,9 @@ def generate_nano_frames(
             if cancelled():
                 return StopReason.CANCELLED
             with clock.stage("heads"):
-                local_backbone.clear()
-                local_backbone.decode(global_backbone.hidden(), text_logits=False)
-                choice = heads.choices @ local_backbone.hidden()
+                local.clear()
+                local.decode(global_backbone.hidden())
+                choice = heads.choices @ local.hidden()
             with clock.stage("sampling"):
                 speaks = sampler.speaks(choice)
             if not speaks:
@@ -164,8 +165,8 @@ def generate_nano_frames(
             local_input = heads.slot_embedding
             for codebook in range(n_vq):
                 with clock.stage("heads"):
-                    local_backbone.decode(local_input, text_logits=False)
-                    logits = heads.code_logits(codebook, local_backbone.hidden())
+                    local.decode(local_input)
+                    logits = heads.code_logits(codebook, local.hidden())
                 with clock.stage("sampling"):
                     row[1 + codebook] = sampler.code(codebook, logits)
                     if codebook + 1 < n_vq:

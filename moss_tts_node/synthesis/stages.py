@@ -39,6 +39,7 @@ from moss_tts_node.model.embeddings import EmbeddingTables
 from moss_tts_node.model.heads import AudioHeads, load_audio_heads
 from moss_tts_node.model.layout import EMBEDDINGS_DIR, HEADS_DIR, nano_local_gguf_name
 from moss_tts_node.model.nano import NanoHeads, nano_heads_backend
+from moss_tts_node.model.nano_local import OnnxLocalTransformer
 from moss_tts_node.model.rates import frames_for_seconds
 from moss_tts_node.model.spec import ModelSpec
 
@@ -100,11 +101,11 @@ class GenerationStage:
 @dataclass(frozen=True)
 class NanoGenerationStage:
     """What MOSS-TTS-Nano's frame loop runs on (``model/nano.py``): the global transformer (the config's
-    backbone GGUF), the local one (its GGUF beside it, ``layout.nano_local_gguf_name``), the input embedding tables
-    and the heads tied to them."""
+    backbone GGUF, in llama.cpp), the local one (its GGUF beside it, ``layout.nano_local_gguf_name``, in ONNX Runtime:
+    ``model/nano_local.py``), the input embedding tables and the heads tied to them."""
 
     backbone: Backbone
-    local: Backbone
+    local: OnnxLocalTransformer
     embeddings: EmbeddingTables
     heads: NanoHeads
 
@@ -113,20 +114,25 @@ class NanoGenerationStage:
         weights = Path(config.model.weights_dir)
         heads_backend = nano_heads_backend(config.audio.heads_backend)  # refused before anything loads
         params = backbone_params(config)
-        backbone = Backbone(params)
+        local_path = params.gguf_path.with_name(nano_local_gguf_name(params.gguf_path.name))
+        if not local_path.is_file():
+            raise WeightsError(
+                f"MOSS-TTS-Nano's local transformer not found: {local_path} (convert writes it beside "
+                f"{params.gguf_path.name}; convert the checkpoint again)"
+            )
+        # The local transformer reads the n_vq + 1 positions of one frame; its cache is cleared every frame.
+        local = OnnxLocalTransformer(local_path, spec.n_vq + 1)
         try:
-            local_path = params.gguf_path.with_name(nano_local_gguf_name(params.gguf_path.name))
-            if not local_path.is_file():
-                raise WeightsError(
-                    f"MOSS-TTS-Nano's local transformer not found: {local_path} (convert writes it beside "
-                    f"{params.gguf_path.name}; convert the checkpoint again)"
-                )
-            # The local transformer reads the n_vq + 1 positions of one frame; its cache is cleared every frame.
-            local = Backbone(replace(params, gguf_path=local_path, n_ctx=LOCAL_CONTEXT, n_batch=LOCAL_CONTEXT))
+            backbone = Backbone(params)
         except BaseException:
-            backbone.close()
+            local.close()
             raise
         try:
+            if local.n_embd != backbone.n_embd:
+                raise WeightsError(
+                    f"{local_path} is {local.n_embd} wide, {params.gguf_path.name} {backbone.n_embd}: the two "
+                    "transformers come from different models; convert the checkpoint again"
+                )
             embeddings = EmbeddingTables(weights / EMBEDDINGS_DIR, spec, backbone.n_embd, spec.text_vocab_size)
             heads = NanoHeads(embeddings, spec, heads_backend)
         except BaseException:
@@ -139,10 +145,6 @@ class NanoGenerationStage:
         self.heads.close()
         self.local.close()
         self.backbone.close()
-
-
-# llama.cpp's context for Nano's local transformer: one frame's 17 positions, rounded up as llama.cpp would.
-LOCAL_CONTEXT = 32
 
 
 def load_generation(config: Config, spec: ModelSpec) -> GenerationStage | NanoGenerationStage:
