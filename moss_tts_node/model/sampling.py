@@ -33,15 +33,18 @@ def sample_rows(scaled: np.ndarray, top_k: int, top_p: float, rng: np.random.Gen
         candidates = np.argpartition(scaled, vocab - top_k, axis=1)[:, vocab - top_k :]
     else:
         candidates = np.broadcast_to(np.arange(vocab), (n_rows, vocab))
-    return sample_candidates(candidates, np.take_along_axis(scaled, candidates, axis=1), top_p, rng)
+    return sample_candidates(candidates, scaled[np.arange(n_rows)[:, None], candidates], top_p, rng)
 
 
 def sample_candidates(candidates: np.ndarray, values: np.ndarray, top_p: float, rng: np.random.Generator) -> np.ndarray:
     """Draw one of each row's top-k ``candidates`` (C, k) by their scaled float64 logits ``values``."""
     n_rows = candidates.shape[0]
     order = np.argsort(-values, axis=1, kind="stable")
-    candidates = np.take_along_axis(candidates, order, axis=1)
-    values = np.take_along_axis(values, order, axis=1)
+    # Row-wise gathers by plain indexing: take_along_axis gathers the same, with 3 us of Python a call, and a frame
+    # of MOSS-TTS-Nano samples 17 single rows.
+    rows = np.arange(n_rows)[:, None]
+    candidates = candidates[rows, order]
+    values = values[rows, order]
     probs = np.exp(values - values[:, :1])
     probs /= probs.sum(axis=1, keepdims=True)
     if top_p < 1.0:
@@ -51,7 +54,7 @@ def sample_candidates(candidates: np.ndarray, values: np.ndarray, top_p: float, 
     draws = rng.random(n_rows) * cumulative[:, -1]
     picks = (cumulative < draws[:, None]).sum(axis=1)
     picks = np.minimum(picks, candidates.shape[1] - 1)  # guards the rounding of the last cumulative sum
-    return candidates[np.arange(n_rows), picks]
+    return candidates[rows[:, 0], picks]
 
 
 def penalized(logits: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:
