@@ -53,7 +53,7 @@ arm_features="fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cp
 declare -A cpu_features=([orin]="$arm_features" [server]="$arm_features sha3 sha512 sve asimdfhm svei8mm i8mm bf16")
 # The core: every test that needs neither ROS nor a sound device. CI_TESTS: what fits CI's time (--ci).
 core_tests=$(cd test && ls test_*.py | grep -vE '^test_(ros_|playback)')
-CI_TESTS="test_sampling.py test_delay.py test_heads.py test_pcm.py"
+CI_TESTS="test_sampling.py test_delay.py test_heads.py test_pcm.py test_nano_local.py"
 $ci && core_tests=$CI_TESTS
 core_tests=${AARCH64_TESTS-$core_tests}  # by hand: another list of test files, or "" for none
 types=""  # test/cross_arch.py decode's default: all
