@@ -19,6 +19,7 @@ from moss_tts_node.codec.audio_io import load_reference_audio, write_wav
 from moss_tts_node.codec.onnx import OnnxCodec
 from moss_tts_node.model.rates import SAMPLE_RATE, SAMPLES_PER_FRAME
 from moss_tts_node.pcm import float_to_pcm16
+from moss_tts_node.tools.overrides import parse_overrides
 
 if TYPE_CHECKING:
     from conftest import NullSink
@@ -299,3 +300,16 @@ def test_synth_refuses_six_references_and_a_transcript_without_a_prefix(demo_con
     assert "gives 6 voices: give 1 to 5" in bad_input_message(*args, *six)
     assert "prefix_text but no prefix" in bad_input_message(*args, "--prefix-text", "Hello.")
     assert not (tmp_path / "out.wav").exists()
+
+
+def test_set_reads_yaml_but_gives_a_string_key_the_word_typed() -> None:
+    """YAML reads off/no as False: a key that takes a string (flash_attn's off, Norwegian's tag no) gets the word."""
+    assert parse_overrides(["llama.flash_attn=off", "generation.language=no"]) == {
+        "llama.flash_attn": "off",
+        "generation.language": "no",
+    }
+    assert parse_overrides(["llama.repack=off", "llama.n_threads=2", "voices.directories=[a, b]"]) == {
+        "llama.repack": False,
+        "llama.n_threads": 2,
+        "voices.directories": ["a", "b"],
+    }

@@ -22,10 +22,19 @@ def add_set_option(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
+    """The pairs as config values, each read as YAML, except that a key that takes a string gets the text as typed:
+    ``--set llama.flash_attn=off`` means the word, which YAML would read as False."""
+    from moss_tts_node.config import OPTIONS
+
     overrides: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep:
             raise RequestError(f"--set {pair!r}: expected KEY=VALUE, e.g. llama.n_threads=2")
-        overrides[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+        key = key.strip()
+        option = OPTIONS.get(key)
+        parsed = yaml.safe_load(value) if value.strip() else ""
+        if option is not None and option.type is str and isinstance(parsed, bool):
+            parsed = value.strip()
+        overrides[key] = parsed
     return overrides
