@@ -37,8 +37,8 @@ class NanoHeads:
     """The text head's two rows that a frame chooses between (assistant slot: speak on; audio end: stop) and the
     n_vq audio heads, from the tied embedding tables, on one of two backends (``nano_heads_backend``):
 
-    - ``numpy``: exact, float32 GEMVs (50 MB read a frame at the real size);
-    - ``onnx``: each head in 8-bit blocks, one ONNX Runtime ``MatMulNBits`` session per head (12.6 MB a frame), as
+    - ``numpy``: exact, float32 GEMVs;
+    - ``onnx``: each head in 8-bit blocks, one ONNX Runtime ``MatMulNBits`` session per head, as
       the Delay models' onnx heads; the logits differ by the 8-bit rounding (docs/nano.md, "Speed").
     """
 
@@ -55,10 +55,10 @@ class NanoHeads:
             hidden = embeddings.hidden
             q8 = [quantize_heads_q8(iter([table]), table.shape[0], hidden) for table in tables]
             self.weight_bytes = sum(codes.nbytes + scales.nbytes for codes, scales in q8)
-            self._audio: list[Callable[[np.ndarray], np.ndarray]] = [
-                Q8MatVec(blocks, 1, ("CPUExecutionProvider",)) for blocks in q8
-            ]
+            self._sessions = [Q8MatVec(blocks, 1, ("CPUExecutionProvider",)) for blocks in q8]
+            self._audio: list[Callable[[np.ndarray], np.ndarray]] = list(self._sessions)
         else:
+            self._sessions = []
             widened = [np.asarray(table, dtype=np.float32) for table in tables]
             self.weight_bytes = sum(table.nbytes for table in widened)
             self._audio = [partial(np.matmul, table) for table in widened]
@@ -75,10 +75,9 @@ class NanoHeads:
         return np.asarray(self.code_embeddings[codebook][code], dtype=np.float32)
 
     def close(self) -> None:
-        for head in self._audio:
-            if isinstance(head, Q8MatVec):
-                head.close()
-        self._audio = []
+        for session in self._sessions:
+            session.close()
+        self._sessions, self._audio = [], []
 
 
 def nano_heads_backend(backend: str) -> str:

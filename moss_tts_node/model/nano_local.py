@@ -1,8 +1,8 @@
 """MOSS-TTS-Nano's local transformer in ONNX Runtime: one graph run a local position (docs/nano.md, "Speed").
 
-A frame's local pass is 17 single-row steps of a 1-layer transformer; each step reads all its weights. llama.cpp's
-Q8_0 matrix-vector kernel does that at about 24 GMAC/s on one Zen 4 core, ONNX Runtime's ``MatMulNBits`` with int8
-activations at about 50 (measured, docs/nano.md), so the local pass runs here, from the local GGUF that ``convert``
+A frame's local pass is 17 single-row steps of a 1-layer transformer; each step reads all its weights, and ONNX
+Runtime's ``MatMulNBits`` with int8 activations runs such a step faster than llama.cpp's Q8_0 product (the
+figures: docs/nano.md, "Speed"), so the local pass runs here, from the local GGUF that ``convert``
 writes beside the global one: Q8_0 matrices become ``MatMulNBits`` blocks of the very same 8-bit weights (a
 re-layout: each code + 128, each float16 scale widened), float matrices a float32 ``MatMul`` (the exact path).
 
@@ -24,9 +24,6 @@ from moss_tts_node.errors import WeightsError
 _ARCH = "codeshell"
 _Q8_BLOCK = 32  # GGML's Q8_0 block: a float16 scale, then 32 int8 weights
 _MASKED = np.float32(-1e30)  # a masked slot's additive score: its softmax weight underflows to exactly 0
-# The block's matrices by GGUF suffix: (input, output) in the graph.
-_MATRICES = ("attn_qkv", "attn_output", "ffn_up", "ffn_down")
-_VECTORS = ("attn_norm", "ffn_norm")
 
 
 class OnnxLocalTransformer:
