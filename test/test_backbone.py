@@ -24,6 +24,7 @@ from moss_tts_node.llama.bindings import (
     load_bridge_library,
 )
 from moss_tts_node.llama.bridge import bridge_source_dir
+from moss_tts_node.tools.prepare.conversion import quantize_gguf
 from moss_tts_node.tools.prepare.qwen3_gguf import (
     Qwen3Shape,
     gguf_tensor_name,
@@ -320,11 +321,11 @@ def test_prompt_prefix_is_kept_and_only_the_rest_prefilled(
 ) -> None:
     embed = _embed()
     first = _prompt(list(range(PREFILL)))
-    second = _prompt([*range(12), 21, 22, 23])  # shares 12 rows with ``first``
+    second = _prompt([*range(12), 21, 22, 23])  # shares its 12 rows before the text with ``first``
     backbone.clear()
-    assert backbone.prefill_prompt(first, embed) == PREFILL
+    assert backbone.prefill_prompt(first, embed, shared_rows=12) == PREFILL
     backbone.decode(rows[PREFILL])  # a generated row: in the cache, never reused
-    assert backbone.prefill_prompt(second, embed) == 3
+    assert backbone.prefill_prompt(second, embed, shared_rows=12) == 3
     assert embed.calls == [PREFILL, 3]  # type: ignore[attr-defined]
     assert backbone.position == second.shape[0]
     hidden_ref, logits_ref = qwen3_forward(tensors, SHAPE, embed(second))
@@ -358,9 +359,11 @@ def test_prepared_prefix_is_reused_by_the_prompts_beginning_with_it(backbone: Ba
     backbone.clear()
     assert backbone.prepare_prefix(prefix, embed) == 8
     assert backbone.prepare_prefix(prefix, embed) == 0  # already there: nothing decoded
-    assert backbone.prefill_prompt(_prompt([*range(8), 40, 41]), embed) == 2
+    assert backbone.prefill_prompt(_prompt([*range(8), 40, 41]), embed, shared_rows=8) == 2
     assert backbone.prepare_prefix(prefix, embed) == 0  # still the cache's first rows
-    assert backbone.prefill_prompt(_prompt([*range(8), 42]), embed) == 1
+    assert backbone.prefill_prompt(_prompt([*range(8), 42]), embed, shared_rows=8) == 1
+    # Rows kept are whole segments cut alike: a prompt that does not cut where the prefix ends reuses nothing.
+    assert backbone.prefill_prompt(_prompt([*range(8), 43]), embed) == 9
 
 
 def test_prompt_refused_for_room_keeps_the_prefix_and_nothing_after_it(backbone: Backbone) -> None:
@@ -369,6 +372,56 @@ def test_prompt_refused_for_room_keeps_the_prefix_and_nothing_after_it(backbone:
     backbone.prefill_prompt(_prompt(list(range(10))), embed)
     too_long = _prompt([*range(10), *range(backbone.n_ctx)])
     with pytest.raises(BridgeError, match=f"n_ctx is {backbone.n_ctx}"):
-        backbone.prefill_prompt(too_long, embed)
+        backbone.prefill_prompt(too_long, embed, shared_rows=10)
     assert backbone.position == 10
-    assert backbone.prefill_prompt(_prompt([*range(10), 50]), embed) == 1
+    assert backbone.prefill_prompt(_prompt([*range(10), 50]), embed, shared_rows=10) == 1
+
+
+# A prompt long enough for the batches whose kernels round differently (ggml's CPU flash attention tiles batches of
+# 64 rows or more; quantized matrix kernels choose their code by the batch's rows): the voice prefix, the first
+# request's text, the second's.
+PREFIX_ROWS, FIRST_TEXT_ROWS, SECOND_TEXT_ROWS = 150, 50, 30
+
+
+@pytest.fixture(scope="module")
+def q8_gguf_path(gguf_path: Path) -> Path:
+    path = gguf_path.with_name("tiny-q8_0.gguf")
+    quantize_gguf(gguf_path, path, "Q8_0")
+    return path
+
+
+@pytest.mark.parametrize("weights", ["F32", "Q8_0"])
+@pytest.mark.parametrize("n_batch", [512, 8])
+def test_a_reused_prefix_gives_the_bits_an_empty_cache_gives(
+    gguf_path: Path, q8_gguf_path: Path, weights: str, n_batch: int
+) -> None:
+    """Measured before prompts were cut at their shared rows (2026-12-07, this tiny model, flash attention on): the
+    second prompt's last hidden state was 1e-4 (F32) and 1e-2 (Q8_0) off the same prompt prefilled from empty."""
+    table = np.random.default_rng(5).standard_normal((1024, SHAPE.hidden)).astype(np.float32)
+
+    def embed(prompt: np.ndarray) -> np.ndarray:
+        return table[prompt[:, 0]]
+
+    prefix = list(range(PREFIX_ROWS))
+    first = _prompt([*prefix, *range(300, 300 + FIRST_TEXT_ROWS)])
+    second = _prompt([*prefix, *range(600, 600 + SECOND_TEXT_ROWS)])
+    path = q8_gguf_path if weights == "Q8_0" else gguf_path
+    params = _params(path, n_ctx=512, n_batch=n_batch, flash_attn="on", kv_cache_type_k="f16", kv_cache_type_v="f16")
+    with Backbone(params) as model:
+        assert model.prefill_prompt(second, embed, shared_rows=PREFIX_ROWS) == second.shape[0]
+        fresh = model.hidden().copy(), model.text_logits().copy()
+
+        def assert_as_fresh() -> None:
+            assert np.array_equal(model.hidden(), fresh[0]) and np.array_equal(model.text_logits(), fresh[1])
+
+        model.clear()
+        model.prefill_prompt(first, embed, shared_rows=PREFIX_ROWS)
+        model.decode(table[7])
+        assert model.prefill_prompt(second, embed, shared_rows=PREFIX_ROWS) == SECOND_TEXT_ROWS
+        assert_as_fresh()
+        assert model.prefill_prompt(second, embed, shared_rows=PREFIX_ROWS) == 1  # the same prompt again
+        assert_as_fresh()
+        model.clear()
+        assert model.prepare_prefix(_prompt(prefix), embed) == PREFIX_ROWS
+        assert model.prefill_prompt(second, embed, shared_rows=PREFIX_ROWS) == SECOND_TEXT_ROWS
+        assert_as_fresh()

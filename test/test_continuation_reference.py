@@ -123,7 +123,7 @@ def _cut_one_row_early(original: Any) -> Any:
     def encode(self: PromptBuilder, *args: Any, **kwargs: Any) -> Any:
         prompt = original(self, *args, **kwargs)
         prefix = args[2] if len(args) > 2 else kwargs.get("prefix")
-        return prompt if prefix is None else prompt.__class__(prompt.rows[:-1], prompt.text_tokens)
+        return prompt if prefix is None else replace(prompt, rows=prompt.rows[:-1])
 
     return encode
 

@@ -73,6 +73,7 @@ def test_a_dialogue_voice_prefix_is_where_its_prompts_begin(dialogue_builder: Pr
     prefix = dialogue_builder.voice_prefix(fields, [None, voice])
     prompt = dialogue_builder.encode(fields, [None, voice])
     np.testing.assert_array_equal(prompt.rows[: prefix.shape[0]], prefix)
+    assert prompt.shared_rows == prefix.shape[0]
     text_ids = dialogue_builder.tokenizer.encode(text, add_special_tokens=False).ids
     assert prompt.rows[prefix.shape[0] : prefix.shape[0] + len(text_ids), 0].tolist() == text_ids
     assert prompt.text_tokens == len(text_ids)

@@ -201,7 +201,7 @@ def test_the_check_fails_on_a_wrong_cut_or_text(
         if fields.text is None:
             return original(self, replace(fields, text=""), references, prefix)
         prompt = original(self, fields, references, prefix)
-        return prompt if prefix is None else prompt.__class__(prompt.rows[:-1], prompt.text_tokens)
+        return prompt if prefix is None else replace(prompt, rows=prompt.rows[:-1])
 
     monkeypatch.setattr(PromptBuilder, "encode", mutated)
     for case in (CASES[2], CASES[3]):

@@ -80,6 +80,7 @@ class Frames:
             int(REFERENCE["max_new_frames"]),
             lambda: False,
             StageClock(),
+            shared_rows=0,  # from an empty cache: nothing to reuse
         )
         return np.array(list(frames), dtype=np.int64).reshape(-1, self.spec.n_vq)
 
@@ -98,6 +99,17 @@ def frames(weights: Path) -> Frames:
 @pytest.mark.parametrize("case", CASES)
 def test_prompts_are_upstreams_rows(frames: Frames, case: str) -> None:
     np.testing.assert_array_equal(frames.prompt(case), REFERENCE[f"{case}_prompt"])
+
+
+@pytest.mark.parametrize("clone", [False, True])
+def test_a_prompt_begins_with_its_voice_prefix_and_says_where_it_ends(frames: Frames, clone: bool) -> None:
+    """The rows before the text are the backbone's first segment (``Prompt.shared_rows``): the voice prefix."""
+    voice = [REFERENCE["clone_en_prompt_codes"]] if clone else []
+    fields = PromptFields(text=str(REFERENCE["clone_en_text"]))
+    prefix = frames.builder.voice_prefix(fields, voice)
+    prompt = frames.builder.encode(fields, voice)
+    assert 0 < prompt.shared_rows == prefix.shape[0] < prompt.rows.shape[0]
+    np.testing.assert_array_equal(prompt.rows[: prefix.shape[0]], prefix)
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -97,8 +97,10 @@ def test_voice_prefix_is_where_every_prompt_of_the_voice_begins(builder: PromptB
     voice = np.random.default_rng(0).integers(0, 1024, size=(5, 32))
     fields = PromptFields(text=text, language="en", instruction="calm")
     prefix = builder.voice_prefix(fields, [voice])
-    prompt = builder.build(fields, [voice])
+    encoded = builder.encode(fields, [voice])
+    prompt = encoded.rows
     assert prefix.shape[0] < prompt.shape[0]
+    assert encoded.shared_rows == prefix.shape[0]  # where the backbone cuts the prompt, to reuse the prefix exactly
     assert np.array_equal(prompt[: prefix.shape[0]], prefix)
     # the text is what follows: everything before it is in the prefix
     text_ids = builder.tokenizer.encode(text, add_special_tokens=False).ids

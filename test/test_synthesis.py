@@ -17,6 +17,7 @@ from moss_tts_node.codec.audio_io import write_wav
 from moss_tts_node.codec.layout import STREAM_DECODER_FILE
 from moss_tts_node.codec.onnx import OnnxCodec
 from moss_tts_node.errors import ConfigError, RequestError, WeightsError
+from moss_tts_node.llama.backbone import Backbone
 from moss_tts_node.model.delay import remove_delay
 from moss_tts_node.model.rates import SAMPLE_RATE, SAMPLES_PER_FRAME
 from moss_tts_node.synthesis.request import SpeechRequest
@@ -330,16 +331,65 @@ def test_reused_prompt_prefix_generates_what_a_full_prefill_does(exact_synth: Sy
         {"text": TEXT, "voice": voice_a, "language": "en"},  # the first request again
     ]
 
+    # Kept are the rows before the text where they are those of the request before (voice and the fields before it).
+    shares_the_voice_prefix = [False, True, False, False, False, True, True, False, False]
+
     reused = [generate_exactly(exact_synth, request, fresh=False) for request in requests]
     fresh = [generate_exactly(exact_synth, request, fresh=True) for request in requests]
     for number, ((rows, prefilled, prompt_rows), (expected, full, _)) in enumerate(zip(reused, fresh, strict=True)):
         assert np.array_equal(rows, expected), f"request {number} generated other rows with the prefix reused"
         assert full == prompt_rows
         if number > 0:
-            assert prefilled < full  # at least the ChatML header was reused
+            assert (prefilled < full) == shares_the_voice_prefix[number], f"request {number} prefilled {prefilled}"
     # the same voice and fields: everything before the text was reused
     prefix = exact_synth.prompts.voice_prefix(PromptFields(text="", language="en"), [voice_a])
     assert reused[1][1] == reused[1][2] - prefix.shape[0]
+
+
+@pytest.fixture(scope="module", params=["delay", "nano"])
+def sampled_synth(request: pytest.FixtureRequest, demo_config: Path, nano_demo_config: Path) -> Iterator[Synthesizer]:
+    """A demo model as a user's config runs it: F16 KV cache, flash attention as llama.cpp chooses (on, on a CPU:
+    the demos turn it off), sampled."""
+    config = nano_demo_config if request.param == "nano" else demo_config
+    with Synthesizer.from_config_file(config, {"generation.max_new_tokens": 40, "llama.flash_attn": "auto"}) as loaded:
+        yield loaded
+
+
+def test_the_same_seed_gives_the_same_audio_whatever_came_before(
+    sampled_synth: Synthesizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The interfaces promise it. Prompts of 64 rows or more and texts of fewer are where llama.cpp's kernels round a
+    reused prefix differently unless it is cut alike (``Backbone.prefill_prompt``): before, the prompt's last hidden
+    state moved by rounding here (a draw it changes is rarer on these tiny models), and frames changed in longer runs.
+    """
+    spec = sampled_synth.spec
+    rng = np.random.default_rng(8)
+    voice, other = (rng.integers(0, spec.audio_vocab_size, size=(frames, spec.n_vq)) for frames in (40, 30))
+    hidden: list[np.ndarray] = []  # what the first step starts from, after each prefill
+    prefill_prompt = Backbone.prefill_prompt
+
+    def recorded(backbone: Backbone, *args: Any, **kwargs: Any) -> int:
+        rows = prefill_prompt(backbone, *args, **kwargs)
+        hidden.append(backbone.hidden().copy())
+        return rows
+
+    monkeypatch.setattr(Backbone, "prefill_prompt", recorded)
+
+    def speak(text: str, codes: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        stream = sampled_synth.stream(SpeechRequest(text=text, voice=codes, seed=seed))
+        samples = np.concatenate([chunk.samples for chunk in stream])
+        assert stream.generated is not None and stream.report is not None
+        return hidden[-1], stream.generated, samples, stream.report.prefilled_rows
+
+    with sampled_synth.stages.generation() as stage:
+        stage.backbone.clear()
+    *expected, prefilled = speak(TEXT, voice, 3)
+    for text, codes, seed in (("Good morning to you all.", voice, 4), (TEXT, other, 3), ("Once more.", voice, 5)):
+        speak(text, codes, seed)
+        *again, again_prefilled = speak(TEXT, voice, 3)
+        assert (again_prefilled < prefilled) == (codes is voice)  # the voice prefix was reused where it could be...
+        for mine, theirs in zip(again, expected, strict=True):
+            assert np.array_equal(mine, theirs)  # ...and gave the same bits
 
 
 def test_prepared_voice_leaves_only_the_text_to_prefill(exact_synth: Synthesizer) -> None:
@@ -417,7 +467,7 @@ def test_a_continuation_reuses_what_comes_before_its_text_and_generates_what_a_f
     requests: list[dict[str, Any]] = [
         {"text": TEXT, "voice": voice, "language": "en"},
         {"text": TEXT, **said},  # the rows before the text are the first request's
-        {"text": "Another text.", **said},  # the transcript's rows too
+        {"text": "Another text.", **said},  # only those: the transcript's rows follow the cut
         {"text": "Another text.", **said},  # all of it but the last row
     ]
 
@@ -429,6 +479,5 @@ def test_a_continuation_reuses_what_comes_before_its_text_and_generates_what_a_f
     before_text = exact_synth.prompts.voice_prefix(PromptFields(text="", language="en"), [voice]).shape[0]
     (_, second, second_rows), (_, third, third_rows), (_, fourth, _) = reused[1:]
     assert second == second_rows - before_text
-    transcript = len(exact_synth.prompts.tokenizer.encode("Good evening, sir.", add_special_tokens=False).ids)
-    assert third <= third_rows - before_text - transcript  # the transcript's rows were kept too
+    assert third == third_rows - before_text
     assert fourth == 1

@@ -9,6 +9,13 @@ the KV cache. A later prompt that begins with the same rows keeps their position
 rest, as llama.cpp's server does for text prompts: a robot's requests in one voice share the reference
 clip and the instruction fields, which come before the text. Rows generated after a prompt are never
 reused (the cache beyond the remembered prompt is removed before the next one is prefilled).
+
+Reuse is bit for bit what an empty cache gives. A row's keys and values depend, by rounding, on the batch
+llama.cpp computed it in (the CPU's flash attention and matrix kernels choose their code by the batch's rows:
+docs/speed.md, "Prompt-prefix reuse"), so a prompt is prefilled in segments cut where the caller says its
+shared rows end (``shared_rows``: the rows before the text), each in a bridge call of its own, and only
+whole segments that both prompts cut alike are kept: those rows were computed exactly as the new prompt's own
+prefill computes them.
 """
 
 from __future__ import annotations
@@ -88,6 +95,7 @@ class Backbone:
         self._text_head = True  # what the bridge was last told (moss_bridge_set_text_logits)
         # The prompt rows at KV positions 0..len-1 (what prefill_prompt may reuse); rows beyond are unknown.
         self._prompt_rows = np.empty((0, 0), dtype=np.int64)
+        self._prompt_ends: tuple[int, ...] = ()  # where each of their segments ended (each its own bridge call)
 
     # ---- sizes ---------------------------------------------------------------------------------------
 
@@ -128,31 +136,56 @@ class Backbone:
         self._call_or_forget(self._lib.moss_bridge_prefill, _floats(rows), rows.shape[0])
 
     def prefill_prompt(
-        self, prompt: np.ndarray, embed: Callable[[np.ndarray], np.ndarray], text_logits: bool = True
+        self,
+        prompt: np.ndarray,
+        embed: Callable[[np.ndarray], np.ndarray],
+        text_logits: bool = True,
+        shared_rows: int = 0,
     ) -> int:
         """Make the KV cache hold exactly the (S, channels) prompt rows; returns how many rows were prefilled.
 
-        The longest prefix of ``prompt`` that an earlier ``prefill_prompt`` left in the cache is kept, but
-        never the last row, whose outputs (``hidden``/``text_logits`` afterwards) the caller needs; only
-        the other rows go through ``embed`` (int64 rows -> (n, n_embd) float32) and llama.cpp. A prompt
-        that shares nothing with the cache is prefilled whole, as after ``clear``.
+        ``shared_rows``: how many rows at its start other prompts share (the voice prefix: ``Prompt.shared_rows``);
+        they are prefilled apart from the rest. What an earlier ``prefill_prompt`` or ``prepare_prefix`` left in
+        the cache is kept where it is this prompt's own rows computed as its own prefill computes them: its whole
+        first segment when that is the same, all but the last row for the same prompt again (whose outputs,
+        ``hidden``/``text_logits`` afterwards, the caller needs). Only the other rows go through ``embed`` (int64
+        rows -> (n, n_embd) float32) and llama.cpp. A prompt that shares no segment with the cache is prefilled
+        whole, as after ``clear``.
         """
-        kept = min(self._cached_prefix(prompt), prompt.shape[0] - 1)
-        self._extend_prompt(prompt, kept, embed, text_logits)
+        ends = _segment_ends(prompt.shape[0], shared_rows)
+        kept = self._reusable_rows(prompt, ends, needs_output=True)
+        self._extend_prompt(prompt, ends, kept, embed, text_logits)
         return prompt.shape[0] - kept
 
     def prepare_prefix(self, prefix: np.ndarray, embed: Callable[[np.ndarray], np.ndarray]) -> int:
-        """Have the (P, channels) rows in the KV cache ahead of the prompts that will begin with them.
+        """Have the (P, channels) rows in the KV cache ahead of the prompts that will begin with them (as their
+        ``shared_rows``).
 
-        Nothing is decoded when the cache already begins with them (the rows after them stay until the next
-        ``prefill_prompt``); otherwise the shared part is kept and the rest prefilled. Returns the rows
+        Nothing is decoded when the cache already begins with them, computed so (the rows after them stay until
+        the next ``prefill_prompt``); otherwise they are prefilled as a prompt's first segment. Returns the rows
         prefilled.
         """
-        kept = self._cached_prefix(prefix)
+        ends = (prefix.shape[0],)
+        kept = self._reusable_rows(prefix, ends, needs_output=False)
         if kept == prefix.shape[0]:
             return 0
-        self._extend_prompt(prefix, kept, embed, text_logits=False)
+        self._extend_prompt(prefix, ends, kept, embed, text_logits=False)
         return prefix.shape[0] - kept
+
+    def _reusable_rows(self, prompt: np.ndarray, ends: tuple[int, ...], needs_output: bool) -> int:
+        """The rows of ``prompt`` (cut at ``ends``) the cache holds as its own prefill would compute them.
+
+        A segment's rows came from one bridge call (its last row decoded alone): the same rows with the same ends
+        are the same batches, computed over the same cache before them."""
+        common = self._cached_prefix(prompt)
+        kept = 0
+        for end, cached_end in zip(ends, self._prompt_ends, strict=False):
+            if end != cached_end or common < end - 1:
+                break
+            if common < end or (needs_output and end == prompt.shape[0]):
+                return end - 1  # all but the segment's last row, which its call decodes alone again
+            kept = end
+        return kept
 
     def _cached_prefix(self, prompt: np.ndarray) -> int:
         """Rows at the start of ``prompt`` equal to the remembered prompt rows in the cache."""
@@ -164,12 +197,28 @@ class Backbone:
         return int(differs[0]) if differs.size else n
 
     def _extend_prompt(
-        self, prompt: np.ndarray, kept: int, embed: Callable[[np.ndarray], np.ndarray], text_logits: bool
+        self,
+        prompt: np.ndarray,
+        ends: tuple[int, ...],
+        kept: int,
+        embed: Callable[[np.ndarray], np.ndarray],
+        text_logits: bool,
     ) -> None:
+        """Keep ``kept`` rows and prefill the rest segment by segment, remembering each once it is in the cache
+        (a segment refused for room decodes nothing: the cache then holds the segments before it)."""
         self._call_or_forget(self._lib.moss_bridge_truncate, kept)
         self._prompt_rows = self._prompt_rows[:kept]
-        self.prefill(embed(prompt[kept:]), text_logits)
-        self._prompt_rows = np.array(prompt, dtype=np.int64)
+        self._prompt_ends = tuple(end for end in self._prompt_ends if end <= kept)
+        rows = embed(prompt[kept:])
+        start = kept
+        for end in ends:
+            if end <= start:
+                continue
+            last = end == prompt.shape[0]
+            self.prefill(rows[start - kept : end - kept], text_logits and last)
+            self._prompt_rows = np.array(prompt[:end], dtype=np.int64)
+            self._prompt_ends = tuple(e for e in ends if e <= end)
+            start = end
 
     def decode(self, embedding: np.ndarray, text_logits: bool = True) -> None:
         """Append one (n_embd,) row: one generation step (``text_logits`` as for ``prefill``)."""
@@ -255,6 +304,11 @@ class Backbone:
         value = ctypes.c_int32()
         self._call(function, ctypes.byref(value))
         return value.value
+
+
+def _segment_ends(rows: int, shared_rows: int) -> tuple[int, ...]:
+    """Where a prompt of ``rows`` rows is cut: after its shared rows, when they are some but not all of it."""
+    return (shared_rows, rows) if 0 < shared_rows < rows else (rows,)
 
 
 def _floats(array: np.ndarray) -> ctypes._Pointer[ctypes.c_float]:

@@ -41,12 +41,14 @@ def generate_rows(
     max_steps: int,
     cancelled: Callable[[], bool],
     clock: StageClock,
+    *,
+    shared_rows: int,
 ) -> Generator[np.ndarray, None, StopReason]:
     """Yield each generated (1 + n_vq,) row until im_end, max_steps, or cancellation; return which.
 
     The caller sees the row before the backbone consumes it, so audio can leave while the
     next step runs; the cancel flag is read before every step. The prompt's prefix that the last
-    request left in the KV cache is reused (``Backbone.prefill_prompt``).
+    request left in the KV cache is reused (``Backbone.prefill_prompt``, with the prompt's ``shared_rows``).
     """
     # Idle BLAS threads busy-wait after each GEMV and starve llama.cpp's threads, which can cost many times
     # a step on a small machine. One BLAS thread streams the heads; the onnx heads' threads sleep when idle.
@@ -54,7 +56,7 @@ def generate_rows(
         rule = state.text_rule()
         with clock.stage("prefill"):
             clock.prefilled_rows += backbone.prefill_prompt(
-                prompt, embeddings.embed, text_logits=heads.wants_text_head(rule)
+                prompt, embeddings.embed, text_logits=heads.wants_text_head(rule), shared_rows=shared_rows
             )
         row = np.empty(prompt.shape[1], dtype=np.int64)
         for step in range(max_steps):

@@ -135,19 +135,23 @@ def generate_nano_frames(
     max_frames: int,
     cancelled: Callable[[], bool],
     clock: StageClock,
+    *,
+    shared_rows: int,
 ) -> Generator[np.ndarray, None, StopReason]:
     """Yield each generated (n_vq,) frame until audio end, ``max_frames``, or cancellation; return which.
 
     The caller has the frame before the global transformer takes it, so its audio can be decoded while the next
     step runs; the cancel flag is read before every frame. The prompt's prefix that the last request left in the
-    global KV cache is reused (``Backbone.prefill_prompt``).
+    global KV cache is reused (``Backbone.prefill_prompt``, with the prompt's ``shared_rows``).
     """
     spec_slot = int(heads.choice_ids[0])
     n_vq = heads.n_vq
     # Idle BLAS threads busy-wait after each GEMV and starve llama.cpp's threads (model/generation.py).
     with threadpool_limits(limits=1, user_api="blas"):
         with clock.stage("prefill"):
-            clock.prefilled_rows += global_backbone.prefill_prompt(prompt, embeddings.embed, text_logits=False)
+            clock.prefilled_rows += global_backbone.prefill_prompt(
+                prompt, embeddings.embed, text_logits=False, shared_rows=shared_rows
+            )
         row = np.empty(1 + n_vq, dtype=np.int64)
         row[0] = spec_slot
         for step in range(max_frames):

@@ -457,6 +457,7 @@ class Pipeline:
             steps,
             cancelled,
             clock,
+            shared_rows=piece.shared_rows,
         )
         while True:
             try:
@@ -503,6 +504,7 @@ class Pipeline:
             budget.steps(piece),
             cancelled,
             clock,
+            shared_rows=piece.shared_rows,
         )
         while True:
             try:

@@ -129,7 +129,7 @@ class NanoPromptBuilder:
         sections = [self._before_text(voice), self._text_rows([*text_ids, *closing])]
         if prefix is not None:
             sections.append(self._audio_rows(prefix, spec.audio_assistant_gen_slot_token_id))
-        return Prompt(np.concatenate(sections), len(text_ids))
+        return Prompt(np.concatenate(sections), len(text_ids), sections[0].shape[0])
 
     def build(
         self, fields: PromptFields, references: Sequence[np.ndarray | None] = (), prefix: np.ndarray | None = None

@@ -62,6 +62,7 @@ class Piece:
     prefix_frames: int = 0
     fields: PromptFields | None = None
     expected_frames: int = 0
+    shared_rows: int = 0  # the prompt's rows before its text (Prompt.shared_rows)
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: codes are an array, which has no truth value to compare by
@@ -199,8 +200,8 @@ class PiecePlanner:
         (RequestError)."""
         fields, references, continuation = measured.fields, measured.references, measured.continuation
         if fields.text is None:
-            sound = measured.prompts[0].rows
-            return [Piece(sound, self.step_budget(sound, max_new_tokens))]
+            sound = measured.prompts[0]
+            return [Piece(sound.rows, self.step_budget(sound.rows, max_new_tokens), shared_rows=sound.shared_rows)]
         speech_tokens = measured.speech_tokens
         per_token = fields.tokens / speech_tokens if fields.tokens else FRAMES_PER_TEXT_TOKEN
         other_rows = measured.prompts[0].rows.shape[0] - measured.tokens[0]
@@ -261,7 +262,8 @@ class PiecePlanner:
                 expected = share or math.ceil((tokens + pause_tokens(text)) * per_token)
                 own = replace(fields, text=text, tokens=share or fields.tokens)
                 rows = prompt.rows
-                pieces.append(Piece(rows, self.step_budget(rows, max_new_tokens), prefix_frames, own, expected))
+                budget = self.step_budget(rows, max_new_tokens)
+                pieces.append(Piece(rows, budget, prefix_frames, own, expected, prompt.shared_rows))
                 if nano_voice and number + 1 < len(texts):
                     pieces.append(Pause(round(pause_after(text) * self.spec.sampling_rate)))
         return pieces
@@ -294,7 +296,8 @@ class PiecePlanner:
         needed = piece.expected_frames + self.spec.first_frame_steps
         if room < needed or frames.shape[0] + piece.expected_frames > self.codec_frames:
             return None
-        return Piece(prompt.rows, min(piece.max_steps, room), frames.shape[0], own, piece.expected_frames)
+        steps = min(piece.max_steps, room)
+        return Piece(prompt.rows, steps, frames.shape[0], own, piece.expected_frames, prompt.shared_rows)
 
     def _check_continuation_room(self, measured: Measured, limit: int, other_rows: int, per_token: float) -> None:
         """Refuse (RequestError, with the numbers) a continuation whose prefix leaves no room for its text, and one

@@ -47,11 +47,14 @@ _TEXT_FIELDS = tuple(name for name in _FIELD_NAMES if name != "tokens")  # those
 
 @dataclass(frozen=True)
 class Prompt:
-    """A prompt's (S, 1 + n_vq) int64 rows, and how many of them are the tokens of its text field (those that
-    start inside it: the count a planner needs, taken from the one tokenization of the prompt)."""
+    """A prompt's (S, 1 + n_vq) int64 rows, how many of them are the tokens of its text field (those that start
+    inside it: the count a planner needs, taken from the one tokenization of the prompt), and how many come before
+    its text: the voice prefix that every text with the same other fields and references begins with, which the
+    backbone prefills apart so that reusing it is exact (``Backbone.prefill_prompt``)."""
 
     rows: np.ndarray
     text_tokens: int
+    shared_rows: int
 
 
 def load_tokenizer(tokenizer_dir: Path, spec: ModelSpec) -> tuple[Tokenizer, dict[str, str]]:
@@ -144,7 +147,8 @@ class PromptBuilder:
             # after the T-th gen slot: the delayed codes of those T rows stay, the flush's rows go.
             rows[rows.shape[0] - frames :, 1:] = apply_delay(prefix, spec.audio_pad_code)[:frames]
         text_end = text_start + len(fields.text or "")  # no text (None) prints a word of the template's, not text
-        return Prompt(rows, sum(1 for start, _ in offsets if text_start <= start < text_end))
+        text_tokens = sum(1 for start, _ in offsets if text_start <= start < text_end)
+        return Prompt(rows, text_tokens, sum(1 for start, _ in offsets if start < text_start))
 
     def voice_prefix(self, fields: PromptFields, references: Sequence[np.ndarray | None] = ()) -> np.ndarray:
         """The rows that ``build`` gives every text with these other fields and references first: the
