@@ -163,9 +163,14 @@ def test_the_nano_bench_runs_a_nano_model_to_its_budget(tmp_path: Path) -> None:
     from moss_tts_node.tools.dev.nano_bench import bench_nano, format_nano_runs
 
     config = write_demo_weights(tmp_path / "nano", model="nano")
-    runs = bench_nano(config, steps=6, threads=2, rounds=2, seed=1, text="Hello, robot.")
+    figures = bench_nano(config, steps=6, threads=2, rounds=2, seed=1, text="Hello, robot.", voice_seconds=2.0)
+    runs, cold = figures["runs"], figures["cold"]
     assert [run["frames"] for run in runs] == [6, 6]
     for run in runs:
         assert run["rtf_whole"] > 0 and run["first_audio_ms"] > 0 and run["roofline_ms_per_frame"] > 0
         assert set(run["ms_per_frame"]) >= {"backbone", "heads", "sampling", "codec"}
-    assert "roofline:" in format_nano_runs(runs)
+        # after another text in the voice: the voice prefix (its 25 frames among it) is reused, the text is not
+        assert 0 < run["prefilled_rows"] < run["prompt_rows"] - 25
+    assert cold["voice_frames"] == 25 and cold["prefilled_rows"] == runs[0]["prompt_rows"]  # from empty: all of it
+    printed = format_nano_runs(figures)
+    assert "roofline:" in printed and "empty KV cache (a voice of 25 frames)" in printed

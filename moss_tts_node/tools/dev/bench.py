@@ -139,8 +139,10 @@ def run_bench(args: argparse.Namespace) -> int:
         config = args.config or ensure_nano_bench_model(log=log)
         threads = args.threads or "shared-out"
         log(f"running MOSS-TTS-Nano ({config}), {args.steps} frames x {args.rounds}, {threads} threads ...")
-        runs = bench_nano(config, args.steps, args.threads, args.rounds, args.seed, args.text, overrides)
-        print(format_nano_runs(runs))
+        figures = bench_nano(
+            config, args.steps, args.threads, args.rounds, args.seed, args.text, overrides, args.voice_seconds
+        )
+        print(format_nano_runs(figures))
         models = [model for model in models if model != NANO_BENCH]
         if not models:
             return 0

@@ -9,12 +9,15 @@ once under the bench cache (``bench_models.bench_cache_dir``).
 
 A fresh worker process loads the Synthesizer, warms up, then streams the same text ``--rounds`` times for
 ``--steps`` frames each (the choice of going on is greedy, so every run speaks its whole budget; the codes are
-sampled as upstream samples them) and reports per run:
+sampled as upstream samples them), in the voice of ``--voice-seconds`` of random codes if given, each after a
+one-frame request of another text in that voice (a robot's usual next request: the voice prefix is in the KV cache,
+the text is not), and reports per run:
 
 - frames/s, and ms per frame split into the global transformer, the local pass (local transformer and heads),
   sampling and the codec;
 - real-time factor of the whole request (wall time from the call to the last chunk over the audio's length) and of
-  the steady state (after the first chunk), time to first audio, peak RSS;
+  the steady state (after the first chunk), time to first audio and the prompt rows prefilled, peak RSS;
+- once, time to first audio from an empty KV cache (the first request after start-up, its whole prompt prefilled);
 - the roofline: bytes read per frame (the global GGUF once, the local GGUF once per position, the audio heads as
   held, ``audio.heads_backend``, the codec's step weights per call) against the machine's memory bandwidth (a NumPy
   streaming sum over an array far larger than the caches), as the time a frame cannot go below.
@@ -41,6 +44,7 @@ STAMP_FILE = "built.json"
 STAMP = {"format": 1, "size": "real", "seed": 0}
 WORKER_COMMAND = [sys.executable, "-m", "moss_tts_node.tools.dev.nano_bench", "worker"]
 BENCH_TEXT = "The robot reads a red book by the river, and the river sings back to it all day long."
+OTHER_TEXT = "Good morning."  # the request before each measured one
 
 
 def ensure_nano_bench_model(log: Any = print) -> Path:
@@ -79,12 +83,13 @@ def bench_nano(
     seed: int,
     text: str,
     overrides: dict[str, Any] | None = None,
-) -> list[dict[str, Any]]:
-    """Run the worker ``rounds`` times (each in a fresh process), with the config's ``overrides`` (``--set``), and
-    return its figures."""
+    voice_seconds: float = 0.0,
+) -> dict[str, Any]:
+    """Run the worker (in a fresh process) for ``rounds`` runs, with the config's ``overrides`` (``--set``), and
+    return its figures: ``runs``, one each, and ``cold``, the request from an empty cache."""
     job = {"config": str(config), "steps": steps, "threads": threads, "seed": seed, "text": text, "rounds": rounds}
-    job["overrides"] = overrides or {}
-    return run_worker(job, WORKER_COMMAND)["runs"]
+    job |= {"overrides": overrides or {}, "voice_seconds": voice_seconds}
+    return run_worker(job, WORKER_COMMAND)
 
 
 def memory_bandwidth_gbs(megabytes: int = 512) -> float:
@@ -103,7 +108,11 @@ def memory_bandwidth_gbs(megabytes: int = 512) -> float:
 def worker(job: dict[str, Any]) -> dict[str, Any]:
     """Measure (in the worker process): load, warm up, stream ``rounds`` times, then the roofline."""
 
+    import numpy as np
+
     from moss_tts_node.config import load_config
+    from moss_tts_node.model.rates import frames_for_seconds
+    from moss_tts_node.synthesis.request import SpeechRequest
     from moss_tts_node.synthesizer import Synthesizer
     from moss_tts_node.tools.dev.resources import peak_rss_mib
 
@@ -111,14 +120,26 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
     config = load_config(Path(job["config"]), overrides)
     synth = Synthesizer(config)
     spec = synth.spec
-    list(synth.stream(job["text"], seed=job["seed"], max_new_tokens=8))  # warm-up: every graph and cache touched
+    rng = np.random.default_rng(job["seed"])
+    voice_frames = frames_for_seconds(job["voice_seconds"]) if job["voice_seconds"] else 0
+    voice = rng.integers(0, spec.audio_vocab_size, (voice_frames, spec.n_vq)) if voice_frames else None
+
+    def timed(text: str, steps: int) -> tuple[Any, list[tuple[float, int]]]:
+        """A request's stream, consumed, and when each chunk came (seconds since the call) with its samples."""
+        started = time.perf_counter()
+        stream = synth.stream(SpeechRequest(text=text, voice=voice, seed=job["seed"], max_new_tokens=steps))
+        stamps = [(time.perf_counter() - started, chunk.samples.shape[0]) for chunk in stream]
+        return stream, stamps
+
+    timed(job["text"], 8)  # warm-up: every graph and cache touched
+    with synth.stages.generation() as stage:
+        stage.backbone.clear()
+    stream, stamps = timed(job["text"], 4)
+    cold = {"first_audio_ms": 1000 * stamps[0][0], "prefilled_rows": stream.report.prefilled_rows}
     runs = []
     for _ in range(job["rounds"]):
-        started = time.perf_counter()
-        stamps: list[tuple[float, int]] = []
-        stream = synth.stream(job["text"], seed=job["seed"], max_new_tokens=job["steps"])
-        for chunk in stream:
-            stamps.append((time.perf_counter() - started, chunk.samples.shape[0]))
+        timed(OTHER_TEXT, 1)
+        stream, stamps = timed(job["text"], job["steps"])
         wall = stamps[-1][0]
         samples = sum(n for _, n in stamps)
         frames = len(stream.codes)
@@ -132,6 +153,8 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
                 "rtf_whole": wall / (samples / spec.sampling_rate),
                 "rtf_steady": (wall - first_s) / ((samples - first_samples) / spec.sampling_rate),
                 "first_audio_ms": 1000 * first_s,
+                "prefilled_rows": stream.report.prefilled_rows,
+                "prompt_rows": stream.prompt.shape[0],
                 "codec_calls_per_frame": len(stream.clock.calls.get("codec", [])) / frames,
             }
         )
@@ -161,19 +184,27 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
         run["roofline_ms_per_frame"] = 1000 * sum(per_frame.values()) / (bandwidth * 1e9)
         run["threads"] = threads_in_use(config)
         run["heads_backend"] = heads_name
-    return {"runs": runs}
+    return {"runs": runs, "cold": {**cold, "voice_frames": voice_frames}}
 
 
-def format_nano_runs(runs: list[dict[str, Any]]) -> str:
-    """The figures as lines a person reads (one run per line), then the roofline and the machine."""
+def format_nano_runs(figures: dict[str, Any]) -> str:
+    """The figures as lines a person reads (one run per line), then the empty-cache request, the roofline and the
+    machine."""
+    runs, cold = figures["runs"], figures["cold"]
     lines = []
     for number, run in enumerate(runs, 1):
         stages = ", ".join(f"{stage} {ms:.1f}" for stage, ms in run["ms_per_frame"].items())
         lines.append(
             f"run {number}: {run['frames']} frames, {run['frames_per_s']:.1f} frames/s; RTF whole "
-            f"{run['rtf_whole']:.3f}, steady {run['rtf_steady']:.3f}; first audio {run['first_audio_ms']:.0f} ms; "
+            f"{run['rtf_whole']:.3f}, steady {run['rtf_steady']:.3f}; first audio {run['first_audio_ms']:.0f} ms "
+            f"(prefilled {run['prefilled_rows']} of {run['prompt_rows']} prompt rows); "
             f"peak RSS {run['peak_rss_mib']:.0f} MiB; ms/frame: {stages}"
         )
+    voice = f"a voice of {cold['voice_frames']} frames" if cold["voice_frames"] else "no voice"
+    lines.append(
+        f"empty KV cache ({voice}): first audio {cold['first_audio_ms']:.0f} ms, {cold['prefilled_rows']} rows "
+        "prefilled"
+    )
     run = runs[0]
     sizes = ", ".join(f"{part} {nbytes / 1e6:.1f} MB" for part, nbytes in run["bytes_per_frame"].items())
     lines.append(
