@@ -263,6 +263,7 @@ struct moss_bridge_params moss_bridge_default_params(void) {
     p.n_ctx = 4096;
     p.n_batch = 512;
     p.n_threads = 0;
+    p.n_threads_batch = 0;
     p.n_gpu_layers = -1;
     p.type_k = GGML_TYPE_F16;
     p.type_v = GGML_TYPE_F16;
@@ -360,13 +361,14 @@ int32_t moss_bridge_create(const struct moss_bridge_params * params, struct moss
     }
 
     int32_t n_threads = params->n_threads > 0 ? params->n_threads : all_cores();
+    int32_t n_threads_batch = params->n_threads_batch > 0 ? params->n_threads_batch : n_threads;
     struct llama_context_params cparams = llama_context_default_params();
     cparams.n_ctx = (uint32_t) params->n_ctx;
     cparams.n_batch = (uint32_t) params->n_batch;
     cparams.n_ubatch = (uint32_t) params->n_batch;
     cparams.n_seq_max = 1;
     cparams.n_threads = n_threads;
-    cparams.n_threads_batch = n_threads;
+    cparams.n_threads_batch = n_threads_batch;
     cparams.embeddings = true;
     cparams.pooling_type = LLAMA_POOLING_TYPE_NONE;
     cparams.flash_attn_type = (enum llama_flash_attn_type) params->flash_attn;

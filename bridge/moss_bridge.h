@@ -21,7 +21,7 @@ extern "C" {
 /* The version of this interface: the params struct, the enums and every signature below. Python mirrors them
  * by hand (moss_tts_node/llama/bindings.py) and refuses a library whose moss_bridge_abi_version() differs
  * from its own copy of this number: bump both on any change. */
-#define MOSS_BRIDGE_ABI_VERSION 2
+#define MOSS_BRIDGE_ABI_VERSION 3
 
 enum moss_bridge_status {
     MOSS_BRIDGE_OK                   = 0,
@@ -44,7 +44,8 @@ struct moss_bridge_params {
     const char * model_path; /* GGUF file of the backbone (arch qwen3) */
     int32_t n_ctx;           /* KV cache rows; llama.cpp rounds it up to a multiple of 256 */
     int32_t n_batch;         /* rows per llama_decode call during a prefill (capped at n_ctx) */
-    int32_t n_threads;       /* CPU threads; <= 0 means all online cores */
+    int32_t n_threads;       /* CPU threads for single rows (generation steps); <= 0 means all online cores */
+    int32_t n_threads_batch; /* CPU threads for batches of rows (a prefill); <= 0 means as many as n_threads */
     int32_t n_gpu_layers;    /* layers offloaded to the GPU; -1 = all, 0 = CPU only */
     int32_t type_k;          /* enum ggml_type of the K cache (GGML_TYPE_F16 = 1, F32 = 0, Q8_0 = 8...) */
     int32_t type_v;          /* enum ggml_type of the V cache; quantized V needs flash_attn = 1 */
@@ -53,7 +54,7 @@ struct moss_bridge_params {
                               * moss_bridge_cpu_extra_buft_name); 0: the GGUF's own layout (llama-cli --no-repack) */
 };
 
-/* n_ctx 4096, n_batch 512, all cores, all layers on the GPU, F16 KV cache, flash-attn auto, extra buffer types. */
+/* n_ctx 4096, n_batch 512, all cores (steps and batches), all layers on the GPU, F16 KV cache, flash-attn auto, extra buffer types. */
 struct moss_bridge_params moss_bridge_default_params(void);
 
 /* Loads the model and creates its context. On success *out owns both; free it with moss_bridge_free.

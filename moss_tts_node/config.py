@@ -147,6 +147,13 @@ class LlamaConfig:
     n_threads: int = _option(
         0, "llama.cpp CPU threads; 0 uses every core (but the codec's share with audio.decode_ahead).", min=0, max=1024
     )
+    n_threads_batch: int = _option(
+        0,
+        "llama.cpp CPU threads for a prompt's prefill (its -tb); 0: n_threads, and with audio.decode_ahead the "
+        "codec's threads too (the codec has nothing to decode while a request's prompt prefills).",
+        min=0,
+        max=1024,
+    )
     n_gpu_layers: int = _option(-1, "Layers offloaded to the GPU: -1 all, 0 CPU only.", min=-1, max=100000)
     kv_cache_type_k: str = _option("f16", "KV cache type of keys.", choices=KV_CACHE_TYPES)
     kv_cache_type_v: str = _option(

@@ -392,8 +392,9 @@ def q8_gguf_path(gguf_path: Path) -> Path:
 
 @pytest.mark.parametrize("weights", ["F32", "Q8_0"])
 @pytest.mark.parametrize("n_batch", [512, 8])
+@pytest.mark.parametrize("threads", [(2, 2), (1, 2)])  # (steps, prefill): (1, 2) is a 2-core config decoding ahead
 def test_a_reused_prefix_gives_the_bits_an_empty_cache_gives(
-    gguf_path: Path, q8_gguf_path: Path, weights: str, n_batch: int
+    gguf_path: Path, q8_gguf_path: Path, weights: str, n_batch: int, threads: tuple[int, int]
 ) -> None:
     """Measured before prompts were cut at their shared rows (2026-12-07, this tiny model, flash attention on): the
     second prompt's last hidden state was 1e-4 (F32) and 1e-2 (Q8_0) off the same prompt prefilled from empty."""
@@ -406,7 +407,16 @@ def test_a_reused_prefix_gives_the_bits_an_empty_cache_gives(
     first = _prompt([*prefix, *range(300, 300 + FIRST_TEXT_ROWS)])
     second = _prompt([*prefix, *range(600, 600 + SECOND_TEXT_ROWS)])
     path = q8_gguf_path if weights == "Q8_0" else gguf_path
-    params = _params(path, n_ctx=512, n_batch=n_batch, flash_attn="on", kv_cache_type_k="f16", kv_cache_type_v="f16")
+    params = _params(
+        path,
+        n_ctx=512,
+        n_batch=n_batch,
+        n_threads=threads[0],
+        n_threads_batch=threads[1],
+        flash_attn="on",
+        kv_cache_type_k="f16",
+        kv_cache_type_v="f16",
+    )
     with Backbone(params) as model:
         assert model.prefill_prompt(second, embed, shared_rows=PREFIX_ROWS) == second.shape[0]
         fresh = model.hidden().copy(), model.text_logits().copy()

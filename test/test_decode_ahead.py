@@ -144,6 +144,13 @@ def test_the_cores_are_shared_out_where_the_codec_decodes_ahead(
 ) -> None:
     config = with_allotted_threads(_config(*given), cores)
     assert (config.llama.n_threads, config.audio.codec_threads) == allotted
+    assert config.llama.n_threads_batch == sum(allotted)  # a prefill has no audio to decode beside it: both shares
+
+
+def test_a_prefill_thread_count_given_stands() -> None:
+    config = _config()
+    given = replace(config, llama=replace(config.llama, n_threads_batch=3))
+    assert with_allotted_threads(given, 8).llama.n_threads_batch == 3
 
 
 @pytest.mark.parametrize("config", [_config(decode_ahead=False), _config(low_memory=True)])

@@ -45,6 +45,7 @@ class BackboneParams:
     n_ctx: int
     n_batch: int
     n_threads: int  # 0 = all online cores
+    n_threads_batch: int  # for a prefill's batches; 0 = n_threads
     n_gpu_layers: int  # -1 all layers on the GPU, 0 CPU only
     kv_cache_type_k: str  # a key of bindings.GGML_TYPES
     kv_cache_type_v: str
@@ -71,6 +72,7 @@ class Backbone:
         c_params.n_ctx = params.n_ctx
         c_params.n_batch = params.n_batch
         c_params.n_threads = params.n_threads
+        c_params.n_threads_batch = params.n_threads_batch
         c_params.n_gpu_layers = params.n_gpu_layers
         c_params.type_k = GGML_TYPES[params.kv_cache_type_k]
         c_params.type_v = GGML_TYPES[params.kv_cache_type_v]

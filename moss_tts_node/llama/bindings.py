@@ -23,7 +23,7 @@ from moss_tts_node.errors import BridgeError
 from moss_tts_node.llama.bridge import BRIDGE_LIB_ENV, bridge_library_path, llama_cpp_paths
 
 # Bump it together with moss_bridge.h's whenever a struct, enum or signature below changes.
-MOSS_BRIDGE_ABI_VERSION = 2
+MOSS_BRIDGE_ABI_VERSION = 3
 
 
 class Status(enum.IntEnum):
@@ -63,6 +63,7 @@ class MossBridgeParams(ctypes.Structure):
         ("n_ctx", ctypes.c_int32),
         ("n_batch", ctypes.c_int32),
         ("n_threads", ctypes.c_int32),
+        ("n_threads_batch", ctypes.c_int32),
         ("n_gpu_layers", ctypes.c_int32),
         ("type_k", ctypes.c_int32),
         ("type_v", ctypes.c_int32),

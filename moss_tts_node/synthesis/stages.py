@@ -327,11 +327,14 @@ def decodes_ahead(config: Config) -> bool:
 def with_allotted_threads(config: Config, cores: int) -> Config:
     """``config`` with the thread counts left at 0 chosen, where the codec decodes ahead (streaming, not
     low_memory): the codec its share of the ``cores`` and llama.cpp the rest, or each what the other's count leaves
-    (at least one), so that neither stage's threads wait for a core the other holds (docs/design.md, "Threads").
-    Otherwise the zeros stay: llama.cpp takes every core, ONNX Runtime chooses."""
+    (at least one), so that neither stage's threads wait for a core the other holds (docs/design.md, "Threads"); a
+    prefill, before there is audio to decode, takes both shares. Otherwise the zeros stay: llama.cpp takes every
+    core, for steps and prefills alike, ONNX Runtime chooses."""
     llama, audio = config.llama, config.audio
-    if not decodes_ahead(config) or (llama.n_threads and audio.codec_threads):
+    if not decodes_ahead(config):
         return config
     codec = audio.codec_threads or (max(1, cores - llama.n_threads) if llama.n_threads else codec_core_share(cores))
     threads = llama.n_threads or max(1, cores - codec)
-    return replace(config, llama=replace(llama, n_threads=threads), audio=replace(audio, codec_threads=codec))
+    batch = llama.n_threads_batch or threads + codec
+    allotted = replace(llama, n_threads=threads, n_threads_batch=batch)
+    return replace(config, llama=allotted, audio=replace(audio, codec_threads=codec))

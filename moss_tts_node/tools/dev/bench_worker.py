@@ -24,7 +24,7 @@ def threads_in_use(config: Config) -> str:
     allotted = with_allotted_threads(config, len(os.sched_getaffinity(0)))
     llama, codec = allotted.llama.n_threads or "all", allotted.audio.codec_threads or "auto"
     how = "decoding ahead" if decodes_ahead(allotted) else "inline"
-    return f"llama.cpp {llama} + codec {codec} ({how})"
+    return f"llama.cpp {llama} (prefill {allotted.llama.n_threads_batch or llama}) + codec {codec} ({how})"
 
 
 def run_worker(
