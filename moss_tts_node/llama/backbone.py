@@ -222,6 +222,11 @@ class Backbone:
             self._prompt_ends = tuple(e for e in ends if e <= end)
             start = end
 
+    def _forget_prompt(self) -> None:
+        """Remember no prompt rows: the next prompt is prefilled whole."""
+        self._prompt_rows = self._prompt_rows[:0]
+        self._prompt_ends = ()
+
     def decode(self, embedding: np.ndarray, text_logits: bool = True) -> None:
         """Append one (n_embd,) row: one generation step (``text_logits`` as for ``prefill``)."""
         row = np.ascontiguousarray(embedding, dtype=np.float32)
@@ -250,7 +255,7 @@ class Backbone:
 
     def clear(self) -> None:
         """Empty the KV cache (position back to 0); nothing is left to reuse."""
-        self._prompt_rows = self._prompt_rows[:0]
+        self._forget_prompt()
         self._call(self._lib.moss_bridge_clear)
 
     # ---- lifetime ------------------------------------------------------------------------------------
@@ -298,7 +303,7 @@ class Backbone:
             return
         message = status_error(self._lib, status, handle)  # before the clear below resets it
         if status != Status.ERR_CONTEXT_FULL:
-            self._prompt_rows = self._prompt_rows[:0]
+            self._forget_prompt()
             self._lib.moss_bridge_clear(handle)
         raise BridgeError(message)
 
