@@ -443,7 +443,8 @@ def run_params(client: Client, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_diagnostics(client: Client, args: dict[str, Any]) -> dict[str, Any]:
-    """The first /diagnostics status of the node whose values include ``where`` (default: the model loaded)."""
+    """The first /diagnostics status of the node whose values include ``where`` (default: the model loaded), within
+    ``wait_s`` seconds (default 10)."""
     where = args.get("where", {"model_loaded": "true"})
     statuses: list[dict[str, Any]] = []
     seen: list[dict[str, str]] = []  # the node's last values, for the reason of a timeout
@@ -458,7 +459,7 @@ def run_diagnostics(client: Client, args: dict[str, Any]) -> dict[str, Any]:
 
     client.create_subscription(DiagnosticArray, "/diagnostics", on_diagnostics, 10)
     try:
-        client.spin_until(lambda: statuses, args.get("timeout", 10), f"diagnostics with {where}")
+        client.spin_until(lambda: statuses, args.get("wait_s", 10), f"diagnostics with {where}")
     except TimeoutError as timeout:
         raise TimeoutError(f"{timeout}; the last values seen: {seen}") from None
     return statuses[-1]
