@@ -156,9 +156,8 @@ class PromptBuilder:
 
         The backbone keeps such a prefix in its KV cache between requests (``Backbone.prepare_prefix``).
         """
-        self._refuse_control_tokens(replace(fields, text=""))
-        chat = f"{self._token_text['im_start_token_id']}user\n{self._split_content(fields, references)[0]}"
-        return self._rows(chat, [codes for codes in references if codes is not None], ())[0]
+        prompt = self.encode(replace(fields, text=""), references)
+        return prompt.rows[: prompt.shared_rows]
 
     def _with_clip_blocks(self, chat: str, clips: Sequence[np.ndarray]) -> str:
         """``chat`` with each placeholder replaced by its clip's block of user slots."""
