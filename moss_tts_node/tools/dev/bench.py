@@ -53,7 +53,7 @@ from moss_tts_node.model.layout import EMBEDDINGS_DIR, HEADS_DIR, audio_head_fil
 from moss_tts_node.model.rates import FRAMES_PER_SECOND
 from moss_tts_node.model.spec import ModelSpec
 from moss_tts_node.timing import StageClock, TimingReport
-from moss_tts_node.tools.dev.bench_worker import machine_info, run_worker, threads_in_use
+from moss_tts_node.tools.dev.bench_worker import machine_info, random_voice, run_worker, threads_in_use
 from moss_tts_node.tools.dev.nano_bench import NANO_BENCH, bench_nano, ensure_nano_bench_model, format_nano_runs
 from moss_tts_node.tools.dev.resources import peak_rss_mib
 
@@ -219,10 +219,7 @@ def _compare_prefill(job: dict[str, Any], result: dict[str, Any], workdir: Path)
 
 def worker(job: dict[str, Any]) -> dict[str, Any]:
     """Measure one configuration (runs in the worker process): load, warm up, then each figure in turn."""
-    import numpy as np
-
     from moss_tts_node.config import load_config
-    from moss_tts_node.model.rates import frames_for_seconds
     from moss_tts_node.synthesizer import Synthesizer
 
     overrides = {"llama.n_threads": job["threads"], "audio.codec_threads": job["threads"], **job["overrides"]}
@@ -231,8 +228,7 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
     synth = Synthesizer(config)
     load_s = time.perf_counter() - started
     spec = synth.spec
-    voice_frames = frames_for_seconds(job["voice_seconds"])
-    voice = np.random.default_rng(job["seed"]).integers(0, spec.audio_vocab_size, (voice_frames, spec.n_vq))
+    voice = random_voice(spec, job["voice_seconds"], job["seed"])
     request = {"language": "en", "seed": job["seed"], **clone_fields(job.get("clone", REFERENCE), voice)}
     list(synth.stream(job["text"], max_new_tokens=8, **request))  # warm-up: page in the weights
     with synth.stages.generation() as stage:
@@ -258,7 +254,7 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
         "threads": threads_in_use(config),
         "codec": "demo codec (tiny; the real codec costs more)" if job["demo_codec"] else "configured codec",
         "load_s": load_s,
-        "voice_frames": voice_frames,
+        "voice_frames": voice.shape[0],
         **steps,
         **limit,
         "vs_limit": steps["step_ms"] / limit["limit_ms"] - 1,

@@ -13,8 +13,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from moss_tts_node.config import Config
 from moss_tts_node.errors import MossTTSError
+from moss_tts_node.model.rates import frames_for_seconds
+from moss_tts_node.model.spec import ModelSpec
+
+
+def random_voice(spec: ModelSpec, seconds: float, seed: int) -> np.ndarray:
+    """A bench's reference voice: ``seconds`` of random codes in the model's codebooks (none for 0)."""
+    return np.random.default_rng(seed).integers(0, spec.audio_vocab_size, (frames_for_seconds(seconds), spec.n_vq))
 
 
 def threads_in_use(config: Config) -> str:

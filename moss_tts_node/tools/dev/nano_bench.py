@@ -35,7 +35,7 @@ from typing import Any
 from moss_tts_node.config import write_params_file
 from moss_tts_node.model.layout import nano_local_gguf_name
 from moss_tts_node.tools.dev.bench_models import bench_model_dir
-from moss_tts_node.tools.dev.bench_worker import machine_info, run_worker, threads_in_use
+from moss_tts_node.tools.dev.bench_worker import machine_info, random_voice, run_worker, threads_in_use
 
 NANO_BENCH = "nano"
 CODEC_DIR = "codec"
@@ -108,10 +108,7 @@ def memory_bandwidth_gbs(megabytes: int = 512) -> float:
 def worker(job: dict[str, Any]) -> dict[str, Any]:
     """Measure (in the worker process): load, warm up, stream ``rounds`` times, then the roofline."""
 
-    import numpy as np
-
     from moss_tts_node.config import load_config
-    from moss_tts_node.model.rates import frames_for_seconds
     from moss_tts_node.synthesis.request import SpeechRequest
     from moss_tts_node.synthesizer import Synthesizer
     from moss_tts_node.tools.dev.resources import peak_rss_mib
@@ -120,9 +117,9 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
     config = load_config(Path(job["config"]), overrides)
     synth = Synthesizer(config)
     spec = synth.spec
-    rng = np.random.default_rng(job["seed"])
-    voice_frames = frames_for_seconds(job["voice_seconds"]) if job["voice_seconds"] else 0
-    voice = rng.integers(0, spec.audio_vocab_size, (voice_frames, spec.n_vq)) if voice_frames else None
+    codes = random_voice(spec, job["voice_seconds"], job["seed"])
+    voice_frames = codes.shape[0]
+    voice = codes if voice_frames else None  # Nano takes no voice of zero frames
 
     def timed(text: str, steps: int) -> tuple[Any, list[tuple[float, int]]]:
         """A request's stream, consumed, and when each chunk came (seconds since the call) with its samples."""
