@@ -396,8 +396,8 @@ def q8_gguf_path(gguf_path: Path) -> Path:
 def test_a_reused_prefix_gives_the_bits_an_empty_cache_gives(
     gguf_path: Path, q8_gguf_path: Path, weights: str, n_batch: int, threads: tuple[int, int]
 ) -> None:
-    """Measured before prompts were cut at their shared rows (2026-12-07, this tiny model, flash attention on): the
-    second prompt's last hidden state was 1e-4 (F32) and 1e-2 (Q8_0) off the same prompt prefilled from empty."""
+    """The n_batch 512 cases fail on the rule of before, which kept the longest common prefix uncut
+    (docs/speed.md, "Prompt-prefix reuse", has by how much)."""
     table = np.random.default_rng(5).standard_normal((1024, SHAPE.hidden)).astype(np.float32)
 
     def embed(prompt: np.ndarray) -> np.ndarray:
